@@ -1,0 +1,35 @@
+# Two commands set up a fresh machine: `make run` and `make test`. Both create .venv.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# torch and torchvision first, from the pinned releases (on this machine they install from local disk).
+TORCH := torch==2.14.1 torchvision==0.29.1
+export WANDB_MODE ?= disabled
+
+.PHONY: run test bench lint venv clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip 2>/dev/null || true
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/emarule plan byol-vit --kappa 6
+	$(BIN)/emarule table momenta
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check emarule tests benchmarks
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .hypothesis

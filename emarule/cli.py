@@ -1,0 +1,309 @@
+"""The `emarule` command line: parse, resolve the spec and κ, dispatch. No logic of its own.
+
+`list`, `plan`, `table` and `limits` never import torch; `run` imports a task only once chosen.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+try:  # typer ≥ 0.20 vendors click; older releases use the click package
+    from typer._click import exceptions as click_exc
+except ImportError:  # pragma: no cover
+    from click import exceptions as click_exc
+
+from emarule.errors import UserError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Scale every hyperparameter, the model-EMA momentum included, when the batch size changes "
+    "(Busbridge et al., 'How to Scale Your EMA', NeurIPS 2023).",
+)
+# Wide when piped (rich would otherwise assume 80 columns and fold the rule column).
+console = Console(width=None if sys.stdout.isatty() else 200)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 400)
+
+
+class Fmt(str, Enum):
+    table = "table"
+    json = "json"
+    yaml = "yaml"
+
+
+class TableFmt(str, Enum):
+    table = "table"
+    csv = "csv"
+    markdown = "markdown"
+
+
+class LimitsFmt(str, Enum):
+    table = "table"
+    json = "json"
+
+
+class EmaRule(str, Enum):
+    exponential = "exponential"
+    linear = "linear"
+
+
+class TableKind(str, Enum):
+    momenta = "momenta"
+    lr = "lr"
+
+
+class Optim(str, Enum):
+    sgd = "sgd"
+    adam = "adam"
+
+
+class Dtype(str, Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+def fail(message: str) -> None:
+    err_console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def friendly(fn):
+    """Turn a UserError into one line on stderr and exit code 2: no traceback reaches the user."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UserError as e:
+            fail(str(e))
+
+    return wrapper
+
+
+def number(text: str | None, what: str) -> float | None:
+    """Parse a float given as text so that 'abc', 'nan' and 'inf' get our one-line error."""
+    if text is None:
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        raise UserError(f"{what} must be a number, got {text!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise UserError(f"{what} must be finite and > 0, got {text!r}")
+    return v
+
+
+def numbers(text: str | None, what: str) -> list[float] | None:
+    if text is None:
+        return None
+    return [number(t.strip(), what) for t in text.split(",") if t.strip()]
+
+
+def resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule, ema_rule, progressive):
+    """Spec + κ + rule + progressive schedule → (spec, κ, rule name or None, progressive dict, plan)."""
+    from emarule.scaling import kappa_from, plan
+    from emarule.scaling import progressive as prog
+    from emarule.spec import load_spec
+
+    s = load_spec(experiment, spec, preset, overrides or [])
+    k = kappa_from(s, number(kappa, "--kappa"), number(batch_size, "--batch-size"))
+    rule = None if no_ema_rule else ema_rule.value
+    pr = prog.parse(progressive) if progressive else s.get("progressive")
+    return s, k, rule, pr, plan(s, k, rule, pr)
+
+
+ExpArg = typer.Argument(None, help="experiment name (see `emarule list`); omit with --spec")
+SpecOpt = typer.Option(None, "--spec", help="a YAML spec of your own instead of a named experiment")
+PresetOpt = typer.Option(None, "--preset", help="a named preset of the spec (e.g. cpu, tiny, quick)")
+SetOpt = typer.Option(None, "--set", help="override a spec value: --set optimizer.lr=0.1 (repeatable)")
+KappaOpt = typer.Option(None, "--kappa", "-k", help="κ = B̂/B, the batch-size scaling")
+BatchOpt = typer.Option(None, "--batch-size", "-b", help="new batch size in the spec's unit (instead of --kappa)")
+NoRuleOpt = typer.Option(False, "--no-ema-rule", help="baseline: scale everything but the EMA momentum")
+RuleOpt = typer.Option(EmaRule.exponential, "--ema-rule", help="ρ^κ (exponential) or 1 − κ(1 − ρ) (linear)")
+ProgOpt = typer.Option(None, "--progressive",
+                       help="Progressive Scaling: constant, step:E, smooth:E1-E2, incremental:START,DELTA_B,EVERY")
+
+
+@app.command("list")
+@friendly
+def list_cmd() -> None:
+    """The paper's experiments: section, data set, reference batch, optimizer and EMA momentum."""
+    from rich.table import Table
+
+    from emarule.render import fmt
+    from emarule.spec import experiment_names, load_spec
+
+    t = Table(title="emarule experiments (base values at κ=1)", title_justify="left")
+    for c in ("experiment", "section", "data set", "base batch", "optimizer", "EMA ρ", "task"):
+        t.add_column(c)
+    for name in experiment_names():
+        s = load_spec(name)
+        b = s["batch"]
+        unit = "" if b.get("unit", "samples") == "samples" else f" {b['unit']}"
+        t.add_row(name, s.get("section", ""), s.get("dataset", ""), f"{fmt(b['size'])}{unit}",
+                  s["optimizer"].get("name", ""), fmt(s["ema"].get("momentum")), s["task"])
+    console.print(t)
+
+
+@app.command()
+@friendly
+def plan(
+    experiment: Optional[str] = ExpArg,
+    spec: Optional[Path] = SpecOpt,
+    kappa: Optional[str] = KappaOpt,
+    batch_size: Optional[str] = BatchOpt,
+    no_ema_rule: bool = NoRuleOpt,
+    ema_rule: EmaRule = RuleOpt,
+    progressive: Optional[str] = ProgOpt,
+    preset: Optional[str] = PresetOpt,
+    overrides: Optional[List[str]] = SetOpt,
+    format: Fmt = typer.Option(Fmt.table, "--format", "-f"),
+) -> None:
+    """Every hyperparameter, base → scaled, with the rule that produced it (one block per stage)."""
+    from emarule.render import print_plan
+
+    if kappa is None and batch_size is None:
+        raise UserError("give --kappa K or --batch-size B, e.g. `emarule plan byol-vit --kappa 6`")
+    *_, p = resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule, ema_rule, progressive)
+    print_plan(console, p, format.value)
+
+
+@app.command()
+@friendly
+def table(
+    kind: TableKind = typer.Argument(..., help="momenta (ρ^κ) or lr (κη for SGD, √κη for Adam)"),
+    base_batch_size: Optional[str] = typer.Option(None, "--base-batch-size", "-B",
+                                                  help="reference batch B of the given values (default 256)"),
+    momentum: Optional[List[str]] = typer.Option(None, "--momentum", help="base momentum ρ (repeatable)"),
+    lr: Optional[List[str]] = typer.Option(None, "--lr", help="base learning rate η (repeatable)"),
+    optimizer: Optim = typer.Option(Optim.sgd, "--optimizer", help="lr rule: sgd (κη) or adam (√κη)"),
+    batch_sizes: Optional[str] = typer.Option(None, "--batch-sizes", help="rows, e.g. 256,1024,4096"),
+    format: TableFmt = typer.Option(TableFmt.table, "--format", "-f"),
+) -> None:
+    """The paper's reference tables, or the same for your own base values."""
+    from emarule.render import print_ref_table
+    from emarule.scaling import tables
+
+    rows = numbers(batch_sizes, "--batch-sizes") or tables.PAPER_BATCH_SIZES
+    rows = [int(r) if float(r).is_integer() else r for r in rows]
+    base = number(base_batch_size, "--base-batch-size")
+    if kind is TableKind.momenta:
+        if lr:
+            raise UserError("--lr goes with `emarule table lr`")
+        if momentum:
+            cols = []
+            for m in momentum:
+                try:
+                    rho = float(m)
+                except ValueError:
+                    raise UserError(f"--momentum must be a number, got {m!r}") from None
+                if not 0.0 <= rho < 1.0:
+                    raise UserError(f"--momentum must be in [0, 1), got {m!r}")
+                cols.append((base or 256, rho))
+            t = tables.momentum_table(cols, rows)
+        elif base is not None:
+            raise UserError("--base-batch-size needs --momentum values to go with it")
+        else:
+            t = tables.momentum_table(batch_sizes=rows)
+    else:
+        if momentum:
+            raise UserError("--momentum goes with `emarule table momenta`")
+        if lr:
+            cols = [(base or 256, number(v, "--lr"), optimizer.value) for v in lr]
+            t = tables.lr_table(cols, rows)
+        elif base is not None:
+            raise UserError("--base-batch-size needs --lr values to go with it")
+        else:
+            t = tables.lr_table(batch_sizes=rows)
+    print_ref_table(console, t, format.value)
+
+
+@app.command()
+@friendly
+def limits(
+    momentum: str = typer.Option(..., "--momentum", help="base momentum ρ in (0, 1)"),
+    batch_size: str = typer.Option(..., "--batch-size", help="reference batch B at which ρ is written"),
+    dtype: Dtype = typer.Option(Dtype.float32, "--dtype"),
+    relative_gap: str = typer.Option("1", "--relative-gap",
+                                     help="r = |θ − ζ| / |ζ| assumed for the update bound (default 1)"),
+    format: LimitsFmt = typer.Option(LimitsFmt.table, "--format", "-f"),
+) -> None:
+    """The range of κ (and batch size) over which ρ^κ and the EMA update stay meaningful in a dtype."""
+    from emarule.render import print_limits
+    from emarule.scaling.limits import limits as compute
+
+    try:
+        rho = float(momentum)
+    except ValueError:
+        raise UserError(f"--momentum must be a number, got {momentum!r}") from None
+    if not 0.0 < rho < 1.0:
+        raise UserError(f"--momentum must be in (0, 1), got {momentum!r}")
+    lim = compute(rho, number(batch_size, "--batch-size"), dtype.value, number(relative_gap, "--relative-gap"))
+    print_limits(console, lim, format.value)
+
+
+@app.command()
+@friendly
+def run(
+    experiment: Optional[str] = ExpArg,
+    spec: Optional[Path] = SpecOpt,
+    kappa: Optional[str] = KappaOpt,
+    batch_size: Optional[str] = BatchOpt,
+    no_ema_rule: bool = NoRuleOpt,
+    ema_rule: EmaRule = RuleOpt,
+    progressive: Optional[str] = ProgOpt,
+    preset: Optional[str] = PresetOpt,
+    overrides: Optional[List[str]] = SetOpt,
+    data: Optional[Path] = typer.Option(None, "--data", help="local data set directory (CIFAR-10, ImageNet, ...)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="run directory (default runs/<experiment>/<name>)"),
+    resume: bool = typer.Option(False, "--resume", help="continue from the run directory's last checkpoint"),
+    seed: int = typer.Option(0, "--seed"),
+    wandb: str = typer.Option("off", "--wandb", help="mirror metrics to wandb: off, offline or online"),
+    max_device_batch: Optional[int] = typer.Option(None, "--max-device-batch",
+                                                   help="largest per-device micro-batch; the rest is accumulated"),
+) -> None:
+    """Run an experiment at κ, with or without the EMA rule (alone or under torchrun)."""
+    from emarule.context import RunContext, default_run_name
+
+    if wandb not in ("off", "offline", "online", "disabled"):
+        raise UserError(f"--wandb must be off, offline or online, got {wandb!r}")
+    s, k, rule, pr, p = resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule, ema_rule,
+                                progressive)
+    if max_device_batch is not None and max_device_batch < 1:
+        raise UserError(f"--max-device-batch must be ≥ 1, got {max_device_batch}")
+    run_dir = out or Path("runs") / s["name"] / default_run_name(k, rule, seed, pr)
+    ctx = RunContext(spec=s, kappa=k, ema_rule=rule, plan=p, out=run_dir, progressive=pr, preset=preset,
+                     data=data, resume=resume, seed=seed, wandb="off" if wandb == "disabled" else wandb,
+                     max_device_batch=max_device_batch)
+    from emarule.tasks import run_task
+
+    run_task(ctx)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: usage errors become one line on stderr with exit code 2, like every other error."""
+    command = typer.main.get_command(app)
+    try:
+        rv = command.main(args=argv if argv is not None else sys.argv[1:], prog_name="emarule",
+                          standalone_mode=False)
+    except click_exc.NoArgsIsHelpError:
+        sys.exit(2)  # the help has been printed already
+    except click_exc.ClickException as e:
+        err_console.print(f"error: {e.format_message()}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except click_exc.Abort:
+        sys.exit(130)
+    except UserError as e:
+        err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)
+    sys.exit(rv if isinstance(rv, int) else 0)

@@ -1,0 +1,263 @@
+"""The one entry point: a validated spec and κ in, every hyperparameter base → scaled out.
+
+Each value is reported with the rule that produced it, so `emarule plan`, the run's
+`hparams.json` and the training loop all read the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from emarule.errors import ScalingError
+from emarule.scaling import rules
+from emarule.scaling.limits import round_to
+from emarule.scaling.progressive import BatchSchedule, Stage
+
+EMA_RULES = ("exponential", "linear")
+SQRT_OPTIMIZERS = ("rmsprop", "adam", "adamw")
+
+
+@dataclass(frozen=True)
+class Scaled:
+    base: Any
+    scaled: Any
+    unit: str
+    rule: str
+
+
+@dataclass
+class Plan:
+    experiment: str
+    kappa: float
+    ema_rule: str | None
+    values: dict[str, Scaled]
+    warnings: list[str] = field(default_factory=list)
+    stages: list[tuple[Stage, "Plan"]] | None = None
+
+    def __getitem__(self, name: str) -> Any:
+        """The scaled value of a dotted hyperparameter name."""
+        return self.values[name].scaled
+
+    def get(self, name: str, default: Any = None) -> Any:
+        v = self.values.get(name)
+        return default if v is None else v.scaled
+
+    def as_dict(self) -> dict:
+        out = {
+            "experiment": self.experiment,
+            "kappa": self.kappa,
+            "ema_rule": self.ema_rule is not None,
+            "ema_rule_form": self.ema_rule,
+            "hyperparameters": {k: _clean(asdict(v)) for k, v in self.values.items()},
+            "warnings": list(self.warnings),
+        }
+        if self.stages is not None:
+            out["stages"] = [
+                {"start_epoch": s.start_epoch, "end_epoch": s.end_epoch, "batch_size": s.batch_size,
+                 "kappa": s.kappa, "hyperparameters": {k: _clean(asdict(v)) for k, v in p.values.items()}}
+                for s, p in self.stages
+            ]
+        return out
+
+
+def _clean(x: Any) -> Any:
+    """Round away float noise (0.40000000000000013 → 0.4) in what is written out, at 12 digits."""
+    if isinstance(x, float):
+        return float(f"{x:.12g}")
+    if isinstance(x, list):
+        return [_clean(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    return x
+
+
+def _get(spec: dict, dotted: str, default: Any = None) -> Any:
+    node: Any = spec
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def ema_momentum(rho: float, kappa: float, ema_rule: str | None, name: str = "ema.momentum") -> Scaled:
+    """ρ̂ under the chosen form of the EMA Scaling Rule, or ρ unchanged for the baseline."""
+    rules.check_unit_interval(name, rho)
+    if ema_rule is None:
+        return Scaled(rho, rho, "momentum", "no EMA rule (baseline): ρ̂ = ρ")
+    if ema_rule == "exponential":
+        return Scaled(rho, rules.ema_exponential(rho, kappa), "momentum", "EMA Scaling Rule: ρ̂ = ρ^κ")
+    if ema_rule == "linear":
+        v = rules.ema_linear(rho, kappa)
+        if not 0.0 <= v < 1.0:
+            raise ScalingError(
+                f"{name}: the linear EMA rule 1 − κ(1 − ρ) gives {v:.6g} at κ={kappa:g}, outside [0, 1); "
+                f"it holds up to κ={rules.max_kappa_for_beta(rho):.6g}, or use --ema-rule exponential")
+        return Scaled(rho, v, "momentum", "linear EMA rule: ρ̂ = 1 − κ(1 − ρ)")
+    raise ScalingError(f"unknown EMA rule {ema_rule!r}; use exponential or linear")
+
+
+def _optimizer(spec: dict, kappa: float, out: dict[str, Scaled]) -> None:
+    opt = spec.get("optimizer", {})
+    name = opt.get("name", "sgd")
+    lr = opt.get("lr")
+    if name in ("sgd", "lars"):
+        lr_rule, lr_fn = ("SGD Scaling Rule: η̂ = κη" if name == "sgd"
+                          else "linear: η̂ = κη (LARS: no SDE guarantee)"), rules.lr_linear
+    elif name in SQRT_OPTIMIZERS:
+        lr_rule, lr_fn = f"{'RMSProp' if name == 'rmsprop' else 'Adam'} Scaling Rule: η̂ = √κ η", rules.lr_sqrt
+    elif name == "lamb":
+        lr_rule, lr_fn = "square root: η̂ = √κ η (LAMB: empirical, no SDE guarantee)", rules.lr_sqrt
+    else:
+        lr_rule, lr_fn = "no optimizer rule: unchanged", (lambda v, k: v)
+    if lr is not None:
+        out["optimizer.lr"] = Scaled(lr, lr_fn(lr, kappa), "learning rate", lr_rule)
+    min_lr = _get(spec, "schedule.min_lr")
+    if min_lr is not None:
+        out["schedule.min_lr"] = Scaled(min_lr, lr_fn(min_lr, kappa), "learning rate", lr_rule)
+    if opt.get("momentum") is not None and name in ("sgd", "lars"):
+        out["optimizer.momentum"] = Scaled(opt["momentum"], opt["momentum"], "momentum",
+                                           "heavy-ball momentum: unchanged under the SGD Scaling Rule")
+    adaptive = name in SQRT_OPTIMIZERS
+    beta_names = [("optimizer.betas", opt.get("betas"))] if name != "rmsprop" else [("optimizer.alpha", opt.get("alpha"))]
+    for key, betas in beta_names:
+        if betas is None:
+            continue
+        seq = betas if isinstance(betas, list) else [betas]
+        scaled = []
+        for i, b in enumerate(seq):
+            label = f"{key}[{i}]" if isinstance(betas, list) else key
+            rules.check_unit_interval(label, b)
+            if not adaptive:
+                scaled.append(b)
+                continue
+            v = rules.beta_linear(b, kappa)
+            if not 0.0 <= v < 1.0:
+                raise ScalingError(
+                    f"{label}: 1 − κ(1 − β) = {v:.6g} at κ={kappa:g} for β={b}, outside [0, 1); "
+                    f"the largest valid κ is {rules.max_kappa_for_beta(b):.6g}")
+            scaled.append(v)
+        rule = "Adam/RMSProp Scaling Rule: β̂ = 1 − κ(1 − β)" if adaptive else f"unchanged ({name}: no known rule)"
+        out[key] = Scaled(betas, scaled if isinstance(betas, list) else scaled[0], "momentum", rule)
+    if opt.get("eps") is not None:
+        if adaptive:
+            out["optimizer.eps"] = Scaled(opt["eps"], rules.eps_sqrt(opt["eps"], kappa), "epsilon",
+                                          "Adam/RMSProp Scaling Rule: ε̂ = ε / √κ")
+        else:
+            out["optimizer.eps"] = Scaled(opt["eps"], opt["eps"], "epsilon", f"unchanged ({name}: no known rule)")
+    wd = opt.get("weight_decay")
+    if wd is not None:
+        kind = opt.get("weight_decay_rule", "none")
+        if kind == "none":
+            v, rule = wd, "none: λ̂ = λ (as the recipe states)"
+        elif kind == "auto":
+            lr_hat = out["optimizer.lr"].scaled if "optimizer.lr" in out else lr
+            v, rule = rules.wd_auto(wd, kappa, lr or 0.0, lr_hat or 0.0), "Weight Decay Scaling Rule: λ̂ = κηλ / η̂"
+        elif kind == "linear":
+            v, rule = rules.wd_linear(wd, kappa), "linear: λ̂ = κλ"
+        elif kind == "sqrt":
+            v, rule = rules.wd_sqrt(wd, kappa), "square root: λ̂ = √κ λ"
+        else:
+            if wd >= 1.0:
+                raise ScalingError(f"optimizer.weight_decay: uncoupled decay needs λ < 1, got {wd}")
+            v, rule = rules.wd_uncoupled(wd, kappa), "uncoupled decay: λ̂ = 1 − (1 − λ)^κ"
+        out["optimizer.weight_decay"] = Scaled(wd, v, "decay", rule)
+    if opt.get("grad_clip") is not None:
+        out["optimizer.grad_clip"] = Scaled(opt["grad_clip"], opt["grad_clip"], "gradient norm",
+                                            "unchanged (a norm of the mean gradient)")
+
+
+def _durations(prefix: str, tree: Any, kappa: float, out: dict[str, Scaled]) -> None:
+    """Every `*_steps` key is divided by κ; every `*epochs` key is unchanged (Appendix C.1)."""
+    if not isinstance(tree, dict):
+        return
+    for key, value in tree.items():
+        path = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict):
+            _durations(path, value, kappa, out)
+        elif value is None or isinstance(value, bool):
+            continue
+        elif key.endswith("_steps") and isinstance(value, (int, float)):
+            out[path] = Scaled(value, rules.steps(value, kappa), "steps", "step-counted: N̂ = N / κ")
+        elif key.endswith("epochs") and isinstance(value, (int, float, list)):
+            out[path] = Scaled(value, value, "epochs", "epoch-counted: unchanged")
+
+
+def _secondary(spec, kappa, ema_rule, out) -> None:
+    """BatchNorm statistics and DINO's center: EMAs left unscaled unless the spec asks."""
+    for key, flag, torch_key in (("norm.bn_momentum", "norm.bn_scale", "norm.bn_torch_momentum"),
+                                 ("dino.center_momentum", "dino.center_scale", None)):
+        rho = _get(spec, key)
+        if rho is None:
+            continue
+        if _get(spec, flag, False) and ema_rule is not None:
+            s = ema_momentum(rho, kappa, ema_rule, key)
+        else:
+            why = "set " + flag + "=true to scale it" if ema_rule is not None else "no EMA rule"
+            s = Scaled(rho, rho, "momentum", f"unchanged, as in the paper ({why})")
+        out[key] = s
+        if torch_key:
+            out[torch_key] = Scaled(1 - rho, 1 - s.scaled, "torch momentum",
+                                    "torch BatchNorm momentum = 1 − ρ_BN")
+
+
+def _warn_rounding(spec: dict, values: dict[str, Scaled], warnings: list[str]) -> None:
+    # The paper keeps weights and EMA in float32 under bf16 autocast; ema.dtype says otherwise.
+    dtype = _get(spec, "ema.dtype", "float32")
+    for key in ("ema.momentum", "norm.bn_momentum", "dino.center_momentum"):
+        if key not in values:
+            continue
+        v = values[key].scaled
+        r = round_to(v, dtype)
+        if v != 1.0 and r == 1.0:
+            warnings.append(f"{key} = {v:.8g} rounds to 1.0 in {dtype} (ema.dtype): the EMA would "
+                            f"never move; keep it in float32 or use a smaller κ (see `emarule limits`)")
+        elif v != 0.0 and r == 0.0:
+            warnings.append(f"{key} = {v:.3g} rounds to 0.0 in {dtype} (ema.dtype): the EMA is a plain copy "
+                            f"of the model; use a smaller κ (see `emarule limits`)")
+
+
+def scale(spec: dict, kappa: float, ema_rule: str | None = "exponential") -> Plan:
+    """Every hyperparameter of `spec` (written at batch.size) scaled to batch κ·batch.size."""
+    kappa = rules.check_kappa(kappa)
+    if ema_rule is not None and ema_rule not in EMA_RULES:
+        raise ScalingError(f"unknown EMA rule {ema_rule!r}; use exponential or linear")
+    values: dict[str, Scaled] = {}
+    batch = spec["batch"]["size"]
+    unit = spec["batch"].get("unit", "samples")
+    values["batch_size"] = Scaled(batch, batch * kappa, unit, "B̂ = κB")
+    _optimizer(spec, kappa, values)
+    if _get(spec, "ema.momentum") is not None:
+        values["ema.momentum"] = ema_momentum(spec["ema"]["momentum"], kappa, ema_rule)
+    _secondary(spec, kappa, ema_rule, values)
+    _durations("", {k: v for k, v in spec.items() if k not in ("presets", "progressive")}, kappa, values)
+    warnings: list[str] = []
+    _warn_rounding(spec, values, warnings)
+    return Plan(spec.get("name", "?"), kappa, ema_rule, values, warnings)
+
+
+def kappa_from(spec: dict, kappa: float | None, batch_size: float | None) -> float:
+    """κ from `--kappa` or from `--batch-size` (in the spec's batch unit)."""
+    if kappa is not None and batch_size is not None:
+        raise ScalingError("give --kappa or --batch-size, not both")
+    if batch_size is not None:
+        b = rules.check_kappa(batch_size)  # same checks: finite, > 0
+        return b / spec["batch"]["size"]
+    return rules.check_kappa(1.0 if kappa is None else kappa)
+
+
+def plan(spec: dict, kappa: float, ema_rule: str | None = "exponential",
+         progressive: dict | None = None) -> Plan:
+    """`scale` at the final κ, plus one plan per stage when Progressive Scaling is on."""
+    final = scale(spec, kappa, ema_rule)
+    prog = progressive if progressive is not None else spec.get("progressive")
+    if prog and prog.get("kind", "constant") != "constant":
+        sched = BatchSchedule(prog, spec["batch"]["size"], final.kappa, _get(spec, "schedule.epochs"))
+        final.stages = [(s, scale(spec, s.kappa, ema_rule)) for s in sched.stages()]
+        for _, p in final.stages:
+            final.warnings.extend(w for w in p.warnings if w not in final.warnings)
+    if not math.isfinite(final["batch_size"]):
+        raise ScalingError("batch size overflowed; use a smaller κ")
+    return final

@@ -1,0 +1,125 @@
+"""Progressive Scaling (Definition 3.2, Algorithm 1): the batch size as a function of the epoch.
+
+The batch is constant within an epoch, as in Algorithm 1; every hyperparameter is re-derived
+from the base values for each epoch's κ. Four kinds, all reaching the run's final κ:
+
+- constant:     κB from the start (no progressive scaling).
+- step:         B before `epoch`, κB from it on.
+- incremental:  B before `start_epoch`, then +`delta_batch` every `every_epochs`, capped at κB.
+- smooth:       B before `start_epoch`, κB from `end_epoch`, linear in epochs between.
+
+On the command line: `constant`, `step:E`, `smooth:E1-E2`, `incremental:START,DELTA_B,EVERY`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from emarule.errors import UserError
+
+
+@dataclass(frozen=True)
+class Stage:
+    start_epoch: float
+    end_epoch: float
+    batch_size: float
+    kappa: float
+
+
+def parse(text: str) -> dict:
+    """`step:10` → {"kind": "step", "epoch": 10.0}, and so on (see the module docstring)."""
+    kind, _, arg = text.strip().partition(":")
+    usage = "use constant, step:E, smooth:E1-E2 or incremental:START,DELTA_B,EVERY"
+    try:
+        if kind == "constant" and not arg:
+            return {"kind": "constant"}
+        if kind == "step":
+            return {"kind": "step", "epoch": float(arg)}
+        if kind == "smooth":
+            a, b = arg.split("-")
+            return {"kind": "smooth", "start_epoch": float(a), "end_epoch": float(b)}
+        if kind == "incremental":
+            a, d, n = arg.split(",")
+            return {"kind": "incremental", "start_epoch": float(a), "delta_batch": float(d), "every_epochs": float(n)}
+    except ValueError:
+        pass
+    raise UserError(f"--progressive {text!r}: cannot parse; {usage}")
+
+
+class BatchSchedule:
+    """Batch size per epoch for a base batch `base_batch` growing to `kappa` × base_batch."""
+
+    def __init__(self, progressive: dict | None, base_batch: float, kappa: float, epochs: float | None):
+        self.spec = dict(progressive or {"kind": "constant"})
+        self.base = float(base_batch)
+        self.kappa = float(kappa)
+        self.epochs = epochs
+        self._validate()
+
+    def _need(self, *keys: str) -> None:
+        missing = [k for k in keys if self.spec.get(k) is None]
+        if missing:
+            raise UserError(f"progressive {self.spec['kind']}: missing {', '.join(missing)}")
+
+    def _validate(self) -> None:
+        kind = self.spec.get("kind", "constant")
+        if kind not in ("constant", "step", "incremental", "smooth"):
+            raise UserError(f"progressive.kind {kind!r}: use constant, step, incremental or smooth")
+        if kind == "constant":
+            return
+        if self.kappa < 1:
+            raise UserError(f"progressive {kind} grows the batch; it needs κ ≥ 1, got κ={self.kappa:g}")
+        if self.epochs is None:
+            raise UserError("progressive scaling is scheduled in epochs, but this spec counts its "
+                            "duration in steps; set schedule.epochs or drop --progressive")
+        if kind == "step":
+            self._need("epoch")
+        elif kind == "smooth":
+            self._need("start_epoch", "end_epoch")
+            if self.spec["end_epoch"] <= self.spec["start_epoch"]:
+                raise UserError("progressive smooth: end_epoch must be after start_epoch")
+        else:
+            self._need("start_epoch", "delta_batch", "every_epochs")
+        last = max(float(self.spec.get(k) or 0) for k in ("epoch", "start_epoch", "end_epoch"))
+        if last >= self.epochs:
+            raise UserError(f"progressive {kind}: epoch {last:g} is not before the end of training "
+                            f"({self.epochs:g} epochs)")
+
+    def batch_at(self, epoch: float) -> float:
+        """Batch size (in the spec's batch unit) used throughout epoch ⌊epoch⌋."""
+        s, e = self.spec, math.floor(epoch + 1e-9)
+        final = self.base * self.kappa
+        kind = s.get("kind", "constant")
+        if kind == "constant":
+            return final
+        if kind == "step":
+            return final if e >= s["epoch"] else self.base
+        if kind == "smooth":
+            e1, e2 = s["start_epoch"], s["end_epoch"]
+            if e < e1:
+                return self.base
+            if e >= e2:
+                return final
+            return float(round(self.base + (final - self.base) * (e - e1) / (e2 - e1)))
+        # incremental
+        if e < s["start_epoch"]:
+            return self.base
+        grown = self.base + s["delta_batch"] * (math.floor((e - s["start_epoch"]) / s["every_epochs"]) + 1)
+        return min(grown, final)
+
+    def kappa_at(self, epoch: float) -> float:
+        return self.batch_at(epoch) / self.base
+
+    def stages(self) -> list[Stage]:
+        """Consecutive epochs with the same batch merged into one stage."""
+        if self.epochs is None or self.spec.get("kind", "constant") == "constant":
+            return [Stage(0.0, float(self.epochs or math.inf), self.base * self.kappa, self.kappa)]
+        out: list[Stage] = []
+        for e in range(int(math.ceil(self.epochs))):
+            b = self.batch_at(e)
+            if out and out[-1].batch_size == b:
+                out[-1] = Stage(out[-1].start_epoch, float(min(e + 1, self.epochs)), b, b / self.base)
+            else:
+                out.append(Stage(float(e), float(min(e + 1, self.epochs)), b, b / self.base))
+        return out

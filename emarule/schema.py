@@ -1,0 +1,286 @@
+"""The shape of an experiment spec (`experiments/*.yaml`), checked on load.
+
+A spec is a nested mapping. Each leaf is described by a `Field`; an unknown key, a wrong
+type or an out-of-range value is reported with its dotted path (`optimizer.betas[1]`).
+Sections shared by all experiments are in COMMON; sections that only one task reads
+(`model`, `data` and the task's own section) are in TASKS, keyed by the spec's `task`.
+Pure Python: `plan`, `table` and `limits` load specs without importing torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+NUM = (int, float)
+
+
+@dataclass(frozen=True)
+class Field:
+    types: tuple  # accepted Python types of the value (bool is never taken as a number)
+    lo: float | None = None  # inclusive lower bound
+    hi: float | None = None  # inclusive upper bound
+    hi_open: float | None = None  # exclusive upper bound (momenta and betas: < 1)
+    lo_open: float | None = None  # exclusive lower bound (batch sizes, lrs: > 0)
+    choices: tuple | None = None
+    nullable: bool = False
+    items: "Field | None" = None  # for lists: the shape of every item
+    length: int | None = None  # for lists of fixed length (Adam betas)
+    doc: str = ""
+
+
+def num(doc="", **kw) -> Field:
+    return Field(NUM, doc=doc, **kw)
+
+
+def integer(doc="", **kw) -> Field:
+    return Field((int,), doc=doc, **kw)
+
+
+def text(doc="", **kw) -> Field:
+    return Field((str,), doc=doc, **kw)
+
+
+def flag(doc="") -> Field:
+    return Field((bool,), doc=doc)
+
+
+def momentum(doc="") -> Field:
+    return Field(NUM, lo=0.0, hi_open=1.0, doc=doc)
+
+
+def numlist(doc="", item: Field | None = None, **kw) -> Field:
+    return Field((list,), items=item or num(), doc=doc, **kw)
+
+
+POSITIVE = dict(lo_open=0.0)
+NONNEG = dict(lo=0.0)
+
+PROGRESSIVE = {
+    "kind": text(choices=("constant", "step", "incremental", "smooth")),
+    "epoch": num("step: epoch at which the batch jumps to κB", **NONNEG),
+    "start_epoch": num("smooth/incremental: first epoch of the ramp", **NONNEG),
+    "end_epoch": num("smooth: epoch at which κB is reached", **NONNEG),
+    "every_epochs": num("incremental: epochs between increments", **POSITIVE),
+    "delta_batch": num("incremental: batch added at each increment (batch unit)", **POSITIVE),
+}
+
+COMMON: dict[str, Any] = {
+    "name": text("experiment name, as on the command line"),
+    "title": text("one-line description"),
+    "section": text("paper section and appendix"),
+    "task": text("module in emarule/tasks that runs it"),
+    "dataset": text("data set of the full-size recipe"),
+    "paper_result": text("the paper's reported result for this recipe"),
+    "precision": text(choices=("fp32", "tf32", "bf16")),
+    "batch": {
+        "size": num("reference batch B at which every base value is written", **POSITIVE),
+        "unit": text("what a batch is measured in", choices=("samples", "seconds")),
+    },
+    "optimizer": {
+        "name": text(choices=("sgd", "lars", "rmsprop", "adam", "adamw", "lamb", "none")),
+        "lr": num("base learning rate at batch.size", **NONNEG),
+        "momentum": momentum("heavy-ball momentum (SGD, LARS); unchanged by the SGD rule"),
+        "nesterov": flag(),
+        "betas": numlist("Adam-family (β1, β2)", item=momentum(), length=2),
+        "alpha": momentum("RMSProp squared-gradient EMA coefficient"),
+        "eps": num(**NONNEG),
+        "trust_coefficient": num("LARS trust ratio coefficient", **POSITIVE),
+        "weight_decay": num(**NONNEG),
+        "weight_decay_rule": text(choices=("none", "auto", "linear", "sqrt", "uncoupled")),
+        "weight_decay_skip_bias": flag("no decay on biases and norm parameters"),
+        "grad_clip": num("max global gradient norm", nullable=True, **POSITIVE),
+    },
+    "schedule": {
+        "kind": text(choices=("cosine", "multistep", "constant")),
+        "epochs": num("training duration in epochs", nullable=True, **POSITIVE),
+        "total_steps": integer("training duration in base optimizer steps", nullable=True, **POSITIVE),
+        "warmup_epochs": num(nullable=True, **NONNEG),
+        "warmup_steps": integer("linear warm-up counted in base steps", nullable=True, **NONNEG),
+        "min_lr": num(**NONNEG),
+        "milestones_epochs": numlist("multistep: epochs at which lr is multiplied by gamma"),
+        "gamma": num(**POSITIVE),
+    },
+    "ema": {
+        "momentum": momentum("base model-EMA momentum ρ at batch.size"),
+        "update_from": text("EMA tracks θ_t (pre, the paper's Definition) or θ_{t+1} (post, BYOL/DINO)",
+                            choices=("pre", "post")),
+        "start_steps": integer("EMA accumulation starts after this many base steps", **NONNEG),
+        "buffers": text("BatchNorm running statistics in the EMA: copied or averaged",
+                        choices=("copy", "average")),
+        "dtype": text("dtype the EMA weights are held in (the paper: float32 under bf16 autocast)",
+                      choices=("float32", "bfloat16", "float16")),
+    },
+    "norm": {
+        "kind": text(choices=("batchnorm", "layernorm")),
+        "bn_momentum": momentum("BatchNorm running-statistics momentum ρ_BN (torch's momentum = 1 − ρ_BN)"),
+        "bn_scale": flag("apply the EMA Scaling Rule to ρ_BN"),
+        "sync_bn": flag("SyncBatchNorm across replicas"),
+    },
+    "progressive": Field((dict,), nullable=True, doc="Progressive Scaling schedule"),
+    "presets": Field((dict,), doc="named overrides {preset: {dotted.key: value}}"),
+}
+
+# Task-owned sections. Each task's keys are declared beside the others so that a spec can be
+# validated (and planned) without importing the task module, which may import torch.
+TASKS: dict[str, dict[str, Any]] = {
+    "parabola": {
+        "parabola": {
+            "a": num("curvature", **POSITIVE),
+            "b": num("noise scaled by the gradient squared", **NONNEG),
+            "c": num("additive noise", **NONNEG),
+            "theta0": num("initial position"),
+            "kappas": numlist("scalings to sweep", item=num(**POSITIVE)),
+            "rho_bases": numlist("base momenta ρ_B", item=momentum()),
+            "dims": numlist("dimensions D", item=integer(lo=1)),
+            "seeds": integer("independent runs (D=1)", lo=1),
+            "seed_dim_product": integer("seeds × D for D > 1", lo=1),
+            "rho_grid": integer("candidate momenta when searching ρ*", lo=3),
+            "seed": integer(),
+        },
+    },
+    "precision": {
+        "precision_study": {
+            "features": integer(lo=1),
+            "samples": integer(lo=1),
+            "steps": integer(lo=1),
+            "lr": num(**POSITIVE),
+            "noise": num(**NONNEG),
+            "momenta": numlist(item=momentum()),
+            "dtypes": Field((list,), items=text(choices=("fp32", "bf16", "fp16"))),
+            "seed": integer(),
+        },
+    },
+    "polyak": {
+        "model": {"arch": text(), "num_classes": integer(lo=1), "init": text(), "width": integer(lo=1)},
+        "data": {"image_size": integer(lo=1), "augmentation": text(), "label_smoothing": num(lo=0.0, hi=1.0),
+                 "path": text(nullable=True)},
+    },
+    "ctc": {
+        "model": {
+            "layers": integer(lo=1), "heads": integer(lo=1), "dim": integer(lo=1), "mlp_dim": integer(lo=1),
+            "dropout": num(lo=0.0, hi=1.0), "layer_drop": num(lo=0.0, hi=1.0),
+            "conv_kernel": integer(lo=1), "conv_stride": integer(lo=1), "vocab": integer(lo=2),
+            "positional": text(choices=("cape", "sinusoidal", "relative")), "post_layernorm": flag(),
+        },
+        "data": {
+            "labeled": text(), "unlabeled": Field((list,), items=text()), "path": text(nullable=True),
+            "sample_rate": integer(lo=1), "n_mels": integer(lo=1), "window_ms": num(**POSITIVE),
+            "stride_ms": num(**POSITIVE), "seconds_per_device": num(**POSITIVE), "devices": integer(lo=1),
+        },
+        "specaug": {
+            "start_steps": integer(**NONNEG), "freq_masks": integer(**NONNEG), "freq_param": integer(**NONNEG),
+            "time_masks": integer(**NONNEG), "time_ratio": num(lo=0.0, hi=1.0), "time_param": integer(**NONNEG),
+        },
+        "pseudo_label": {
+            "pretrain_steps": integer(**NONNEG), "labeled_ratio": integer(lo=1), "unlabeled_ratio": integer(lo=1),
+            "dropout_after": num(lo=0.0, hi=1.0), "layer_drop_after": num(lo=0.0, hi=1.0),
+            "transcription": text(choices=("hard",)),
+        },
+    },
+    "byol": {
+        "model": {
+            "arch": text(), "width": integer(lo=1), "init": text(), "patch_size": integer(lo=1),
+            "stochastic_depth": num(lo=0.0, hi=1.0), "projector_hidden": integer(lo=1),
+            "projector_out": integer(lo=1), "predictor_hidden": integer(lo=1), "head_norm": text(),
+            "cifar_stem": flag("3x3 stem without max-pool for 32x32 inputs"),
+        },
+        "data": {
+            "image_size": integer(lo=1), "augmentation": text(), "path": text(nullable=True),
+            "num_classes": integer(lo=1), "source": text(choices=("cifar10", "imagenet", "digits", "synthetic")),
+            "train_samples": integer("cap on the training set (cpu/tiny presets)", nullable=True, lo=1),
+            "eval_samples": integer(nullable=True, lo=1),
+        },
+        "probe": {"lr": num(**POSITIVE), "kind": text(choices=("pre-bn", "post-bn")), "eval_every_epochs": num(**POSITIVE)},
+    },
+    "dino": {
+        "model": {
+            "arch": text(), "patch_size": integer(lo=1), "init": text(), "out_dim": integer(lo=1),
+            "head_hidden": integer(lo=1), "bottleneck": integer(lo=1), "stochastic_depth": num(lo=0.0, hi=1.0),
+        },
+        "data": {
+            "image_size": integer(lo=1), "augmentation": text(), "path": text(nullable=True),
+            "global_crops": integer(lo=1), "local_crops": integer(**NONNEG), "local_size": integer(lo=1),
+            "num_classes": integer(lo=1),
+        },
+        "dino": {
+            "center_momentum": momentum("center EMA ρ_c, unscaled in the paper"),
+            "center_scale": flag("apply the EMA Scaling Rule to ρ_c"),
+            "student_temp": num(**POSITIVE), "teacher_temp": num(**POSITIVE),
+            "warmup_teacher_temp": num(**POSITIVE), "warmup_teacher_temp_epochs": num(**NONNEG),
+        },
+    },
+}
+
+
+def _typename(types: tuple) -> str:
+    names = {int: "integer", float: "number", str: "string", bool: "true/false", list: "list", dict: "mapping"}
+    if types == NUM:
+        return "number"
+    return " or ".join(names.get(t, t.__name__) for t in types)
+
+
+def check_value(path: str, value: Any, field: Field) -> str | None:
+    """Return an error message for `value` at `path`, or None when it fits `field`."""
+    if value is None:
+        return None if field.nullable else f"{path}: must not be empty (null)"
+    ok = isinstance(value, field.types) and not (isinstance(value, bool) and bool not in field.types)
+    if not ok and float in field.types and isinstance(value, str):
+        ok = False
+    if not ok:
+        return f"{path}: expected {_typename(field.types)}, got {type(value).__name__} {value!r}"
+    if isinstance(value, NUM) and not isinstance(value, bool):
+        v = float(value)
+        if not math.isfinite(v):
+            return f"{path}: must be finite, got {value!r}"
+        if field.lo is not None and v < field.lo:
+            return f"{path}: must be ≥ {field.lo}, got {value!r}"
+        if field.lo_open is not None and v <= field.lo_open:
+            return f"{path}: must be > {field.lo_open}, got {value!r}"
+        if field.hi is not None and v > field.hi:
+            return f"{path}: must be ≤ {field.hi}, got {value!r}"
+        if field.hi_open is not None and v >= field.hi_open:
+            return f"{path}: must be < {field.hi_open}, got {value!r}"
+    if field.choices is not None and value not in field.choices:
+        return f"{path}: must be one of {', '.join(map(str, field.choices))}; got {value!r}"
+    if isinstance(value, list):
+        if field.length is not None and len(value) != field.length:
+            return f"{path}: expected {field.length} items, got {len(value)}"
+        if field.items is not None:
+            for i, item in enumerate(value):
+                err = check_value(f"{path}[{i}]", item, field.items)
+                if err:
+                    return err
+    return None
+
+
+def check_tree(prefix: str, tree: Any, schema: dict) -> str | None:
+    if not isinstance(tree, dict):
+        return f"{prefix or 'spec'}: expected a mapping, got {type(tree).__name__}"
+    for key, value in tree.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if key not in schema:
+            known = ", ".join(sorted(map(str, schema)))
+            return f"{path}: unknown key (known here: {known})"
+        sub = schema[key]
+        err = check_tree(path, value, sub) if isinstance(sub, dict) else check_value(path, value, sub)
+        if err:
+            return err
+    return None
+
+
+def schema_for(task: str | None) -> dict:
+    """COMMON plus the task's own sections."""
+    merged = dict(COMMON)
+    merged.update(TASKS.get(task or "", {}))
+    return merged
+
+
+def lookup(schema: dict, dotted: str) -> Field | dict | None:
+    node: Any = schema
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
