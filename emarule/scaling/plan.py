@@ -209,12 +209,12 @@ def _warn_rounding(spec: dict, values: dict[str, Scaled], warnings: list[str]) -
     for key in ("ema.momentum", "norm.bn_momentum", "dino.center_momentum"):
         if key not in values:
             continue
-        v = values[key].scaled
+        v, base = values[key].scaled, values[key].base
         r = round_to(v, dtype)
-        if v != 1.0 and r == 1.0:
+        if r == 1.0:
             warnings.append(f"{key} = {v:.8g} rounds to 1.0 in {dtype} (ema.dtype): the EMA would "
                             f"never move; keep it in float32 or use a smaller κ (see `emarule limits`)")
-        elif v != 0.0 and r == 0.0:
+        elif r == 0.0 and base != 0.0:
             warnings.append(f"{key} = {v:.3g} rounds to 0.0 in {dtype} (ema.dtype): the EMA is a plain copy "
                             f"of the model; use a smaller κ (see `emarule limits`)")
 
@@ -253,6 +253,10 @@ def plan(spec: dict, kappa: float, ema_rule: str | None = "exponential",
     """`scale` at the final κ, plus one plan per stage when Progressive Scaling is on."""
     final = scale(spec, kappa, ema_rule)
     prog = progressive if progressive is not None else spec.get("progressive")
+    if prog and progressive is None and final.kappa < 1 and prog.get("kind", "constant") != "constant":
+        # The spec's own schedule grows the batch; scaling down runs at κ from the start.
+        final.warnings.append(f"the spec's progressive {prog['kind']} schedule is skipped at κ={final.kappa:g} < 1")
+        prog = None
     if prog and prog.get("kind", "constant") != "constant":
         sched = BatchSchedule(prog, spec["batch"]["size"], final.kappa, _get(spec, "schedule.epochs"))
         final.stages = [(s, scale(spec, s.kappa, ema_rule)) for s in sched.stages()]

@@ -78,8 +78,11 @@ def wd_sqrt(lam: float, kappa: float) -> float:
 
 
 def wd_uncoupled(lam: float, kappa: float) -> float:
-    """λ̂ = 1 − (1 − λ)^κ for decay not multiplied by the lr (θ ← (1 − λ)θ): optimizer-independent."""
-    return 1.0 - (1.0 - lam) ** kappa
+    """λ̂ = 1 − (1 − λ)^κ for decay not multiplied by the lr (θ ← (1 − λ)θ): optimizer-independent.
+
+    Computed as −expm1(κ·log1p(−λ)): decays are tiny (1e-6) and 1 − (1 − λ)^κ would cancel.
+    """
+    return -math.expm1(kappa * math.log1p(-lam))
 
 
 # --- durations (Appendix C.1) ------------------------------------------------------------------

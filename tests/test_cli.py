@@ -1,0 +1,175 @@
+"""The torch-free commands through Typer's runner, every bad-input path included."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from emarule.cli import app, main
+
+runner = CliRunner()
+
+
+def ok(*args):
+    r = runner.invoke(app, list(args))
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+def bad(*args, needle=""):
+    r = runner.invoke(app, list(args))
+    assert r.exit_code == 2, r.output
+    text = r.output.strip()
+    assert "Traceback" not in text
+    lines = text.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), text
+    assert needle in text, text
+    return text
+
+
+def test_plan_byol_vit_kappa_6_table():
+    out = ok("plan", "byol-vit", "--kappa", "6")
+    assert "24,576" in out and "0.94148" in out and "(0.4, 0.7)" in out and "Adam Scaling Rule" in out
+    assert "epochs 0–60" in out and "epochs 60–480" in out  # the spec's step at epoch 60
+
+
+def test_plan_json_shape_for_tools():
+    d = json.loads(ok("plan", "byol-vit", "--kappa", "6", "--format", "json"))
+    assert d["experiment"] == "byol-vit" and d["kappa"] == 6 and d["ema_rule"] is True
+    hp = d["hyperparameters"]
+    assert hp["batch_size"]["scaled"] == 24576
+    assert hp["optimizer.betas"] == {"base": [0.9, 0.95], "scaled": [0.4, 0.7], "unit": "momentum",
+                                     "rule": "Adam/RMSProp Scaling Rule: β̂ = 1 − κ(1 − β)"}
+    assert hp["ema.momentum"]["scaled"] == pytest.approx(0.99**6)
+
+
+def test_plan_yaml_and_batch_size_and_no_rule():
+    import yaml
+
+    d = yaml.safe_load(ok("plan", "byol-r18", "--batch-size", "4096", "--no-ema-rule", "--format", "yaml"))
+    assert d["kappa"] == 4 and d["ema_rule"] is False
+    assert d["hyperparameters"]["ema.momentum"]["scaled"] == 0.992
+    assert d["hyperparameters"]["optimizer.lr"]["scaled"] == pytest.approx(0.08)
+
+
+def test_plan_own_spec_set_and_progressive(tmp_path):
+    p = tmp_path / "mine.yaml"
+    p.write_text("name: mine\ntask: byol\nbatch: {size: 256}\noptimizer: {name: sgd, lr: 0.1}\n"
+                 "ema: {momentum: 0.99}\nschedule: {kind: cosine, epochs: 10}\n")
+    d = json.loads(ok("plan", "--spec", str(p), "--kappa", "2", "--set", "optimizer.lr=0.2",
+                      "--progressive", "step:3", "--format", "json"))
+    assert d["hyperparameters"]["optimizer.lr"]["scaled"] == pytest.approx(0.4)
+    assert [s["kappa"] for s in d["stages"]] == [1, 2]
+
+
+def test_plan_linear_rule():
+    d = json.loads(ok("plan", "byol-r18", "--kappa", "2", "--ema-rule", "linear", "--format", "json"))
+    assert d["hyperparameters"]["ema.momentum"]["scaled"] == pytest.approx(0.984)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["plan", "byol-vit", "--kappa", "0"], "--kappa must be finite and > 0"),
+    (["plan", "byol-vit", "--kappa", "-2"], "--kappa must be finite and > 0"),
+    (["plan", "byol-vit", "--kappa", "nan"], "--kappa must be finite"),
+    (["plan", "byol-vit", "--kappa", "inf"], "--kappa must be finite"),
+    (["plan", "byol-vit", "--kappa", "abc"], "--kappa must be a number"),
+    (["plan", "byol-vit"], "give --kappa K or --batch-size B"),
+    (["plan", "byol-vit", "--kappa", "2", "--batch-size", "8192"], "not both"),
+    (["plan", "nope", "--kappa", "2"], "unknown experiment 'nope'"),
+    (["plan", "--spec", "/does/not/exist.yaml", "--kappa", "2"], "spec file not found"),
+    (["plan", "byol-vit", "--kappa", "11"], "optimizer.betas[0]"),
+    (["plan", "byol-r18", "--kappa", "200", "--ema-rule", "linear"], "linear EMA rule"),
+    (["plan", "byol-r18", "--kappa", "2", "--set", "optimizer.foo=1"], "--set optimizer.foo: unknown key"),
+    (["plan", "byol-r18", "--kappa", "2", "--set", "ema.momentum=2"], "ema.momentum: must be < 1"),
+    (["plan", "byol-r18", "--kappa", "2", "--preset", "huge"], "no preset 'huge'"),
+    (["plan", "byol-r18", "--kappa", "2", "--progressive", "ramp"], "--progressive"),
+    (["plan", "ctc-polyak", "--kappa", "2", "--progressive", "step:3"], "schedule.epochs"),
+    (["table", "momenta", "--momentum", "1.5"], "--momentum must be in [0, 1)"),
+    (["table", "momenta", "--momentum", "x"], "--momentum must be a number"),
+    (["table", "lr", "--lr", "-1"], "--lr must be finite and > 0"),
+    (["table", "momenta", "--batch-sizes", "32,zero"], "--batch-sizes must be a number"),
+    (["table", "momenta", "--lr", "0.1"], "--lr goes with"),
+    (["table", "momenta", "--base-batch-size", "512"], "needs --momentum"),
+    (["limits", "--momentum", "1", "--batch-size", "256"], "--momentum must be in (0, 1)"),
+    (["limits", "--momentum", "0.99", "--batch-size", "0"], "--batch-size must be finite and > 0"),
+])
+def test_bad_input_is_one_line_exit_2(args, needle):
+    bad(*args, needle=needle)
+
+
+def test_malformed_and_invalid_spec_files(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: x\nbatch: {size: 1\n")
+    bad("plan", "--spec", str(broken), "--kappa", "2", needle="line")
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text("name: x\ntask: byol\nbatch: {size: 256}\noptimizer: {name: sgd, lr: 0.1}\n"
+                     "ema: {momentum: 0.99, update_from: later}\n")
+    bad("plan", "--spec", str(wrong), "--kappa", "2", needle="ema.update_from: must be one of")
+
+
+def test_table_defaults_are_the_papers():
+    out = ok("table", "momenta")
+    for cell in ("0.99999", "0.93798", "0.07632", "0.61425"):
+        assert cell in out
+    csv = ok("table", "lr", "--format", "csv").splitlines()
+    assert csv[0].startswith("batch_size,") and csv[1].split(",")[:2] == ["32", "0.0125"]
+    assert len(csv) == 13
+
+
+def test_table_custom_values_markdown():
+    out = ok("table", "momenta", "--momentum", "0.99", "--momentum", "0.996", "--base-batch-size", "1024",
+             "--batch-sizes", "1024,2048", "--format", "markdown")
+    lines = out.strip().splitlines()
+    assert lines[2].startswith("| 1024 | **0.99** | **0.996** |")
+    assert lines[3] == "| 2048 | 0.9801 | 0.99202 |"
+    out = ok("table", "lr", "--lr", "0.001", "--optimizer", "adam", "--base-batch-size", "256",
+             "--batch-sizes", "1024", "--format", "csv")
+    assert out.strip().splitlines()[1] == "1024,0.002"
+
+
+def test_limits_json():
+    d = json.loads(ok("limits", "--momentum", "0.996", "--batch-size", "4096", "--format", "json"))
+    assert 4000 < d["bounds"]["kappa_max"]["kappa"] < 4500
+    assert d["bounds"]["kappa_max"]["formula"] == "log(2^-25) / log(rho)"
+    lo, hi = d["meaningful_batch_size"]
+    assert lo < 1 and hi > 16e6
+    out = ok("limits", "--momentum", "0.9999", "--batch-size", "256", "--dtype", "bfloat16")
+    assert "meaningful" in out
+
+
+def test_list_shows_nine():
+    out = ok("list")
+    for name in ("parabola", "precision", "polyak-r50", "ctc-polyak", "ctc-pseudo-label", "byol-r18",
+                 "byol-vit", "byol-r50-lars", "dino-vit"):
+        assert name in out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["plan", "byol-vit", "--kappax", "2"], "No such option: --kappax"),
+    (["table", "speeds"], "speeds"),
+    (["limits", "--momentum", "0.99"], "--batch-size"),
+])
+def test_usage_errors_through_main_are_one_line(argv, needle, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and needle in err
+
+
+def test_torch_free_commands_do_not_import_torch():
+    code = ("import sys\nfrom emarule.cli import main\n"
+            "for argv in (['table','momenta'], ['plan','byol-vit','--kappa','6'], "
+            "['limits','--momentum','0.99','--batch-size','256'], ['list']):\n"
+            "    try:\n        main(argv)\n    except SystemExit as e:\n        assert e.code == 0, argv\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_python_dash_m_entry_point():
+    r = subprocess.run([sys.executable, "-m", "emarule", "table", "momenta", "--format", "csv"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("batch_size,")
