@@ -82,7 +82,7 @@ def print_ref_table(console: Console, t: RefTable, fmt_: str) -> None:
         console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
         return
     table = Table(title=t.title + " — reference values in bold", title_justify="left")
-    for j, h in enumerate(t.headers):
+    for h in t.headers:
         table.add_column(h.replace("@", "\n").replace("rho", "ρ"), justify="right")
     for i, row in enumerate(cells):
         table.add_row(*[f"[bold]{c}[/bold]" if (i, j) in t.bold else c for j, c in enumerate(row)])

@@ -192,7 +192,8 @@ TASKS: dict[str, dict[str, Any]] = {
             "train_samples": integer("cap on the training set (cpu/tiny presets)", nullable=True, lo=1),
             "eval_samples": integer(nullable=True, lo=1),
         },
-        "probe": {"lr": num(**POSITIVE), "kind": text(choices=("pre-bn", "post-bn")), "eval_every_epochs": num(**POSITIVE)},
+        "probe": {"lr": num(**POSITIVE), "kind": text(choices=("pre-bn", "post-bn")),
+                  "eval_every_epochs": num(**POSITIVE)},
     },
     "dino": {
         "model": {

@@ -18,9 +18,9 @@ SPECS = {n: load_spec(n) for n in experiment_names()}
 def test_kappa_one_is_identity(name):
     p = scale(SPECS[name], 1.0)
     for key, v in p.values.items():
-        assert v.scaled == v.base or math.isclose(v.scaled, v.base, rel_tol=1e-12) or (
-            isinstance(v.base, list) and all(math.isclose(a, b, rel_tol=1e-12) for a, b in zip(v.base, v.scaled))
-        ), key
+        base = v.base if isinstance(v.base, list) else [v.base]
+        scaled = v.scaled if isinstance(v.scaled, list) else [v.scaled]
+        assert all(math.isclose(a, b, rel_tol=1e-12) for a, b in zip(base, scaled, strict=True)), key
 
 
 @settings(max_examples=200, deadline=None)

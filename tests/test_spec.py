@@ -17,12 +17,12 @@ def test_all_nine_experiments_ship():
 def test_spec_opens_with_command_and_paper_result(name):
     text = spec_path(name, None).read_text().splitlines()
     head = "\n".join(line for line in text[:12] if line.startswith("#"))
-    assert f"emarule " in head and ("Reported" in head or "reported" in head)
+    assert "emarule " in head and ("Reported" in head or "reported" in head)
 
 
 @pytest.mark.parametrize("name", sorted(NINE))
 def test_specs_and_presets_validate(name):
-    spec = load_spec(name)
+    assert load_spec(name)["name"] == name
     for preset in read_yaml(spec_path(name, None)).get("presets", {}) or {}:
         assert load_spec(name, preset=preset)["preset"] == preset
 

@@ -121,7 +121,8 @@ def _optimizer(spec: dict, kappa: float, out: dict[str, Scaled]) -> None:
         out["optimizer.momentum"] = Scaled(opt["momentum"], opt["momentum"], "momentum",
                                            "heavy-ball momentum: unchanged under the SGD Scaling Rule")
     adaptive = name in SQRT_OPTIMIZERS
-    beta_names = [("optimizer.betas", opt.get("betas"))] if name != "rmsprop" else [("optimizer.alpha", opt.get("alpha"))]
+    beta_names = ([("optimizer.alpha", opt.get("alpha"))] if name == "rmsprop"
+                  else [("optimizer.betas", opt.get("betas"))])
     for key, betas in beta_names:
         if betas is None:
             continue
