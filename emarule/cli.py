@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
     except click_exc.ClickException as e:
         err_console.print(f"error: {e.format_message()}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
-    except click_exc.Abort:
+    except (KeyboardInterrupt, typer.Abort):
         sys.exit(130)
     except UserError as e:
         err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)

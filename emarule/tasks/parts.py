@@ -34,3 +34,5 @@ class TaskParts:
     collate: Callable[[list], Any] | None = None
     # Free-form description logged in hparams.json (architecture, parameter count, data set).
     info: dict = field(default_factory=dict)
+    # DataLoader worker processes for train_set (None: the loop decides; 0 on CPU, up to 8 on GPU).
+    num_workers: int | None = None

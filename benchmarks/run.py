@@ -1,0 +1,109 @@
+"""`make bench`: the time of one model-EMA update on a ResNet-50 (25.6M parameters).
+
+Compares, in one process on the same model and device:
+  emarule   emarule.ema.ModelEma (one torch._foreach_lerp_ per device/dtype group; buffers copied)
+  timm      timm.utils.ModelEmaV3 (foreach lerp over the whole state_dict, buffers averaged too)
+  swa_utils torch.optim.swa_utils.AveragedModel with get_ema_multi_avg_fn (parameters only)
+  naive     a Python loop of ζ ← ρζ + (1 − ρ)θ per tensor (lightly's update_momentum)
+Methods take turns; prints the best and the median of repeated updates, and each relative to emarule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from emarule.ema import ModelEma  # noqa: E402
+
+
+def resnet50() -> torch.nn.Module:
+    try:
+        import torchvision
+
+        return torchvision.models.resnet50(weights=None)
+    except ImportError:  # pragma: no cover
+        import timm
+
+        return timm.create_model("resnet50", pretrained=False)
+
+
+def timed(methods: dict, repeats: int, device: torch.device) -> dict:
+    """Median seconds per call; methods take turns so that load from other processes hits all alike."""
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    for fn in methods.values():
+        for _ in range(3):  # warm-up: allocator, kernel selection, grouping caches
+            fn()
+    sync()
+    times: dict = {name: [] for name in methods}
+    for _ in range(repeats):
+        for name, fn in methods.items():
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times[name].append(time.perf_counter() - t0)
+    return {name: (min(ts), statistics.median(ts)) for name, ts in times.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    model = resnet50().to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    rho = 0.999
+
+    ours = ModelEma(model, rho)
+    methods = {"emarule": lambda: ours.update(model)}
+
+    try:
+        from timm.utils import ModelEmaV3
+
+        timm_ema = ModelEmaV3(model, decay=rho)
+        methods["timm ModelEmaV3"] = lambda: timm_ema.update(model)
+    except ImportError:  # pragma: no cover
+        print("timm not installed: skipping ModelEmaV3")
+
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    swa = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(rho))
+    swa.update_parameters(model)  # the first call only copies; time the averaging calls
+    methods["swa_utils AveragedModel"] = lambda: swa.update_parameters(model)
+
+    naive_copy = ModelEma(model, rho).module
+    pairs = list(zip(naive_copy.parameters(), model.parameters(), strict=True))
+
+    @torch.no_grad()
+    def naive():
+        for e, p in pairs:
+            e.data = e.data * rho + p.data * (1.0 - rho)
+
+    methods["naive per-tensor loop"] = naive
+
+    print(f"one EMA update of a ResNet-50 ({n_params / 1e6:.1f}M parameters) on {device}, "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.repeats} calls each")
+    results = timed(methods, args.repeats, device)
+    base_best, base_med = results["emarule"]
+    width = max(map(len, results))
+    print(f"  {'':<{width}}  {'best':>8}      {'median':>8}      best/emarule  median/emarule")
+    for name, (best, med) in results.items():
+        print(f"  {name:<{width}}  {best * 1e3:8.2f} ms   {med * 1e3:8.2f} ms   {best / base_best:8.2f}x  "
+              f"{med / base_med:12.2f}x")
+    print("  (best = least-disturbed call; on a shared machine the median also measures other processes)")
+
+
+if __name__ == "__main__":
+    main()

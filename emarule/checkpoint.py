@@ -1,0 +1,103 @@
+"""Checkpoints that resume exactly, written atomically; SIGTERM turns into a checkpoint.
+
+A checkpoint holds everything the next optimizer step depends on: model, EMA, optimizer,
+every rank's RNG states (torch, CUDA, numpy, python), the samples-seen clock and the position in
+the data order (epoch, batch within the epoch), the current κ / progressive stage, and the
+run's fingerprint (plan + seed) so `--resume` refuses a directory made with other settings.
+Data order and schedules are functions of (seed, samples seen), so with the RNG states restored
+a run killed at any point (SIGKILL included) and resumed from its last checkpoint ends, on CPU in
+one process, with bitwise the same weights as a run never interrupted.
+
+Written by rank 0 through a temporary file and `os.replace`, so a kill during the write leaves
+the previous checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+import signal
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from emarule import distributed
+from emarule.errors import UserError
+from emarule.rundir import CHECKPOINT, atomic_write_bytes
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def path_in(out: Path) -> Path:
+    return Path(out) / CHECKPOINT
+
+
+def save(out: Path, state: dict) -> Path | None:
+    """Every rank calls this (RNG states are gathered); rank 0 writes. Returns the path on rank 0."""
+    rngs = distributed.gather_objects(rng_state())
+    p = path_in(out)
+    if distributed.is_main():
+        buf = io.BytesIO()
+        torch.save({**state, "rng": rngs}, buf)
+        atomic_write_bytes(p, buf.getvalue())
+    distributed.barrier()
+    return p if distributed.is_main() else None
+
+
+def load(out: Path, device: torch.device) -> dict:
+    p = path_in(out)
+    if distributed.is_main():
+        for stale in Path(out).glob(f".{p.name}.*.tmp"):  # a write cut short by SIGKILL
+            stale.unlink(missing_ok=True)
+    if not p.exists():
+        raise UserError(f"--resume: no checkpoint in {out}; drop --resume to start the run from scratch")
+    try:
+        return torch.load(p, map_location=device, weights_only=False)
+    except Exception as e:  # a truncated or foreign file
+        raise UserError(f"--resume: cannot read {p} ({type(e).__name__}); delete it to start over") from None
+
+
+def restore_rng(ckpt: dict) -> bool:
+    """This rank's RNG states, when the checkpoint was made with the same world size."""
+    rngs = ckpt.get("rng") or []
+    if len(rngs) != distributed.world_size():
+        return False
+    set_rng_state(rngs[distributed.rank()])
+    return True
+
+
+class StopSignal:
+    """SIGTERM (preemption, `kill`) sets a flag; the loop checkpoints at the next step and exits."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def _handler(self, signum, frame):
+        self.requested = True
+
+    def __enter__(self):
+        try:
+            self._previous = signal.signal(signal.SIGTERM, self._handler)
+        except ValueError:  # not the main thread (e.g. a notebook worker): no handler
+            self._previous = None
+        return self
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+        return False

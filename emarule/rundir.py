@@ -1,0 +1,140 @@
+"""A run directory: what a run writes, where, and how a resumed run keeps its log clean.
+
+    <out>/hparams.json     the plan (base → scaled, per stage), resolved spec, seed, world size,
+                           accumulation per stage, task info, torch version (written atomically)
+    <out>/metrics.jsonl    one JSON object per logged step, and one per evaluation; every row has
+                           samples_seen and epoch (the time axis), step and kappa
+    <out>/checkpoint.pt    the last checkpoint (see emarule/checkpoint.py)
+    <out>/figures/         plots made later from metrics.jsonl
+    <out>/wandb/           only with --wandb offline|online
+
+Only rank 0 writes. Pure Python apart from the optional lazy wandb import.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import uuid
+from pathlib import Path
+
+HPARAMS = "hparams.json"
+METRICS = "metrics.jsonl"
+CHECKPOINT = "checkpoint.pt"
+FIGURES = "figures"
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temporary file in the same directory, fsync, then rename over `path`.
+
+    A reader (or a resumed run after SIGKILL) sees the old file or the new one, never half of one.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def _jsonable(x):
+    if isinstance(x, float):
+        return x if math.isfinite(x) else str(x)
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (str, int, bool)) or x is None:
+        return x
+    if isinstance(x, Path):
+        return str(x)
+    try:  # numpy and torch scalars
+        return _jsonable(x.item())
+    except (AttributeError, ValueError, TypeError):
+        return str(x)
+
+
+def write_hparams(out: Path, hparams: dict) -> None:
+    atomic_write_text(Path(out) / HPARAMS, json.dumps(_jsonable(hparams), indent=2, ensure_ascii=False) + "\n")
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """All complete rows of a metrics.jsonl (a line cut short by a kill is skipped)."""
+    rows = []
+    p = Path(path)
+    if not p.exists():
+        return rows
+    for line in p.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+class MetricsLog:
+    """Append-only metrics.jsonl, flushed per row, mirrored to wandb when asked."""
+
+    def __init__(self, out: Path, enabled: bool = True):
+        self.path = Path(out) / METRICS
+        self.enabled = enabled
+        self._file = None
+        self._wandb = None
+
+    def truncate_after(self, samples_seen: float) -> None:
+        """Drop rows past a checkpoint (and any torn last line) so a resumed log has no duplicates."""
+        if not self.enabled or not self.path.exists():
+            return
+        keep = [r for r in read_metrics(self.path) if r.get("samples_seen", 0) <= samples_seen]
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in keep))
+
+    def start_fresh(self) -> None:
+        if self.enabled:
+            atomic_write_text(self.path, "")
+
+    def attach_wandb(self, mode: str, out: Path, name: str, config: dict) -> None:
+        if not self.enabled or mode not in ("offline", "online"):
+            return
+        import wandb  # lazily: only runs that mirror metrics pay for the import
+
+        id_file = Path(out) / "wandb-id.txt"
+        run_id = id_file.read_text().strip() if id_file.exists() else None
+        if run_id is None:
+            run_id = uuid.uuid4().hex[:8]  # wandb's id alphabet; kept so --resume continues the run
+            atomic_write_text(id_file, run_id + "\n")
+        self._wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "emarule"), name=name, id=run_id,
+                                 resume="allow", mode=mode, dir=str(out), config=_jsonable(config))
+        self._wandb.define_metric("samples_seen")
+        self._wandb.define_metric("*", step_metric="samples_seen")
+
+    def log(self, row: dict) -> None:
+        if not self.enabled:
+            return
+        row = _jsonable(row)
+        if self._file is None:
+            self._file = open(self.path, "a", buffering=1)
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in row.items() if isinstance(v, (int, float))})
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None

@@ -1,0 +1,82 @@
+"""Learning-rate schedules in epochs, computed from the base spec and scaled for the current κ.
+
+Time is the samples-seen clock: epoch = samples_seen / len(train_set), fractional. A schedule's
+shape (warm-up length, cosine horizon, milestones) is fixed in epochs, so it is the same at every
+batch size; only its end points change with κ. At epoch e under κ_e (Progressive Scaling may
+change κ per epoch) the learning rate is the shape evaluated with the peak
+`Plan(κ_e)["optimizer.lr"]` and floor `Plan(κ_e)["schedule.min_lr"]` (Appendix C.4: schedules are
+computed from base hyperparameters, then modified by the scaling law).
+
+Step-counted specs (`schedule.total_steps`, `schedule.warmup_steps`, written in base steps) are
+converted to epochs through samples: N steps × base batch / dataset size.
+
+Shapes:
+- cosine:    linear warm-up from 0 to the peak, then half a cosine from the peak to min_lr.
+- multistep: linear warm-up, then the peak × gamma^(milestones passed); min_lr is not used.
+- constant:  linear warm-up, then the peak.
+Pure Python (no torch).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from emarule.errors import UserError
+
+
+@dataclass(frozen=True)
+class Schedule:
+    kind: str
+    total_epochs: float
+    warmup_epochs: float
+    milestones: tuple = ()
+    gamma: float = 0.1
+
+    def shape(self, epoch: float, peak: float, floor: float = 0.0) -> float:
+        """The learning rate at fractional `epoch` for peak `peak` and final value `floor`."""
+        w = self.warmup_epochs
+        if w > 0 and epoch < w:
+            return peak * epoch / w
+        if self.kind == "constant":
+            return peak
+        if self.kind == "multistep":
+            passed = sum(1 for m in self.milestones if epoch >= m)
+            return peak * self.gamma ** passed
+        if self.kind == "cosine":
+            span = self.total_epochs - w
+            t = 1.0 if span <= 0 else min(1.0, max(0.0, (epoch - w) / span))
+            return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * t))
+        raise UserError(f"schedule.kind {self.kind!r}: use cosine, multistep or constant")
+
+    def lr(self, epoch: float, plan) -> float:
+        """The lr at `epoch` under the plan of the current κ (the scaled peak and floor)."""
+        return self.shape(epoch, plan["optimizer.lr"], plan.get("schedule.min_lr", 0.0) or 0.0)
+
+
+def from_spec(spec: dict, dataset_size: int) -> Schedule:
+    """The schedule of `spec` in epochs of a training set of `dataset_size` samples."""
+    s = spec.get("schedule") or {}
+    base_batch = spec["batch"]["size"]
+
+    def steps_to_epochs(steps: float) -> float:
+        return steps * base_batch / dataset_size
+
+    if s.get("epochs") is not None:
+        total = float(s["epochs"])
+    elif s.get("total_steps") is not None:
+        total = steps_to_epochs(s["total_steps"])
+    else:
+        raise UserError("the spec gives no training length; set schedule.epochs or schedule.total_steps")
+    if s.get("warmup_epochs") is not None:
+        warm = float(s["warmup_epochs"])
+    elif s.get("warmup_steps") is not None:
+        warm = steps_to_epochs(s["warmup_steps"])
+    else:
+        warm = 0.0
+    kind = s.get("kind", "constant")
+    if kind == "multistep" and not s.get("milestones_epochs"):
+        raise UserError("schedule.kind multistep needs schedule.milestones_epochs, e.g. [30, 60, 80]")
+    return Schedule(kind=kind, total_epochs=total, warmup_epochs=warm,
+                    milestones=tuple(float(m) for m in (s.get("milestones_epochs") or ())),
+                    gamma=float(s.get("gamma", 0.1)))

@@ -1,0 +1,100 @@
+"""Shared helpers for the training-engine tests: toy specs, contexts and subprocess runs."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import yaml
+
+from emarule.context import RunContext
+from emarule.scaling import plan
+from emarule.spec import load_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TOY = {
+    "name": "toy",
+    "task": "toy",
+    "precision": "fp32",
+    "batch": {"size": 16},
+    "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 1.0e-4,
+                  "weight_decay_skip_bias": True, "grad_clip": 1.0},
+    "schedule": {"kind": "cosine", "epochs": 4, "warmup_epochs": 1, "min_lr": 0.001},
+    "ema": {"momentum": 0.9, "update_from": "post", "start_steps": 0, "buffers": "copy"},
+    "toy": {"samples": 128, "teacher_weight": 0.5, "augment": 0.1, "threads": 1, "quiet": True},
+    "probe": {"eval_every_epochs": 1},
+}
+
+
+def toy_spec(**overrides) -> dict:
+    """The toy spec with dotted overrides: toy_spec(**{"schedule.epochs": 2})."""
+    s = copy.deepcopy(TOY)
+    for key, value in overrides.items():
+        node = s
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return s
+
+
+def write_spec(tmp: Path, spec: dict, name: str = "spec.yaml") -> Path:
+    p = Path(tmp) / name
+    p.write_text(yaml.safe_dump(spec))
+    return p
+
+
+def make_ctx(tmp: Path, spec: dict, kappa: float = 1.0, out: str = "run", progressive: dict | None = None,
+             ema_rule: str | None = "exponential", **kw) -> RunContext:
+    s = load_spec(path=write_spec(tmp, spec, f"{out}.yaml"))
+    p = plan(s, kappa, ema_rule, progressive)
+    return RunContext(spec=s, kappa=kappa, ema_rule=ema_rule, plan=p, out=Path(tmp) / out, progressive=progressive,
+                      quiet=True, **kw)
+
+
+def run_toy(tmp: Path, spec: dict, kappa: float = 1.0, out: str = "run", **kw) -> tuple[dict, RunContext]:
+    from emarule.tasks import toy
+
+    torch.set_num_threads(1)
+    ctx = make_ctx(tmp, spec, kappa, out, **kw)
+    return toy.run(ctx), ctx
+
+
+def load_checkpoint(run_dir: Path) -> dict:
+    return torch.load(Path(run_dir) / "checkpoint.pt", map_location="cpu", weights_only=False)
+
+
+def env() -> dict:
+    e = dict(os.environ)
+    e["WANDB_MODE"] = "disabled"
+    e["OMP_NUM_THREADS"] = "1"
+    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
+    return e
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "emarule", "run", *args]
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(cli(*args), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout)
+
+
+def tensors_equal(a, b) -> bool:
+    """Bitwise equality of nested state dicts."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(tensors_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(tensors_equal(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def max_diff(a: dict, b: dict) -> float:
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a if a[k].is_floating_point())
