@@ -18,9 +18,14 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+PARABOLA_OUT := runs/parabola/paper
+
 run: $(STAMP)
 	$(BIN)/emarule plan byol-vit --kappa 6
 	$(BIN)/emarule table momenta
+	$(BIN)/emarule run parabola --preset paper --out $(PARABOLA_OUT)
+	@echo "noisy parabola (§3.1, App. E.1): figures in $(PARABOLA_OUT)/figures/, table in $(PARABOLA_OUT)/table.txt,"
+	@echo "  records in $(PARABOLA_OUT)/results.json, method and wall time in $(PARABOLA_OUT)/run.json"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -24,6 +24,8 @@ HPARAMS = "hparams.json"
 METRICS = "metrics.jsonl"
 CHECKPOINT = "checkpoint.pt"
 FIGURES = "figures"
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -39,6 +41,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; results are for everyone to read
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
