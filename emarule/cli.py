@@ -290,6 +290,63 @@ def run(
     run_task(ctx)
 
 
+class CompareFmt(str, Enum):
+    table = "table"
+    json = "json"
+
+
+@app.command()
+@friendly
+def sweep(
+    experiment: Optional[str] = ExpArg,
+    spec: Optional[Path] = SpecOpt,
+    kappas: str = typer.Option("1,2,4", "--kappas", help="κ values, comma-separated (κ=1, the baseline, always runs)"),
+    rule: str = typer.Option("with,without", "--rule",
+                             help="with (ρ^κ), without (ρ), linear (1 − κ(1 − ρ)), comma-separated"),
+    seeds: int = typer.Option(1, "--seeds", help="seeds 0..N−1 for every setting (bands in the figure)"),
+    progressive: Optional[str] = ProgOpt,
+    preset: Optional[str] = PresetOpt,
+    overrides: Optional[List[str]] = SetOpt,
+    data: Optional[Path] = typer.Option(None, "--data", help="local data set directory (CIFAR-10, ImageNet, ...)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="root of the run directories (default runs/)"),
+    metric: Optional[str] = typer.Option(None, "--metric", help="metric to compare (default: probe_top1, then loss)"),
+    wandb: str = typer.Option("off", "--wandb", help="mirror metrics to wandb: off, offline or online"),
+    max_device_batch: Optional[int] = typer.Option(None, "--max-device-batch",
+                                                   help="largest per-device micro-batch; the rest is accumulated"),
+) -> None:
+    """The κ=1 baseline and each κ with and without the EMA Scaling Rule, one after another; then compare."""
+    from emarule import sweep as sw
+
+    if wandb not in ("off", "offline", "online", "disabled"):
+        raise UserError(f"--wandb must be off, offline or online, got {wandb!r}")
+    if max_device_batch is not None and max_device_batch < 1:
+        raise UserError(f"--max-device-batch must be ≥ 1, got {max_device_batch}")
+    runs = sw.plan_runs(numbers(kappas, "--kappas") or [], sw.parse_rules(rule), seeds)
+
+    def resolve_run(k: float, ema: Optional[str], baseline: bool):
+        return resolve(experiment, spec, preset, overrides, repr(k), None, ema is None, EmaRule(ema or "exponential"),
+                       "constant" if baseline else progressive)
+
+    sw.execute(console, runs, resolve_run, out or Path("runs"), data=data, max_device_batch=max_device_batch,
+               wandb="off" if wandb == "disabled" else wandb, metric=metric)
+
+
+@app.command("compare")
+@friendly
+def compare_cmd(
+    run_dirs: List[Path] = typer.Argument(..., help="run directories, or a folder holding them (runs/byol-r18)"),
+    metric: Optional[str] = typer.Option(None, "--metric", "-m",
+                                         help="metric to overlay (default: probe_top1, else loss)"),
+    out: Optional[Path] = typer.Option(None, "--out",
+                                       help="figure path (default: compare-<metric>.png beside the runs)"),
+    format: CompareFmt = typer.Option(CompareFmt.table, "--format", "-f"),
+) -> None:
+    """Overlay runs on the κ=1 baseline (one panel per κ) and print each run's gap to it."""
+    from emarule.compare import run_compare
+
+    run_compare(console, run_dirs, metric, out, format.value)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: usage errors become one line on stderr with exit code 2, like every other error."""
     command = typer.main.get_command(app)

@@ -82,7 +82,8 @@ def momenta_and_errors(records: list, rho_base: float, dim: int, conventions) ->
         ax = axes[i][1]
         for key, colour, style, label in (("err_rule", RULE, "o-", "ρ_B^κ"), ("err_no_rule", NO_RULE, "o-", "ρ_B"),
                                           ("err_linear", LINEAR, "o-", "1 − κ(1 − ρ_B)"),
-                                          ("err_star", STAR, "x--", "ρ* (hold-out)"),
+                                          ("err_star", STAR, "x--",
+                                           "ρ* (exact moments)" if dim == 1 else "ρ* (hold-out seeds)"),
                                           ("err_target", TARGET, "s-", "target model θ")):
             pts = [(r["kappa"], r[key]) for r in rows if r[key] is not None and r[key] > 0]
             if pts:

@@ -13,6 +13,15 @@ from emarule.errors import UserError
 def _tasks() -> dict:
     # Imported on use: `emarule run` is the only command that may load torch.
     tasks: dict = {}
+    from emarule.tasks import toy  # engine smoke/test task (no experiments/*.yaml)
+
+    tasks["toy"] = toy.run
+    from emarule.tasks import byol
+
+    tasks["byol"] = byol.run
+    from emarule.tasks import parabola, precision
+
+    tasks.update(parabola=parabola.run, precision=precision.run)
     return tasks
 
 

@@ -1,0 +1,148 @@
+"""`emarule sweep`: the κ=1 baseline and every κ with and without the EMA Scaling Rule, then compare.
+
+For each seed: the baseline at κ=1 once (with and without the rule are the same run there:
+ρ^1 = ρ), then each κ ≠ 1 once per rule. Runs go one after another in this process, each into
+ROOT/<experiment>/<name> with `emarule.context.default_run_name` names (k1-rule-s0, k4-norule-s0,
+...). A run directory that already holds a checkpoint is resumed — a finished run is kept as it
+is — so an interrupted sweep picks up where it stopped with the same command. At the end the
+runs are compared (`emarule.compare`) on the task's headline metric and on the training loss,
+with one figure per metric in ROOT/<experiment>/.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from emarule.errors import UserError
+
+RULES = {"with": "exponential", "without": None, "linear": "linear"}
+
+
+@dataclass
+class SweepRun:
+    kappa: float
+    rule: str | None  # "exponential", "linear" or None
+    seed: int
+    baseline: bool
+
+    @property
+    def label(self) -> str:
+        if self.baseline:
+            return "baseline"
+        return {"exponential": "with rule", "linear": "linear rule", None: "without rule"}[self.rule]
+
+
+def parse_rules(text: str) -> list[str | None]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise UserError("--rule needs at least one of with, without, linear (e.g. --rule with,without)")
+    bad = [n for n in names if n not in RULES]
+    if bad:
+        raise UserError(f"--rule {bad[0]!r}: use with, without or linear, comma-separated (e.g. --rule with,without)")
+    out: list[str | None] = []
+    for n in names:
+        if RULES[n] not in out:
+            out.append(RULES[n])
+    return out
+
+
+def plan_runs(kappas: list[float], rules: list[str | None], seeds: int) -> list[SweepRun]:
+    """Baseline first for each seed, then κ ascending, rule in the order given."""
+    if seeds < 1:
+        raise UserError(f"--seeds must be ≥ 1, got {seeds}")
+    ks = sorted({float(k) for k in kappas})
+    if not ks:
+        raise UserError("--kappas needs at least one value, e.g. --kappas 1,2,4")
+    base_rule = "exponential" if "exponential" in rules else rules[0]
+    runs = []
+    for seed in range(seeds):
+        runs.append(SweepRun(1.0, base_rule, seed, True))
+        for k in ks:
+            if math.isclose(k, 1.0):
+                continue
+            for r in rules:
+                runs.append(SweepRun(k, r, seed, False))
+    return runs
+
+
+def is_main_process() -> bool:
+    return os.environ.get("RANK", "0") in ("", "0")
+
+
+def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, *, data: Path | None = None,
+            max_device_batch: int | None = None, wandb: str = "off", metric: str | None = None) -> list[dict]:
+    """Resolve every run first (a bad κ or rule fails before any training), run them in turn, compare.
+
+    `resolve_run(kappa, rule, baseline)` → (spec, κ, rule, progressive, plan), as the CLI's `resolve`.
+    """
+    from emarule.context import RunContext, default_run_name
+
+    ctxs = []
+    for r in runs:
+        s, k, rule, pr, p = resolve_run(r.kappa, r.rule, r.baseline)
+        out = root / s["name"] / default_run_name(k, rule, r.seed, pr)
+        ctxs.append(RunContext(spec=s, kappa=k, ema_rule=rule, plan=p, out=out, progressive=pr,
+                               preset=s.get("preset"), data=data, seed=r.seed, wandb=wandb,
+                               max_device_batch=max_device_batch))
+    main = is_main_process()
+    done = []
+    from emarule.tasks import run_task
+
+    for i, (r, ctx) in enumerate(zip(runs, ctxs, strict=True), 1):
+        ctx.resume = (ctx.out / "checkpoint.pt").exists()
+        if main:
+            p = ctx.plan
+            rho = p.get("ema.momentum")
+            console.print(f"[{i}/{len(runs)}] {ctx.out}: κ={ctx.kappa:g} {r.label}, B={p['batch_size']:g}"
+                          + (f", ρ={rho:.6g}" if rho is not None else "")
+                          + (" (resuming what is there)" if ctx.resume else ""), highlight=False)
+        t0 = time.monotonic()
+        result = run_task(ctx) or {}
+        done.append({"run": str(ctx.out), "kappa": r.kappa, "rule": r.label, "seed": r.seed,
+                     "wall_s": time.monotonic() - t0, "resumed": ctx.resume, "result": result})
+    if main and done:
+        print_summary(console, done)
+        compare_after(console, [Path(d["run"]) for d in done], ctxs[0].out.parent, metric)
+    return done
+
+
+def print_summary(console, done: list[dict]) -> None:
+    from rich.table import Table
+
+    keys = []
+    for d in done:
+        for k, v in (d["result"] or {}).items():
+            if k not in keys and k not in ("samples_seen", "steps", "kappa", "epoch") and isinstance(v, (int, float)):
+                keys.append(k)
+    t = Table(title="sweep: runs", title_justify="left")
+    for c in ("run", "κ", "rule", "seed", "steps", "wall s", *keys):
+        t.add_column(c, justify="left" if c in ("run", "rule") else "right")
+    for d in done:
+        res = d["result"] or {}
+        t.add_row(Path(d["run"]).name, f"{d['kappa']:g}", d["rule"], str(d["seed"]), str(res.get("steps", "—")),
+                  f"{d['wall_s']:.1f}" + (" (resumed)" if d["resumed"] else ""),
+                  *[f"{res[k]:.4g}" if isinstance(res.get(k), (int, float)) else "—" for k in keys])
+    total = sum(d["wall_s"] for d in done)
+    console.print(t)
+    console.print(f"total wall time: {total:.1f} s", highlight=False)
+
+
+def compare_after(console, run_dirs: list[Path], root: Path, metric: str | None) -> list[dict]:
+    """The compare table (and figure) for the headline metric, then for the training loss."""
+    from emarule import compare
+
+    first = compare.compare(run_dirs, metric)
+    metrics = [first["metric"]]
+    if metric is None and first["metric"] != "loss":
+        base_metrics = set.intersection(*(r.metrics() for r in first["_runs"]))
+        if "loss" in base_metrics:
+            metrics.append("loss")
+    out = []
+    for m in metrics:
+        out.append(compare.run_compare(console, run_dirs, m, root / f"compare-{m}.png"))
+    return out

@@ -1,0 +1,236 @@
+"""BYOL (§3.4, App. F): an online network learns to predict an EMA teacher's projection.
+
+The parts handed to the shared loop (`emarule.train.train`):
+
+- `model` = `BYOL`: the online network (`online` = backbone + projector), the `predictor`, and
+  the tracking `probe` (pre-BN linear probe). All are trained by the run's one optimizer.
+- `ema_source` = `model.online`: the loop keeps its EMA (the teacher ζ, updated from θ_{t+1} as
+  the spec's `ema.update_from: post` says) and passes it to `loss` and `evaluate`.
+- `loss`: the paper's Definition (BYOL Update),
+      L = ½ cos[q(z(x1)), StopGrad(z_ζ(x2))] + ½ cos[q(z(x2)), StopGrad(z_ζ(x1))],
+  cos(a, b) = 1 − a·b / (|a||b|), plus the probe's cross-entropy on the StopGrad teacher
+  representation (Definition: Tracking Probe, "a probe for the teacher"). The teacher computes
+  with batch statistics, as BYOL's target network does, without touching its running statistics.
+- `evaluate`: the probe's top-1 on the test split through the teacher (eval mode).
+
+Data (`data.source`): CIFAR-10 from `--data DIR` (torchvision layout), ImageNet folders at
+`--data DIR/{train,val}`, scikit-learn's digits (bundled, the `cpu`/`tiny` presets), or
+synthetic images; each training item (view1, view2, label) is a pure function of
+(seed, epoch, index) — see `emarule.vision.augment`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from emarule.context import RunContext
+from emarule.errors import UserError
+from emarule.spec import get
+from emarule.tasks.parts import TaskParts
+from emarule.vision import models as M
+from emarule.vision.data import TwoViewSet, load_sources
+
+
+class Online(nn.Module):
+    """Backbone f(·; θ) followed by projector; returns (representation h, projection z)."""
+
+    def __init__(self, backbone: nn.Module, projector: nn.Module):
+        super().__init__()
+        self.backbone = backbone
+        self.projector = projector
+
+    def forward(self, x):
+        h = self.backbone(x)
+        return h, self.projector(h)
+
+
+class BYOL(nn.Module):
+    def __init__(self, backbone: nn.Module, proj_hidden: int, proj_out: int, pred_hidden: int, num_classes: int,
+                 head_norm: str = "batchnorm", probe_kind: str = "pre-bn", probe_scale: float = 1.0):
+        super().__init__()
+        feat = backbone.num_features
+        self.online = Online(backbone, M.mlp(feat, proj_hidden, proj_out, head_norm))
+        self.predictor = M.mlp(proj_out, pred_hidden, proj_out, head_norm)
+        if probe_kind != "pre-bn":
+            raise UserError(f"probe.kind {probe_kind!r}: only the pre-bn linear probe (the paper's) is implemented")
+        self.probe = M.LinearProbe(feat, num_classes, probe_scale)
+        self.num_features = feat
+
+
+def cosine_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """1 − a·b / (|a||b|), per row, computed in float32."""
+    return 1.0 - F.cosine_similarity(a.float(), b.float(), dim=-1, eps=1e-8)
+
+
+def byol_loss(p1, p2, t1, t2) -> torch.Tensor:
+    """Symmetrized BYOL loss: ½cos(p1, sg t2) + ½cos(p2, sg t1), averaged over the batch."""
+    return (0.5 * cosine_distance(p1, t2.detach()) + 0.5 * cosine_distance(p2, t1.detach())).mean()
+
+
+@contextlib.contextmanager
+def batch_statistics(module: nn.Module):
+    """Forward `module` in train mode (BatchNorm normalizes with the batch's statistics) while its
+    running statistics stay untouched (BatchNorm momentum 0 for the duration)."""
+    was = module.training
+    saved = []
+    for m in module.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            saved.append((m, m.momentum))
+            m.momentum = 0.0
+    module.train(True)
+    try:
+        yield module
+    finally:
+        for m, mom in saved:
+            m.momentum = mom
+        module.train(was)
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def make_loss(probe_weight: float = 1.0):
+    def loss(model: BYOL, teacher: nn.Module, batch):
+        x1, x2, y = batch
+        dev = _device_of(model)
+        x1, x2, y = (x1.to(dev, non_blocking=True), x2.to(dev, non_blocking=True), y.to(dev, non_blocking=True))
+        # Each view through the online network separately (BatchNorm per view, as in BYOL).
+        _, z1 = model.online(x1)
+        _, z2 = model.online(x2)
+        p1, p2 = model.predictor(z1), model.predictor(z2)
+        with torch.no_grad(), batch_statistics(teacher):
+            th1, t1 = teacher(x1)
+            th2, t2 = teacher(x2)
+        l_byol = byol_loss(p1, p2, t1, t2)
+        # Tracking probe on the StopGrad teacher representation of both views.
+        logits = model.probe(torch.cat([th1, th2]).detach().float())
+        target = torch.cat([y, y])
+        l_probe = F.cross_entropy(logits, target)
+        total = l_byol + probe_weight * l_probe
+        with torch.no_grad():
+            acc = (logits.argmax(1) == target).float().mean().item() * 100.0
+        return total, {"byol_loss": l_byol.item(), "probe_loss": l_probe.item(), "probe_train_top1": acc}
+
+    return loss
+
+
+def make_evaluate(test, image_size: int, batch_size: int = 256):
+    cache: dict = {}
+
+    def images(idx: list[int]) -> torch.Tensor:
+        key = (idx[0], len(idx))
+        if key in cache:
+            return cache[key]
+        x = torch.stack([test.eval_view(i, image_size) for i in idx])
+        if len(test) <= 20000:  # small test sets (digits, CIFAR-10) are prepared once
+            cache[key] = x
+        return x
+
+    @torch.no_grad()
+    def evaluate(model: BYOL, teacher: nn.Module) -> dict:
+        import torch.distributed as dist
+
+        rank, world = 0, 1
+        if dist.is_available() and dist.is_initialized():
+            rank, world = dist.get_rank(), dist.get_world_size()
+        dev = _device_of(model)
+        modes = (teacher.training, model.probe.training)
+        teacher.eval()
+        model.probe.eval()
+        correct = torch.zeros((), dtype=torch.float64, device=dev)
+        total = torch.zeros((), dtype=torch.float64, device=dev)
+        n = len(test)
+        share = list(range(rank, n, world))  # each rank a strided share of the test split
+        try:
+            for s in range(0, len(share), batch_size):
+                idx = share[s:s + batch_size]
+                x = images(idx).to(dev, non_blocking=True)
+                y = torch.tensor([test.label(i) for i in idx], device=dev)
+                h, _ = teacher(x)
+                correct += (model.probe(h.float()).argmax(1) == y).sum()
+                total += len(idx)
+        finally:
+            teacher.train(modes[0])
+            model.probe.train(modes[1])
+        if world > 1:
+            stats = torch.stack([correct, total])
+            dist.all_reduce(stats)
+            correct, total = stats[0], stats[1]
+        return {"probe_top1": float(100.0 * correct / total.clamp(min=1))}
+
+    return evaluate
+
+
+def build(ctx: RunContext) -> TaskParts:
+    s = ctx.spec
+    arch = get(s, "model.arch", "resnet18")
+    image_size = int(get(s, "data.image_size", 32))
+    source = get(s, "data.source", "cifar10")
+    root = ctx.data if ctx.data is not None else (Path(get(s, "data.path")) if get(s, "data.path") else None)
+    train_src, test_src = load_sources(source, root, image_size, get(s, "data.train_samples"),
+                                       get(s, "data.eval_samples"), int(get(s, "data.num_classes", 10)))
+    num_classes = max(int(get(s, "data.num_classes", 10)), train_src.num_classes)
+    augmentation = get(s, "data.augmentation", "byol_cifar10")
+    train_set = TwoViewSet(train_src, augmentation, image_size, ctx.seed)
+
+    # Same initial weights for every κ and rule at a given seed (the loop seeds the rest).
+    torch.manual_seed(ctx.seed)
+    init = get(s, "model.init", "kaiming_uniform")
+    bb = M.backbone(arch, width=get(s, "model.width"), cifar_stem=bool(get(s, "model.cifar_stem", False)),
+                    image_size=image_size, patch_size=get(s, "model.patch_size"),
+                    stochastic_depth=get(s, "model.stochastic_depth", 0.0), init=init)
+    # The probe shares the run's optimizer. With SGD its loss weight r/c² and weight scale c
+    # (r = probe.lr / optimizer.lr, both base values) train it exactly as SGD at learning rate
+    # probe.lr (scaled with κ like every lr, and by the step's clipping factor like every
+    # parameter) while it adds ≤ 1 % of its own gradient norm to the clipped global norm (see
+    # LinearProbe): the probe cannot slow down the BYOL update it tracks.
+    # Other optimizers normalize gradients, so there the probe is an ordinary part of the model.
+    base_lr = get(s, "optimizer.lr") or 0.0
+    probe_lr = get(s, "probe.lr")
+    ratio = float(probe_lr / base_lr) if (probe_lr and base_lr) else 1.0
+    if get(s, "optimizer.name", "sgd") == "sgd":
+        probe_scale = 100.0 * max(1.0, ratio)
+        probe_weight = ratio / probe_scale**2
+    else:
+        probe_scale, probe_weight = 1.0, 1.0
+    model = BYOL(bb, int(get(s, "model.projector_hidden", 4096)), int(get(s, "model.projector_out", 256)),
+                 int(get(s, "model.predictor_hidden", 4096)), num_classes, get(s, "model.head_norm", "batchnorm"),
+                 get(s, "probe.kind", "pre-bn"), probe_scale)
+    # Projector and predictor get the recipe's init too (the probe keeps torch's default).
+    M.init_weights(model.online.projector, init)
+    M.init_weights(model.predictor, init)
+
+    no_decay = M.no_weight_decay_names(model) if get(s, "optimizer.weight_decay_skip_bias", False) else set()
+    n_params = sum(p.numel() for p in model.parameters())
+    info = {
+        "task": "byol",
+        "arch": arch,
+        "width": get(s, "model.width"),
+        "cifar_stem": bool(get(s, "model.cifar_stem", False)),
+        "feature_dim": model.num_features,
+        "parameters": n_params,
+        "backbone_parameters": sum(p.numel() for p in bb.parameters()),
+        "dataset": train_src.name,
+        "train_size": len(train_src),
+        "test_size": len(test_src),
+        "image_size": image_size,
+        "augmentation": augmentation,
+        "probe": "pre-bn linear probe on the StopGrad teacher representation",
+        "probe_loss_weight": probe_weight,
+        "probe_weight_scale": probe_scale,
+        "loss": "½cos(q(z1), sg z'2) + ½cos(q(z2), sg z'1) + probe cross-entropy",
+    }
+    return TaskParts(model=model, ema_source=model.online, train_set=train_set, loss=make_loss(probe_weight),
+                     evaluate=make_evaluate(test_src, image_size), no_decay=no_decay, collate=None, info=info)
+
+
+def run(ctx: RunContext) -> dict:
+    from emarule.train import train
+
+    return train(ctx, build(ctx))

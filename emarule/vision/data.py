@@ -1,0 +1,213 @@
+"""Image sources (CIFAR-10, ImageNet, scikit-learn digits, synthetic) and the two-view training set.
+
+Nothing is ever downloaded: CIFAR-10 and ImageNet are read from a local directory (`--data`)
+and a missing or malformed directory is a one-line `UserError` naming the layout expected.
+The digits (1,797 8×8 images shipped inside scikit-learn) need no directory at all.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from emarule.errors import UserError
+from emarule.vision import augment as A
+
+CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+DIGITS_MEAN, DIGITS_STD = (0.30, 0.30, 0.30), (0.38, 0.38, 0.38)
+
+CIFAR_LAYOUT = ("torchvision's CIFAR-10 layout: DIR/cifar-10-batches-py/{data_batch_1..5, test_batch, batches.meta}"
+                " (the extracted cifar-10-python.tar.gz)")
+IMAGENET_LAYOUT = "an ImageFolder layout: DIR/train/<class>/*.JPEG and DIR/val/<class>/*.JPEG"
+
+DIGITS_TEST = 360  # fixed held-out split of the 1,797 digits (20 %); the rest (1,437) train
+
+
+class Source:
+    """Images (uint8 or float C×H×W) and integer labels, indexable."""
+
+    mean: tuple = (0.5, 0.5, 0.5)
+    std: tuple = (0.5, 0.5, 0.5)
+    name: str = "?"
+    num_classes: int = 10
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def image(self, i: int) -> torch.Tensor:
+        return self.images[i]
+
+    def label(self, i: int) -> int:
+        return int(self.labels[i])
+
+    def eval_view(self, i: int, size: int) -> torch.Tensor:
+        return A.normalize(A.resize(A.to_float(self.image(i)), size).expand(3, -1, -1), self.mean, self.std)
+
+
+class TensorSource(Source):
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, name: str, mean, std, num_classes: int):
+        self.images, self.labels, self.name = images, labels, name
+        self.mean, self.std, self.num_classes = mean, std, num_classes
+
+    def subset(self, n: int | None) -> "TensorSource":
+        if n is None or n >= len(self):
+            return self
+        return TensorSource(self.images[:n], self.labels[:n], self.name, self.mean, self.std, self.num_classes)
+
+
+def digits(train: bool) -> TensorSource:
+    """scikit-learn's 1,797 8×8 digits as 1×8×8 floats in [0, 1]; a fixed 1,437 / 360 split."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = torch.tensor(d.images, dtype=torch.float32).div_(16.0)[:, None]
+    y = torch.tensor(d.target, dtype=torch.int64)
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(1797))
+    idx = perm[DIGITS_TEST:] if train else perm[:DIGITS_TEST]
+    return TensorSource(x[idx].contiguous(), y[idx].contiguous(), "digits", DIGITS_MEAN, DIGITS_STD, 10)
+
+
+def cifar10(root: Path | None, train: bool) -> TensorSource:
+    if root is None:
+        raise UserError("CIFAR-10 is read from a local directory: pass --data DIR with " + CIFAR_LAYOUT +
+                        ", or use --preset cpu (scikit-learn digits, no download)")
+    root = Path(root).expanduser()
+    if root.name == "cifar-10-batches-py":
+        root = root.parent
+    if not (root / "cifar-10-batches-py").is_dir():
+        raise UserError(f"CIFAR-10 not found at {root}: expected {CIFAR_LAYOUT}; nothing is downloaded")
+    from torchvision.datasets import CIFAR10
+
+    try:
+        ds = CIFAR10(str(root), train=train, download=False)
+    except (RuntimeError, OSError, ValueError) as e:
+        raise UserError(f"CIFAR-10 at {root} is incomplete or corrupt ({' '.join(str(e).split())}); "
+                        f"expected {CIFAR_LAYOUT}") from None
+    x = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()  # N×3×32×32 uint8
+    y = torch.tensor(ds.targets, dtype=torch.int64)
+    return TensorSource(x, y, "cifar10", CIFAR10_MEAN, CIFAR10_STD, 10)
+
+
+def synthetic(train: bool, n: int, size: int, num_classes: int) -> TensorSource:
+    """Class-dependent noise images (deterministic): a stand-in to smoke-test full-size models."""
+    g = torch.Generator().manual_seed(0 if train else 1)
+    protos = torch.rand(num_classes, 3, 8, 8, generator=torch.Generator().manual_seed(7))
+    y = torch.randint(0, num_classes, (n,), generator=g)
+    x = protos[y] + 0.3 * torch.rand(n, 3, 8, 8, generator=g)
+    x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+    x = (x.clamp(0, 1.3) / 1.3 * 255).to(torch.uint8)
+    return TensorSource(x, y, "synthetic", (0.5,) * 3, (0.25,) * 3, num_classes)
+
+
+class ImageFolderSource(Source):
+    """ImageNet-style folders; images decoded on access (uint8 C×H×W)."""
+
+    def __init__(self, root: Path, split: str, eval_size: int):
+        from torchvision.datasets import ImageFolder
+
+        self.dir = root / split
+        if not self.dir.is_dir():
+            raise UserError(f"ImageNet not found: {self.dir} is not a directory; "
+                            f"pass --data DIR with {IMAGENET_LAYOUT}")
+        try:
+            self.ds = ImageFolder(str(self.dir))
+        except (FileNotFoundError, RuntimeError, OSError) as e:
+            raise UserError(f"ImageNet at {self.dir}: {' '.join(str(e).split())}; expected {IMAGENET_LAYOUT}") from None
+        self.name, self.mean, self.std = f"imagefolder:{split}", IMAGENET_MEAN, IMAGENET_STD
+        self.num_classes = len(self.ds.classes)
+        self.labels = [t for _, t in self.ds.samples]
+        self.eval_size = eval_size
+
+    def image(self, i: int) -> torch.Tensor:
+        from torchvision.transforms.functional import pil_to_tensor
+
+        return pil_to_tensor(self.ds.loader(self.ds.samples[i][0]))  # RGB uint8 C×H×W
+
+    def eval_view(self, i: int, size: int) -> torch.Tensor:
+        """Resize the shorter side to size/0.875, center-crop size (the usual ImageNet evaluation)."""
+        img = A.to_float(self.image(i))
+        h, w = img.shape[-2:]
+        short = int(round(size / 0.875))
+        nh, nw = (short, max(1, round(w * short / h))) if h <= w else (max(1, round(h * short / w)), short)
+        img = torch.nn.functional.interpolate(img[None], size=(nh, nw), mode="bilinear", align_corners=False,
+                                              antialias=True)[0]
+        i0, j0 = (nh - size) // 2, (nw - size) // 2
+        return A.normalize(img[:, i0:i0 + size, j0:j0 + size], self.mean, self.std)
+
+
+class Subset(Source):
+    def __init__(self, base: Source, n: int):
+        self.base, self.n = base, min(n, len(base))
+        self.mean, self.std, self.name, self.num_classes = base.mean, base.std, base.name, base.num_classes
+
+    def __len__(self) -> int:
+        return self.n
+
+    def image(self, i: int) -> torch.Tensor:
+        return self.base.image(self._map(i))
+
+    def label(self, i: int) -> int:
+        return self.base.label(self._map(i))
+
+    def eval_view(self, i: int, size: int) -> torch.Tensor:
+        return self.base.eval_view(self._map(i), size)
+
+    def _map(self, i: int) -> int:
+        # An evenly spread subset, so that a cap keeps every class of a class-sorted folder.
+        return (i * len(self.base)) // self.n
+
+
+def load_sources(source: str, root: Path | None, image_size: int, train_samples: int | None,
+                 eval_samples: int | None, num_classes: int) -> tuple[Source, Source]:
+    """(train, test) sources for `data.source`, each capped by the preset's sample counts."""
+    if source == "digits":
+        train, test = digits(True), digits(False)
+    elif source == "cifar10":
+        train, test = cifar10(root, True), cifar10(root, False)
+    elif source == "synthetic":
+        train = synthetic(True, train_samples or 512, max(image_size, 8), num_classes)
+        test = synthetic(False, eval_samples or 256, max(image_size, 8), num_classes)
+    elif source == "imagenet":
+        if root is None:
+            raise UserError("ImageNet is read from a local directory: pass --data DIR with " + IMAGENET_LAYOUT)
+        root = Path(root).expanduser()
+        for split in ("train", "val"):  # both checked before scanning 1.28M training files
+            if not (root / split).is_dir():
+                raise UserError(f"ImageNet not found: {root / split} is not a directory; "
+                                f"pass --data DIR with {IMAGENET_LAYOUT}")
+        train, test = ImageFolderSource(root, "train", image_size), ImageFolderSource(root, "val", image_size)
+    else:
+        raise UserError(f"data.source {source!r}: use cifar10, imagenet, digits or synthetic")
+    if train_samples is not None and train_samples < len(train):
+        train = train.subset(train_samples) if isinstance(train, TensorSource) else Subset(train, train_samples)
+    if eval_samples is not None and eval_samples < len(test):
+        test = test.subset(eval_samples) if isinstance(test, TensorSource) else Subset(test, eval_samples)
+    return train, test
+
+
+class TwoViewSet:
+    """BYOL's training set: item i at epoch e is (view1, view2, label), a pure function of (seed, e, i)."""
+
+    def __init__(self, source: Source, augmentation: str, image_size: int, seed: int):
+        if augmentation not in A.STACKS:
+            raise UserError(f"data.augmentation {augmentation!r}: use one of {', '.join(sorted(A.STACKS))}")
+        self.source, self.size, self.seed, self.epoch = source, image_size, int(seed), 0
+        self.aug1, self.aug2 = A.STACKS[augmentation]
+        self.augmentation = augmentation
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, i: int):
+        i = int(i)
+        g = A.generator_for(self.seed, self.epoch, i)
+        img = self.source.image(i)
+        v1 = A.apply_view(img, self.aug1, self.size, g)
+        v2 = A.apply_view(img, self.aug2, self.size, g)
+        m, s = self.source.mean, self.source.std
+        return A.normalize(v1, m, s), A.normalize(v2, m, s), self.source.label(i)

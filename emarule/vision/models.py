@@ -1,0 +1,196 @@
+"""Backbones and heads for BYOL.
+
+- ``resnet18`` / ``resnet34``: our ResNet with a `width` (base channels, 64 in He et al.) and,
+  with `cifar_stem`, the 32×32 adaptation: a 3×3 stride-1 stem and no max-pool.
+- ``resnet50``: torchvision's ResNet-50 (ImageNet stem), classifier removed (2048 features).
+- ``vit_*``: timm's Vision Transformers (e.g. ``vit_base_patch16_224``), classifier removed,
+  stochastic depth from `model.stochastic_depth`, timm's trunc-normal(0.02) initialization.
+- ``mlp``: Linear → BatchNorm1d → ReLU → Linear, BYOL's projector and predictor.
+- ``LinearProbe``: the pre-BN tracking probe, BatchNorm1d without affine terms then Linear.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from emarule.errors import UserError
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + self.shortcut(x))
+
+
+class ResNet(nn.Module):
+    """ResNet-18/34 (basic blocks) returning the pooled features (8 × width)."""
+
+    def __init__(self, blocks=(2, 2, 2, 2), width: int = 64, cifar_stem: bool = True, in_channels: int = 3):
+        super().__init__()
+        if cifar_stem:
+            self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width),
+                                      nn.ReLU(inplace=True))
+        else:
+            self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 7, 2, 3, bias=False), nn.BatchNorm2d(width),
+                                      nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1))
+        layers, cin = [], width
+        for stage, n in enumerate(blocks):
+            cout = width * 2**stage
+            for b in range(n):
+                layers.append(BasicBlock(cin, cout, 2 if (stage > 0 and b == 0) else 1))
+                cin = cout
+        self.layers = nn.Sequential(*layers)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.num_features = cin
+
+    def forward(self, x):
+        return torch.flatten(self.pool(self.layers(self.stem(x))), 1)
+
+
+def mlp(cin: int, hidden: int, cout: int, norm: str = "batchnorm") -> nn.Sequential:
+    if norm == "batchnorm":
+        n = nn.BatchNorm1d(hidden)
+    elif norm == "layernorm":
+        n = nn.LayerNorm(hidden)
+    elif norm == "none":
+        n = nn.Identity()
+    else:
+        raise UserError(f"model.head_norm {norm!r}: use batchnorm, layernorm or none")
+    return nn.Sequential(nn.Linear(cin, hidden), n, nn.ReLU(inplace=True), nn.Linear(hidden, cout))
+
+
+class LinearProbe(nn.Module):
+    """Pre-BN linear probe: BatchNorm1d(affine=False) then Linear (still linear at test time).
+
+    `scale` c stores the linear weights as W / c (the forward multiplies by c). With the probe's
+    loss weighted by r / c², plain SGD then moves W exactly as SGD with learning rate r·η would,
+    while the probe adds only 1/c of its usual share to a global gradient norm: a large c keeps
+    a tracking probe from eating into the gradient-clipping budget of the model it watches.
+    """
+
+    def __init__(self, features: int, num_classes: int, scale: float = 1.0):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(features, affine=False)
+        self.fc = nn.Linear(features, num_classes)
+        self.scale = float(scale)
+        if self.scale != 1.0:
+            with torch.no_grad():
+                self.fc.weight.div_(self.scale)
+                self.fc.bias.div_(self.scale)
+
+    def forward(self, h):
+        x = self.bn(h)
+        if self.scale == 1.0:
+            return self.fc(x)
+        return nn.functional.linear(x, self.fc.weight * self.scale, self.fc.bias * self.scale)
+
+
+def kaiming_uniform_(module: nn.Module) -> None:
+    """He et al. (2015) uniform init (fan-in, ReLU gain) for every conv and linear weight;
+    zero biases; BatchNorm/LayerNorm scale 1, shift 0."""
+    for m in module.modules():
+        if isinstance(m, (nn.Conv2d, nn.Linear)):
+            nn.init.kaiming_uniform_(m.weight, a=0.0, mode="fan_in", nonlinearity="relu")
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm, nn.GroupNorm)):
+            if getattr(m, "weight", None) is not None:
+                nn.init.ones_(m.weight)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+
+
+def trunc_normal_(module: nn.Module, std: float = 0.02) -> None:
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.trunc_normal_(m.weight, std=std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+
+def init_weights(module: nn.Module, init: str | None) -> None:
+    """`kaiming_uniform`, `trunc_normal_<std>` (e.g. trunc_normal_.02) or `default` (the library's)."""
+    if not init or init == "default":
+        return
+    if init == "kaiming_uniform":
+        kaiming_uniform_(module)
+    elif init.startswith("trunc_normal"):
+        tail = init[len("trunc_normal"):].lstrip("_")
+        try:
+            std = float(tail) if tail else 0.02
+        except ValueError:
+            raise UserError(f"model.init {init!r}: write trunc_normal_<std>, e.g. trunc_normal_.02") from None
+        trunc_normal_(module, std)
+    else:
+        raise UserError(f"model.init {init!r}: use kaiming_uniform, trunc_normal_.02 or default")
+
+
+def backbone(arch: str, *, width: int | None = None, cifar_stem: bool = False, image_size: int = 224,
+             patch_size: int | None = None, stochastic_depth: float = 0.0, init: str | None = None) -> nn.Module:
+    """A feature extractor with `.num_features`: pooled features, no classifier."""
+    if arch in ("resnet18", "resnet34"):
+        blocks = (2, 2, 2, 2) if arch == "resnet18" else (3, 4, 6, 3)
+        net = ResNet(blocks, width or 64, cifar_stem)
+        init_weights(net, init)
+        return net
+    if arch == "resnet50":
+        if cifar_stem or (width not in (None, 64)):
+            raise UserError("resnet50 is torchvision's ImageNet model: drop model.cifar_stem and model.width")
+        from torchvision.models import resnet50
+
+        net = resnet50(weights=None)
+        net.num_features = net.fc.in_features
+        net.fc = nn.Identity()
+        init_weights(net, init)
+        return net
+    if arch.startswith("vit"):
+        import timm
+
+        kw = dict(pretrained=False, num_classes=0, drop_path_rate=float(stochastic_depth or 0.0), img_size=image_size)
+        if patch_size is not None:
+            kw["patch_size"] = patch_size
+        try:
+            net = timm.create_model(arch, **kw)
+        except (RuntimeError, ValueError, TypeError) as e:
+            raise UserError(f"model.arch {arch!r}: timm cannot build it ({' '.join(str(e).split())})") from None
+        if init and init != "default" and not init.startswith("trunc_normal"):
+            init_weights(net, init)
+        elif init and init.startswith("trunc_normal"):
+            tail = init[len("trunc_normal"):].lstrip("_")
+            if tail and abs(float(tail) - 0.02) > 1e-12:
+                init_weights(net, init)  # timm's own init is trunc_normal(.02) already
+        return net
+    raise UserError(f"model.arch {arch!r}: use resnet18, resnet34, resnet50 or a timm ViT such as "
+                    f"vit_base_patch16_224")
+
+
+def no_weight_decay_names(model: nn.Module) -> set[str]:
+    """Biases and norm parameters (every parameter with ≤ 1 dimension), plus a timm model's own
+    `no_weight_decay()` names (ViT position embedding and class token)."""
+    params = dict(model.named_parameters())
+    names = {n for n, p in params.items() if p.ndim <= 1}
+    for prefix, m in model.named_modules():
+        fn = getattr(m, "no_weight_decay", None)
+        if callable(fn) and not isinstance(m, nn.ModuleList):
+            try:
+                extra = fn()
+            except TypeError:
+                continue
+            for n in extra:
+                full = f"{prefix}.{n}" if prefix else n
+                if full in params:
+                    names.add(full)
+    return names

@@ -1,0 +1,79 @@
+"""`emarule sweep`: the run plan, bad arguments, and the tiny BYOL preset end to end."""
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from emarule import sweep as S
+from emarule.cli import app
+from emarule.errors import UserError
+
+runner = CliRunner()
+
+
+def test_plan_runs_baseline_once_per_seed():
+    runs = S.plan_runs([4, 1, 2], [S.RULES["with"], S.RULES["without"]], seeds=2)
+    got = [(r.kappa, r.rule, r.seed, r.baseline) for r in runs]
+    assert got == [(1.0, "exponential", 0, True), (2.0, "exponential", 0, False), (2.0, None, 0, False),
+                   (4.0, "exponential", 0, False), (4.0, None, 0, False),
+                   (1.0, "exponential", 1, True), (2.0, "exponential", 1, False), (2.0, None, 1, False),
+                   (4.0, "exponential", 1, False), (4.0, None, 1, False)]
+    # κ=1 need not be listed; "without" alone makes a baseline without the rule (ρ^1 = ρ anyway).
+    assert [(r.kappa, r.rule) for r in S.plan_runs([8], [None], 1)] == [(1.0, None), (8.0, None)]
+
+
+def test_parse_rules():
+    assert S.parse_rules("with,without") == ["exponential", None]
+    assert S.parse_rules(" without , linear,without") == [None, "linear"]
+    for bad in ("", "both", "with,maybe"):
+        with pytest.raises(UserError):
+            S.parse_rules(bad)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--kappas", "1,x"], "--kappas must be a number"),
+    (["--kappas", "0,2"], "must be finite and > 0"),
+    (["--rule", "sometimes"], "--rule 'sometimes'"),
+    (["--seeds", "0"], "--seeds must be ≥ 1"),
+    (["--set", "model.nope=1"], "unknown key"),
+])
+def test_bad_arguments_fail_before_training(tmp_path, args, needle):
+    res = runner.invoke(app, ["sweep", "byol-r18", "--preset", "tiny", "--out", str(tmp_path), *args])
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], res.output
+    assert not any(tmp_path.iterdir())  # nothing was run
+
+
+def test_linear_rule_out_of_range_fails_before_any_run(tmp_path):
+    # 1 − κ(1 − ρ) < 0 at ρ = 0.97, κ = 40: the whole sweep is refused up front.
+    res = runner.invoke(app, ["sweep", "byol-r18", "--preset", "tiny", "--kappas", "2,40", "--rule", "linear",
+                              "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "linear EMA rule" in res.output
+    assert not any(tmp_path.iterdir())
+
+
+def test_sweep_tiny_kappas_1_2_end_to_end(tmp_path):
+    torch.set_num_threads(1)
+    res = runner.invoke(app, ["sweep", "byol-r18", "--preset", "tiny", "--kappas", "1,2", "--rule", "with,without",
+                              "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    root = tmp_path / "byol-r18"
+    names = sorted(p.name for p in root.iterdir() if p.is_dir())
+    assert names == ["k1-rule-s0", "k2-norule-s0", "k2-rule-s0"]
+    for n in names:
+        h = json.loads((root / n / "hparams.json").read_text())
+        assert h["seed"] == 0 and h["kappa"] == (1 if n.startswith("k1") else 2)
+    h = json.loads((root / "k2-norule-s0" / "hparams.json").read_text())
+    assert h["ema_rule"] is False or h["ema_rule"] is None
+    assert (root / "compare-probe_top1.png").exists() and (root / "compare-loss.png").exists()
+    out = res.output
+    assert "[1/3]" in out and "[3/3]" in out and "mean |Δ|" in out and "total wall time" in out
+    assert out.index("k2-rule-s0") < out.index("k2-norule-s0")
+    # The same command again keeps the finished runs (each is resumed, and returns at once).
+    before = (root / "k2-rule-s0" / "metrics.jsonl").read_text()
+    res = runner.invoke(app, ["sweep", "byol-r18", "--preset", "tiny", "--kappas", "2", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert "resuming" in res.output and (root / "k2-rule-s0" / "metrics.jsonl").read_text() == before
