@@ -1,9 +1,9 @@
 """The optimizer a spec names, and writing a plan's scaled values into its param groups.
 
-Two param groups: "decay" and "no_decay" (a task's biases and norm parameters when
-`optimizer.weight_decay_skip_bias`); LARS and LAMB also skip their trust ratio for "no_decay", as
-BYOL and SimCLR do. Every value that depends on κ (lr, betas / alpha, eps, weight decay) is
-written by `apply_plan` from `emarule.scaling.scale(spec, κ)` — never derived here — so that
+Up to three param groups: "decay", "no_decay" (a task's biases and norm parameters when
+`optimizer.weight_decay_skip_bias`) and "aux" (a tracking probe: its own lr ratio, no decay).
+LARS and LAMB skip their trust ratio for "no_decay" and "aux", as BYOL and SimCLR do. Every value
+that depends on κ (lr, betas / alpha, eps, weight decay) is written by `apply_plan` from `emarule.scaling.scale(spec, κ)` — never derived here — so that
 Progressive Scaling can rewrite them whenever κ changes.
 """
 
@@ -95,28 +95,36 @@ class LAMB(torch.optim.Optimizer):
         return loss
 
 
-def param_groups(model: nn.Module, no_decay: set, skip: bool) -> list[dict]:
-    """[decay group, no_decay group]; a group's `no_decay` flag survives state_dict round trips."""
-    decay, plain = [], []
+def param_groups(model: nn.Module, no_decay: set, skip: bool, aux: frozenset = frozenset(),
+                 aux_lr_ratio: float = 1.0) -> list[dict]:
+    """[decay, no_decay, aux] groups; their flags (`no_decay`, `lr_ratio`) survive state_dict round trips."""
+    decay, plain, extra = [], [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        (plain if skip and name in no_decay else decay).append(p)
-    groups = [{"params": decay, "no_decay": False}]
+        if name in aux:
+            extra.append(p)
+        else:
+            (plain if skip and name in no_decay else decay).append(p)
+    groups = [{"params": decay, "no_decay": False, "lr_ratio": 1.0}]
     if plain:
-        groups.append({"params": plain, "no_decay": True})
+        groups.append({"params": plain, "no_decay": True, "lr_ratio": 1.0})
+    if extra:
+        groups.append({"params": extra, "no_decay": True, "lr_ratio": float(aux_lr_ratio)})
     return groups
 
 
-def build(spec: dict, model: nn.Module, no_decay: set, plan) -> torch.optim.Optimizer:
+def build(spec: dict, model: nn.Module, no_decay: set, plan, aux: frozenset = frozenset(),
+          aux_lr_ratio: float = 1.0) -> torch.optim.Optimizer:
     opt = spec.get("optimizer") or {}
     name = opt.get("name", "sgd")
     if name not in SUPPORTED:
         raise UserError(f"optimizer.name {name!r} cannot train a model; use one of {', '.join(SUPPORTED)}")
-    unknown = set(no_decay) - {n for n, _ in model.named_parameters()}
+    unknown = (set(no_decay) | set(aux)) - {n for n, _ in model.named_parameters()}
     if unknown:
-        raise UserError(f"task error: no_decay names parameters the model lacks: {sorted(unknown)[:3]}")
-    groups = param_groups(model, no_decay, bool(opt.get("weight_decay_skip_bias", False)))
+        raise UserError(f"task error: no_decay/aux_params name parameters the model lacks: {sorted(unknown)[:3]}")
+    groups = param_groups(model, no_decay, bool(opt.get("weight_decay_skip_bias", False)), frozenset(aux),
+                          aux_lr_ratio)
     lr = plan["optimizer.lr"]
     if name == "sgd":
         o = torch.optim.SGD(groups, lr=lr, momentum=opt.get("momentum", 0.0) or 0.0,
@@ -145,7 +153,7 @@ def apply_plan(optimizer: torch.optim.Optimizer, plan, lr: float) -> None:
     alpha = plan.get("optimizer.alpha")
     eps = plan.get("optimizer.eps")
     for g in optimizer.param_groups:
-        g["lr"] = lr
+        g["lr"] = lr * g.get("lr_ratio", 1.0)
         g["weight_decay"] = 0.0 if g.get("no_decay") else wd
         if betas is not None and "betas" in g:
             g["betas"] = tuple(betas)
@@ -157,4 +165,4 @@ def apply_plan(optimizer: torch.optim.Optimizer, plan, lr: float) -> None:
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for g in optimizer.param_groups:
-        g["lr"] = lr
+        g["lr"] = lr * g.get("lr_ratio", 1.0)

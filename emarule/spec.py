@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,25 @@ import yaml
 
 from emarule.errors import UserError
 from emarule.schema import check_tree, lookup, schema_for
+
+class _Loader(yaml.SafeLoader):
+    """YAML with 1.2's floats: `5e-4` is a number, not the string PyYAML's 1.1 rules make it."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                  |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                  |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                  |[-+]?\.(?:inf|Inf|INF)
+                  |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."),
+)
+
+
+def yaml_load(text: str):
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+
 
 EXPERIMENTS_DIR = Path(os.environ.get("EMARULE_EXPERIMENTS", Path(__file__).resolve().parent.parent / "experiments"))
 
@@ -39,7 +59,7 @@ def spec_path(name: str | None, path: str | os.PathLike | None) -> Path:
 
 def read_yaml(p: Path) -> dict:
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml_load(p.read_text())
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -60,7 +80,7 @@ def parse_override(item: str) -> tuple[str, Any]:
     if not key:
         raise UserError(f"--set {item!r}: empty key; expected key=value, e.g. --set ema.momentum=0.996")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = yaml_load(raw) if raw.strip() else None
     except yaml.YAMLError:
         raise UserError(f"--set {item!r}: cannot parse the value {raw!r}") from None
     return key, value

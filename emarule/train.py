@@ -188,7 +188,8 @@ def optimizer_step(model, parts, teacher, ema, optimizer, micro_batches, lay, ct
         if not s.sync_bn:  # before the EMA reads them: every rank's teacher gets rank 0's statistics
             distributed.broadcast_buffers_(model)
     if s.grad_clip:
-        metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, s.grad_clip))
+        clipped = [p for p in params if id(p) not in s.aux_ids]  # a tracking probe is not clipped
+        metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(clipped, s.grad_clip))
         if not math.isfinite(metrics["grad_norm"]):  # a finite loss can still overflow in backward
             return loss_value, metrics, float("nan"), f"the gradient norm became {metrics['grad_norm']}"
     rho = float("nan")
@@ -217,6 +218,7 @@ class StepContext:
     grad_clip: float | None
     update_from: str
     sync_bn: bool
+    aux_ids: frozenset = frozenset()  # id() of TaskParts.aux_params, left out of clipping
     samples_after: int = 0
     stop_flag: bool = False
     time_flag: bool = False
@@ -296,7 +298,7 @@ def _train(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> dict:
                        dtype=get(spec, "ema.dtype", "float32"))
         ema.module.train()
     teacher = ema.module if ema is not None else None
-    optimizer = optimizers.build(spec, model, parts.no_decay, plan)
+    optimizer = optimizers.build(spec, model, parts.no_decay, plan, frozenset(parts.aux_params), parts.aux_lr_ratio)
 
     clock = Clock()
     log = MetricsLog(out, enabled=d.is_main)
@@ -343,8 +345,9 @@ def _train(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> dict:
     next_eval = _next_multiple(clock.samples_seen / n, every_eval)
     next_ckpt = _next_multiple(clock.samples_seen / n, every_ckpt)
     last_eval_at = -1
+    named = dict(model.named_parameters())
     step_ctx = StepContext(d.device, precision, get(spec, "optimizer.grad_clip"), get(spec, "ema.update_from", "post"),
-                           sync_bn)
+                           sync_bn, frozenset(id(named[n]) for n in parts.aux_params if n in named))
     progress = Progress(total_samples, clock.samples_seen, enabled=d.is_main and not ctx.quiet)
     t_ckpt = time.monotonic()
     window = Window()

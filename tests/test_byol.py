@@ -130,24 +130,48 @@ def test_loss_stops_gradient_at_teacher_and_keeps_its_statistics():
     assert all(p.grad is None for p in m.online.parameters())
 
 
-def test_probe_scale_is_sgd_at_probe_lr_with_a_small_gradient_norm():
-    """Scale c and loss weight r/c²: one SGD step moves W like lr·r, the gradient norm shrinks by c/r."""
+def test_probe_is_an_aux_group_with_its_lr_ratio_and_no_decay():
+    from emarule import optimizers
+    from emarule.scaling import scale
+
+    parts = parts_for()
+    assert parts.aux_params == {n for n, _ in parts.model.named_parameters() if n.startswith("probe.")}
+    spec = load_spec("byol-r18", preset="tiny")
+    ratio = spec["probe"]["lr"] / spec["optimizer"]["lr"]
+    assert parts.aux_lr_ratio == pytest.approx(ratio)
+    for kappa in (1, 4):
+        plan = scale(spec, kappa)
+        opt = optimizers.build(spec, parts.model, parts.no_decay, plan, frozenset(parts.aux_params),
+                               parts.aux_lr_ratio)
+        aux = [g for g in opt.param_groups if g["lr_ratio"] != 1.0]
+        assert len(aux) == 1 and aux[0]["weight_decay"] == 0.0
+        assert aux[0]["lr"] == pytest.approx(spec["probe"]["lr"] * kappa)  # SGD rule applies to the probe too
+        assert len(aux[0]["params"]) == len(parts.aux_params)
+
+
+def test_gradient_clipping_leaves_the_aux_group_out():
+    from types import SimpleNamespace
+
+    from emarule import train as T
+    from emarule.tasks.parts import TaskParts
+
     torch.manual_seed(0)
-    h, y = torch.randn(16, 8), torch.randint(0, 3, (16,))
-    plain = M.LinearProbe(8, 3)
-    scaled = M.LinearProbe(8, 3, scale=1000.0)
-    with torch.no_grad():
-        scaled.fc.weight.copy_(plain.fc.weight / 1000.0)
-        scaled.fc.bias.copy_(plain.fc.bias / 1000.0)
-    assert torch.allclose(plain(h), scaled(h), atol=1e-6)
-    r, lr = 10.0, 0.01
-    (r * torch.nn.functional.cross_entropy(plain(h), y)).backward()
-    (r / 1000.0**2 * torch.nn.functional.cross_entropy(scaled(h), y)).backward()
-    assert scaled.fc.weight.grad.norm().item() == pytest.approx(plain.fc.weight.grad.norm().item() / 1000.0, rel=1e-4)
-    with torch.no_grad():
-        w_plain = plain.fc.weight - lr * plain.fc.weight.grad
-        w_scaled = 1000.0 * (scaled.fc.weight - lr * scaled.fc.weight.grad)
-    assert torch.allclose(w_plain, w_scaled, atol=1e-5)
+    model = torch.nn.ModuleDict({"body": torch.nn.Linear(4, 1), "probe": torch.nn.Linear(4, 1)})
+    x = torch.randn(8, 4)
+
+    def loss(m, teacher, batch):
+        return m["body"](batch).pow(2).mean() + 1e4 * m["probe"](batch).pow(2).mean(), {}
+
+    aux = {"probe.weight", "probe.bias"}
+    parts = TaskParts(model=model, ema_source=model["body"], train_set=None, loss=loss, aux_params=aux)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    named = dict(model.named_parameters())
+    step = T.StepContext(torch.device("cpu"), "fp32", 0.5, "post", False, frozenset(id(named[n]) for n in aux))
+    T.optimizer_step(model, parts, None, None, opt, [x], SimpleNamespace(global_batch=8), step)
+    body = torch.cat([p.grad.flatten() for p in model["body"].parameters()]).norm().item()
+    probe = torch.cat([p.grad.flatten() for p in model["probe"].parameters()]).norm().item()
+    assert body == pytest.approx(0.5, rel=1e-5)  # clipped to grad_clip
+    assert probe > 10.0  # the probe's huge gradient neither clipped nor counted in the body's norm
 
 
 def test_evaluate_reports_probe_top1_and_restores_modes():

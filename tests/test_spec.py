@@ -99,3 +99,10 @@ def test_overrides_apply_and_are_validated():
 def test_unknown_preset():
     with pytest.raises(UserError, match="no preset 'huge'"):
         load_spec("byol-r18", preset="huge")
+
+
+def test_exponent_floats_without_a_dot_are_numbers(tmp_path):
+    # PyYAML's YAML 1.1 rules read 5e-4 as a string; specs and --set follow YAML 1.2
+    assert load_spec("byol-r18", overrides=["optimizer.weight_decay=5e-4"])["optimizer"]["weight_decay"] == 5e-4
+    text = BASE.replace("lr: 0.1", "lr: 1e-3")
+    assert load_spec(path=write(tmp_path, text))["optimizer"]["lr"] == 1e-3

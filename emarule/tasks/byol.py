@@ -51,14 +51,14 @@ class Online(nn.Module):
 
 class BYOL(nn.Module):
     def __init__(self, backbone: nn.Module, proj_hidden: int, proj_out: int, pred_hidden: int, num_classes: int,
-                 head_norm: str = "batchnorm", probe_kind: str = "pre-bn", probe_scale: float = 1.0):
+                 head_norm: str = "batchnorm", probe_kind: str = "pre-bn"):
         super().__init__()
         feat = backbone.num_features
         self.online = Online(backbone, M.mlp(feat, proj_hidden, proj_out, head_norm))
         self.predictor = M.mlp(proj_out, pred_hidden, proj_out, head_norm)
         if probe_kind != "pre-bn":
             raise UserError(f"probe.kind {probe_kind!r}: only the pre-bn linear probe (the paper's) is implemented")
-        self.probe = M.LinearProbe(feat, num_classes, probe_scale)
+        self.probe = M.LinearProbe(feat, num_classes)
         self.num_features = feat
 
 
@@ -95,7 +95,7 @@ def _device_of(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def make_loss(probe_weight: float = 1.0):
+def make_loss():
     def loss(model: BYOL, teacher: nn.Module, batch):
         x1, x2, y = batch
         dev = _device_of(model)
@@ -112,7 +112,7 @@ def make_loss(probe_weight: float = 1.0):
         logits = model.probe(torch.cat([th1, th2]).detach().float())
         target = torch.cat([y, y])
         l_probe = F.cross_entropy(logits, target)
-        total = l_byol + probe_weight * l_probe
+        total = l_byol + l_probe  # the probe's parameters see only l_probe (StopGrad input)
         with torch.no_grad():
             acc = (logits.argmax(1) == target).float().mean().item() * 100.0
         return total, {"byol_loss": l_byol.item(), "probe_loss": l_probe.item(), "probe_train_top1": acc}
@@ -185,23 +185,16 @@ def build(ctx: RunContext) -> TaskParts:
     bb = M.backbone(arch, width=get(s, "model.width"), cifar_stem=bool(get(s, "model.cifar_stem", False)),
                     image_size=image_size, patch_size=get(s, "model.patch_size"),
                     stochastic_depth=get(s, "model.stochastic_depth", 0.0), init=init)
-    # The probe shares the run's optimizer. With SGD its loss weight r/c² and weight scale c
-    # (r = probe.lr / optimizer.lr, both base values) train it exactly as SGD at learning rate
-    # probe.lr (scaled with κ like every lr, and by the step's clipping factor like every
-    # parameter) while it adds ≤ 1 % of its own gradient norm to the clipped global norm (see
-    # LinearProbe): the probe cannot slow down the BYOL update it tracks.
-    # Other optimizers normalize gradients, so there the probe is an ordinary part of the model.
+    model = BYOL(bb, int(get(s, "model.projector_hidden", 4096)), int(get(s, "model.projector_out", 256)),
+                 int(get(s, "model.predictor_hidden", 4096)), num_classes, get(s, "model.head_norm", "batchnorm"),
+                 get(s, "probe.kind", "pre-bn"))
+    # The probe shares the run's optimizer as an auxiliary group: learning rate probe.lr (its
+    # ratio to optimizer.lr, both base values, so it scales with κ by the same rule), no weight
+    # decay, outside gradient clipping — it must not slow down the BYOL update it tracks.
     base_lr = get(s, "optimizer.lr") or 0.0
     probe_lr = get(s, "probe.lr")
     ratio = float(probe_lr / base_lr) if (probe_lr and base_lr) else 1.0
-    if get(s, "optimizer.name", "sgd") == "sgd":
-        probe_scale = 100.0 * max(1.0, ratio)
-        probe_weight = ratio / probe_scale**2
-    else:
-        probe_scale, probe_weight = 1.0, 1.0
-    model = BYOL(bb, int(get(s, "model.projector_hidden", 4096)), int(get(s, "model.projector_out", 256)),
-                 int(get(s, "model.predictor_hidden", 4096)), num_classes, get(s, "model.head_norm", "batchnorm"),
-                 get(s, "probe.kind", "pre-bn"), probe_scale)
+    probe_names = {f"probe.{n}" for n, _ in model.probe.named_parameters()}
     # Projector and predictor get the recipe's init too (the probe keeps torch's default).
     M.init_weights(model.online.projector, init)
     M.init_weights(model.predictor, init)
@@ -222,12 +215,12 @@ def build(ctx: RunContext) -> TaskParts:
         "image_size": image_size,
         "augmentation": augmentation,
         "probe": "pre-bn linear probe on the StopGrad teacher representation",
-        "probe_loss_weight": probe_weight,
-        "probe_weight_scale": probe_scale,
+        "probe_lr_ratio": ratio,
         "loss": "½cos(q(z1), sg z'2) + ½cos(q(z2), sg z'1) + probe cross-entropy",
     }
-    return TaskParts(model=model, ema_source=model.online, train_set=train_set, loss=make_loss(probe_weight),
-                     evaluate=make_evaluate(test_src, image_size), no_decay=no_decay, collate=None, info=info)
+    return TaskParts(model=model, ema_source=model.online, train_set=train_set, loss=make_loss(),
+                     evaluate=make_evaluate(test_src, image_size), no_decay=no_decay, collate=None, info=info,
+                     aux_params=probe_names, aux_lr_ratio=ratio)
 
 
 def run(ctx: RunContext) -> dict:

@@ -34,5 +34,11 @@ class TaskParts:
     collate: Callable[[list], Any] | None = None
     # Free-form description logged in hparams.json (architecture, parameter count, data set).
     info: dict = field(default_factory=dict)
+    # Parameters of a separate objective trained alongside (a tracking probe), by name: they take
+    # `aux_lr_ratio` × the scaled learning rate (so they follow the same optimizer rule), no
+    # weight decay and no trust ratio, and stay out of global-norm gradient clipping, so that a
+    # probe never eats into the clipping budget of the model it watches.
+    aux_params: set = field(default_factory=set)
+    aux_lr_ratio: float = 1.0
     # DataLoader worker processes for train_set (None: the loop decides; 0 on CPU, up to 8 on GPU).
     num_workers: int | None = None

@@ -73,29 +73,15 @@ def mlp(cin: int, hidden: int, cout: int, norm: str = "batchnorm") -> nn.Sequent
 
 
 class LinearProbe(nn.Module):
-    """Pre-BN linear probe: BatchNorm1d(affine=False) then Linear (still linear at test time).
+    """Pre-BN linear probe: BatchNorm1d(affine=False) then Linear (still linear at test time)."""
 
-    `scale` c stores the linear weights as W / c (the forward multiplies by c). With the probe's
-    loss weighted by r / c², plain SGD then moves W exactly as SGD with learning rate r·η would,
-    while the probe adds only 1/c of its usual share to a global gradient norm: a large c keeps
-    a tracking probe from eating into the gradient-clipping budget of the model it watches.
-    """
-
-    def __init__(self, features: int, num_classes: int, scale: float = 1.0):
+    def __init__(self, features: int, num_classes: int):
         super().__init__()
         self.bn = nn.BatchNorm1d(features, affine=False)
         self.fc = nn.Linear(features, num_classes)
-        self.scale = float(scale)
-        if self.scale != 1.0:
-            with torch.no_grad():
-                self.fc.weight.div_(self.scale)
-                self.fc.bias.div_(self.scale)
 
     def forward(self, h):
-        x = self.bn(h)
-        if self.scale == 1.0:
-            return self.fc(x)
-        return nn.functional.linear(x, self.fc.weight * self.scale, self.fc.bias * self.scale)
+        return self.fc(self.bn(h))
 
 
 def kaiming_uniform_(module: nn.Module) -> None:
