@@ -3,8 +3,9 @@
 Up to three param groups: "decay", "no_decay" (a task's biases and norm parameters when
 `optimizer.weight_decay_skip_bias`) and "aux" (a tracking probe: its own lr ratio, no decay).
 LARS and LAMB skip their trust ratio for "no_decay" and "aux", as BYOL and SimCLR do. Every value
-that depends on κ (lr, betas / alpha, eps, weight decay) is written by `apply_plan` from `emarule.scaling.scale(spec, κ)` — never derived here — so that
-Progressive Scaling can rewrite them whenever κ changes.
+that depends on κ (lr, betas / alpha, eps, weight decay) is written by `apply_plan` from
+`emarule.scaling.scale(spec, κ)` — never derived here — so that Progressive Scaling can rewrite
+them whenever κ changes.
 """
 
 from __future__ import annotations
