@@ -18,14 +18,15 @@ Pure Python + numpy + matplotlib: no torch, so it runs anywhere the run director
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from emarule.errors import UserError
+from emarule.rundir import atomic_write_bytes
 
 HPARAMS, METRICS = "hparams.json", "metrics.jsonl"
 # Row keys that are clocks or settings, not metrics.
@@ -358,21 +359,13 @@ def plot(result: dict, out: Path) -> Path:
     axes[0][0].set_ylabel(metric)
     fig.suptitle(f"{result['experiment']}: {metric}", fontsize=10)
     fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".png", dir=out.parent)
-    os.close(fd)
+    buf = io.BytesIO()
     try:
-        fig.savefig(tmp, dpi=130, format="png")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the figure ordinary permissions
-        os.replace(tmp, out)
+        fig.savefig(buf, dpi=130, format="png")
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out
+    atomic_write_bytes(Path(out), buf.getvalue())
+    return Path(out)
 
 
 def default_figure(result: dict) -> Path:

@@ -132,16 +132,21 @@ def print_summary(console, done: list[dict]) -> None:
     console.print(f"total wall time: {total:.1f} s", highlight=False)
 
 
+TRAINING_LOSSES = ("byol_loss", "loss")  # first logged one is compared after the headline metric
+
+
 def compare_after(console, run_dirs: list[Path], root: Path, metric: str | None) -> list[dict]:
-    """The compare table (and figure) for the headline metric, then for the training loss."""
+    """The compare table (and figure) for the headline metric, then for the training loss (the
+    task's own, e.g. BYOL's without the tracking probe's cross-entropy, when it logs one)."""
     from emarule import compare
 
     first = compare.compare(run_dirs, metric)
     metrics = [first["metric"]]
-    if metric is None and first["metric"] != "loss":
-        base_metrics = set.intersection(*(r.metrics() for r in first["_runs"]))
-        if "loss" in base_metrics:
-            metrics.append("loss")
+    if metric is None:
+        shared = set.intersection(*(r.metrics() for r in first["_runs"]))
+        loss = next((m for m in TRAINING_LOSSES if m in shared), None)
+        if loss is not None and loss != first["metric"]:
+            metrics.append(loss)
     out = []
     for m in metrics:
         out.append(compare.run_compare(console, run_dirs, m, root / f"compare-{m}.png"))

@@ -68,7 +68,7 @@ def test_sweep_tiny_kappas_1_2_end_to_end(tmp_path):
         assert h["seed"] == 0 and h["kappa"] == (1 if n.startswith("k1") else 2)
     h = json.loads((root / "k2-norule-s0" / "hparams.json").read_text())
     assert h["ema_rule"] is False or h["ema_rule"] is None
-    assert (root / "compare-probe_top1.png").exists() and (root / "compare-loss.png").exists()
+    assert (root / "compare-probe_top1.png").exists() and (root / "compare-byol_loss.png").exists()
     out = res.output
     assert "[1/3]" in out and "[3/3]" in out and "mean |Δ|" in out and "total wall time" in out
     assert out.index("k2-rule-s0") < out.index("k2-norule-s0")
