@@ -296,10 +296,11 @@ def schema_for(task: str | None) -> dict:
     return merged
 
 
-def lookup(schema: dict, dotted: str) -> Field | dict | None:
-    node: Any = schema
+def get(tree: dict, dotted: str, default: Any = None) -> Any:
+    """`tree["a"]["b"]` for "a.b", or `default` where a part is missing: for specs and schemas alike."""
+    node: Any = tree
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
-            return None
+            return default
         node = node[part]
     return node

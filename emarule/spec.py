@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from emarule.errors import UserError
-from emarule.schema import check_tree, lookup, schema_for
+from emarule.schema import check_tree, get, schema_for
 
 class _Loader(yaml.SafeLoader):
     """YAML with 1.2's floats: `5e-4` is a number, not the string PyYAML's 1.1 rules make it."""
@@ -120,7 +120,7 @@ def load_spec(
             known = ", ".join(sorted(presets)) or "none"
             raise UserError(f"{p}: no preset {preset!r} (this spec has: {known})")
         for key, value in (presets[preset] or {}).items():
-            if lookup(schema, key) is None:
+            if get(schema, key) is None:
                 raise UserError(f"{p}: presets.{preset}.{key}: unknown key")
             set_dotted(spec, key, value, f"{p}: presets.{preset}")
         err = check_tree("", spec, schema)
@@ -128,7 +128,7 @@ def load_spec(
             raise UserError(f"{p}: preset {preset!r}: {err}")
     for item in overrides:
         key, value = parse_override(item)
-        if lookup(schema, key) is None:
+        if get(schema, key) is None:
             raise UserError(f"--set {key}: unknown key for a {task} spec; see `emarule plan` for the keys")
         set_dotted(spec, key, value, f"--set {item}")
     err = check_tree("", spec, schema)
@@ -142,10 +142,4 @@ def load_spec(
     return spec
 
 
-def get(spec: dict, dotted: str, default: Any = None) -> Any:
-    node: Any = spec
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
+__all__ = ["get", "load_spec", "experiment_names", "spec_path", "read_yaml", "yaml_load"]

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from emarule.errors import ScalingError
+from emarule.schema import get as _get
 from emarule.scaling import rules
 from emarule.scaling.limits import round_to
 from emarule.scaling.progressive import BatchSchedule, Stage
@@ -71,15 +72,6 @@ def _clean(x: Any) -> Any:
     if isinstance(x, dict):
         return {k: _clean(v) for k, v in x.items()}
     return x
-
-
-def _get(spec: dict, dotted: str, default: Any = None) -> Any:
-    node: Any = spec
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
 
 
 def ema_momentum(rho: float, kappa: float, ema_rule: str | None, name: str = "ema.momentum") -> Scaled:
