@@ -11,18 +11,15 @@ from emarule.errors import UserError
 
 
 def _tasks() -> dict:
-    # Imported on use: `emarule run` is the only command that may load torch.
-    tasks: dict = {}
-    from emarule.tasks import toy  # engine smoke/test task (no experiments/*.yaml)
+    # Imported here, on use: `emarule run` is the only command that may load torch.
+    from emarule.tasks import byol, parabola, precision, toy
 
-    tasks["toy"] = toy.run
-    from emarule.tasks import byol
-
-    tasks["byol"] = byol.run
-    from emarule.tasks import parabola, precision
-
-    tasks.update(parabola=parabola.run, precision=precision.run)
-    return tasks
+    return {
+        "parabola": parabola.run,  # §3.1, App. E.1
+        "precision": precision.run,  # App. numerical stability
+        "byol": byol.run,  # §3.4, App. F (byol-r18, byol-vit, byol-r50-lars)
+        "toy": toy.run,  # the engine's test task (no experiments/*.yaml)
+    }
 
 
 def run_task(ctx: RunContext) -> dict:
