@@ -122,6 +122,13 @@ def resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule,
     return s, k, rule, pr, plan(s, k, rule, pr)
 
 
+def check_run_options(wandb: str, max_device_batch: int | None) -> None:
+    if wandb not in ("off", "offline", "online", "disabled"):
+        raise UserError(f"--wandb must be off, offline or online, got {wandb!r}")
+    if max_device_batch is not None and max_device_batch < 1:
+        raise UserError(f"--max-device-batch must be ≥ 1, got {max_device_batch}")
+
+
 ExpArg = typer.Argument(None, help="experiment name (see `emarule list`); omit with --spec")
 SpecOpt = typer.Option(None, "--spec", help="a YAML spec of your own instead of a named experiment")
 PresetOpt = typer.Option(None, "--preset", help="a named preset of the spec (e.g. cpu, tiny, quick)")
@@ -130,6 +137,9 @@ KappaOpt = typer.Option(None, "--kappa", "-k", help="κ = B̂/B, the batch-size 
 BatchOpt = typer.Option(None, "--batch-size", "-b", help="new batch size in the spec's unit (instead of --kappa)")
 NoRuleOpt = typer.Option(False, "--no-ema-rule", help="baseline: scale everything but the EMA momentum")
 RuleOpt = typer.Option(EmaRule.exponential, "--ema-rule", help="ρ^κ (exponential) or 1 − κ(1 − ρ) (linear)")
+DataOpt = typer.Option(None, "--data", help="local data set directory (CIFAR-10, ImageNet, ...)")
+WandbOpt = typer.Option("off", "--wandb", help="mirror metrics to wandb: off, offline or online")
+MaxDevOpt = typer.Option(None, "--max-device-batch", help="largest per-device micro-batch; the rest is accumulated")
 ProgOpt = typer.Option(None, "--progressive",
                        help="Progressive Scaling: constant, step:E, smooth:E1-E2, incremental:START,DELTA_B,EVERY")
 
@@ -264,23 +274,19 @@ def run(
     progressive: Optional[str] = ProgOpt,
     preset: Optional[str] = PresetOpt,
     overrides: Optional[List[str]] = SetOpt,
-    data: Optional[Path] = typer.Option(None, "--data", help="local data set directory (CIFAR-10, ImageNet, ...)"),
+    data: Optional[Path] = DataOpt,
     out: Optional[Path] = typer.Option(None, "--out", help="run directory (default runs/<experiment>/<name>)"),
     resume: bool = typer.Option(False, "--resume", help="continue from the run directory's last checkpoint"),
     seed: int = typer.Option(0, "--seed"),
-    wandb: str = typer.Option("off", "--wandb", help="mirror metrics to wandb: off, offline or online"),
-    max_device_batch: Optional[int] = typer.Option(None, "--max-device-batch",
-                                                   help="largest per-device micro-batch; the rest is accumulated"),
+    wandb: str = WandbOpt,
+    max_device_batch: Optional[int] = MaxDevOpt,
 ) -> None:
     """Run an experiment at κ, with or without the EMA rule (alone or under torchrun)."""
     from emarule.context import RunContext, default_run_name
 
-    if wandb not in ("off", "offline", "online", "disabled"):
-        raise UserError(f"--wandb must be off, offline or online, got {wandb!r}")
+    check_run_options(wandb, max_device_batch)
     s, k, rule, pr, p = resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule, ema_rule,
                                 progressive)
-    if max_device_batch is not None and max_device_batch < 1:
-        raise UserError(f"--max-device-batch must be ≥ 1, got {max_device_batch}")
     run_dir = out or Path("runs") / s["name"] / default_run_name(k, rule, seed, pr)
     ctx = RunContext(spec=s, kappa=k, ema_rule=rule, plan=p, out=run_dir, progressive=pr, preset=preset,
                      data=data, resume=resume, seed=seed, wandb="off" if wandb == "disabled" else wandb,
@@ -307,20 +313,16 @@ def sweep(
     progressive: Optional[str] = ProgOpt,
     preset: Optional[str] = PresetOpt,
     overrides: Optional[List[str]] = SetOpt,
-    data: Optional[Path] = typer.Option(None, "--data", help="local data set directory (CIFAR-10, ImageNet, ...)"),
+    data: Optional[Path] = DataOpt,
     out: Optional[Path] = typer.Option(None, "--out", help="root of the run directories (default runs/)"),
     metric: Optional[str] = typer.Option(None, "--metric", help="metric to compare (default: probe_top1, then loss)"),
-    wandb: str = typer.Option("off", "--wandb", help="mirror metrics to wandb: off, offline or online"),
-    max_device_batch: Optional[int] = typer.Option(None, "--max-device-batch",
-                                                   help="largest per-device micro-batch; the rest is accumulated"),
+    wandb: str = WandbOpt,
+    max_device_batch: Optional[int] = MaxDevOpt,
 ) -> None:
     """The κ=1 baseline and each κ with and without the EMA Scaling Rule, one after another; then compare."""
     from emarule import sweep as sw
 
-    if wandb not in ("off", "offline", "online", "disabled"):
-        raise UserError(f"--wandb must be off, offline or online, got {wandb!r}")
-    if max_device_batch is not None and max_device_batch < 1:
-        raise UserError(f"--max-device-batch must be ≥ 1, got {max_device_batch}")
+    check_run_options(wandb, max_device_batch)
     runs = sw.plan_runs(numbers(kappas, "--kappas") or [], sw.parse_rules(rule), seeds)
 
     def resolve_run(k: float, ema: Optional[str], baseline: bool):
