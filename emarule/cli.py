@@ -118,8 +118,9 @@ def resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule,
     s = load_spec(experiment, spec, preset, overrides or [])
     k = kappa_from(s, number(kappa, "--kappa"), number(batch_size, "--batch-size"))
     rule = None if no_ema_rule else ema_rule.value
-    pr = prog.parse(progressive) if progressive else s.get("progressive")
-    return s, k, rule, pr, plan(s, k, rule, pr)
+    # Only a command-line schedule is passed on: `plan` itself takes the spec's, or skips it (κ < 1).
+    p = plan(s, k, rule, prog.parse(progressive) if progressive else None)
+    return s, k, rule, p.progressive, p
 
 
 def check_run_options(wandb: str, max_device_batch: int | None) -> None:

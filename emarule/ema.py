@@ -8,9 +8,9 @@
   of the same size as the update itself.
 - The momentum can change during training (`set_momentum`, or passed per update), which is
   what Progressive Scaling needs: ρ̂ = ρ^κ is re-derived each time κ changes.
-- Accumulation starts after `start_samples` samples seen (the spec's `ema.start_steps` counted in
-  base steps × base batch): before that the EMA is a copy of θ, as Polyak averaging and
-  pseudo-labeling recipes do. `momentum_at` returns 0 there; `update` then copies.
+- Accumulation starts after `start_samples` samples seen (the training loop passes the plan's
+  `ema.start_steps`, N/κ steps, times the batch κB): before that the EMA is a copy of θ, as
+  Polyak averaging and pseudo-labeling recipes do. `momentum_at` returns 0 there; `update` then copies.
 - Buffers (BatchNorm running statistics) are copied (default) or averaged with the same momentum.
 
 Which θ is averaged (spec `ema.update_from`) is the training loop's choice, not this class's:

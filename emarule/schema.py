@@ -118,7 +118,7 @@ COMMON: dict[str, Any] = {
         "bn_scale": flag("apply the EMA Scaling Rule to ρ_BN"),
         "sync_bn": flag("SyncBatchNorm across replicas"),
     },
-    "progressive": Field((dict,), nullable=True, doc="Progressive Scaling schedule"),
+    "progressive": PROGRESSIVE,  # Progressive Scaling; null for constant κ
     "presets": Field((dict,), doc="named overrides {preset: {dotted.key: value}}"),
 }
 
@@ -283,6 +283,8 @@ def check_tree(prefix: str, tree: Any, schema: dict) -> str | None:
             known = ", ".join(sorted(map(str, schema)))
             return f"{path}: unknown key (known here: {known})"
         sub = schema[key]
+        if isinstance(sub, dict) and value is None:
+            continue  # an empty section (`progressive: null`)
         err = check_tree(path, value, sub) if isinstance(sub, dict) else check_value(path, value, sub)
         if err:
             return err

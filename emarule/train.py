@@ -15,7 +15,7 @@ Time is the samples-seen clock; epoch = samples_seen / len(train_set). Each epoc
    batch in micro-batches of at most --max-device-batch; each micro-batch loss weighted by its
    size / B̂ and back-propagated; gradients summed over ranks; global-norm clipping; the optimizer
    step; one EMA update per optimizer step (before the step for ema.update_from=pre, after it for
-   post; a copy until ema.start_steps × B samples have been seen).
+   post; a copy for the first ema.start_steps/κ steps, as `emarule plan` shows them).
 4. Logging (metrics.jsonl, wandb), evaluation every probe.eval_every_epochs, checkpoints every
    epoch (and every 30 minutes, and on SIGTERM); a non-finite loss stops the run, keeping the
    last good checkpoint.
@@ -187,11 +187,14 @@ def optimizer_step(model, parts, teacher, ema, optimizer, micro_batches, lay, ct
         distributed.all_reduce_grads_(params)
         if not s.sync_bn:  # before the EMA reads them: every rank's teacher gets rank 0's statistics
             distributed.broadcast_buffers_(model)
+    body = [p for p in params if id(p) not in s.aux_ids]  # a tracking probe is neither clipped nor counted
     if s.grad_clip:
-        clipped = [p for p in params if id(p) not in s.aux_ids]  # a tracking probe is not clipped
-        metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(clipped, s.grad_clip))
-        if not math.isfinite(metrics["grad_norm"]):  # a finite loss can still overflow in backward
-            return loss_value, metrics, float("nan"), f"the gradient norm became {metrics['grad_norm']}"
+        norm = torch.nn.utils.clip_grad_norm_(body, s.grad_clip)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in body if p.grad is not None])
+    metrics["grad_norm"] = float(norm)
+    if not math.isfinite(metrics["grad_norm"]):  # a finite loss can still overflow in backward
+        return loss_value, metrics, float("nan"), f"the gradient norm became {metrics['grad_norm']}"
     rho = float("nan")
     if ema is not None and s.update_from == "pre":
         rho = ema.update(parts.ema_source, s.samples_after)  # θ_t: the parameters before the step
@@ -294,7 +297,8 @@ def _train(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> dict:
     ema = None
     if get(spec, "ema.momentum") is not None:
         ema = ModelEma(parts.ema_source, plan["ema.momentum"], buffers=get(spec, "ema.buffers", "copy"),
-                       start_samples=(get(spec, "ema.start_steps", 0) or 0) * base_batch,
+                       # the plan's start_steps/κ steps of the first stage's batch (what `plan` shows)
+                       start_samples=(plan.get("ema.start_steps", 0) or 0) * plan["batch_size"],
                        dtype=get(spec, "ema.dtype", "float32"))
         ema.module.train()
     teacher = ema.module if ema is not None else None

@@ -173,3 +173,19 @@ def test_python_dash_m_entry_point():
     r = subprocess.run([sys.executable, "-m", "emarule", "table", "momenta", "--format", "csv"],
                        capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.startswith("batch_size,")
+
+
+def test_spec_schedule_is_skipped_below_kappa_one():
+    d = json.loads(ok("plan", "byol-vit", "--kappa", "0.5", "--format", "json"))
+    assert "stages" not in d and d["progressive"] is None
+    assert any("skipped at κ=0.5" in w for w in d["warnings"])
+    assert d["hyperparameters"]["batch_size"]["scaled"] == 2048
+    d = json.loads(ok("plan", "byol-vit", "--kappa", "2", "--format", "json"))
+    assert d["progressive"] == {"kind": "step", "epoch": 60}
+
+
+def test_progressive_section_is_validated_and_settable():
+    d = json.loads(ok("plan", "byol-vit", "--kappa", "2", "--set", "progressive.epoch=30", "--format", "json"))
+    assert [s["start_epoch"] for s in d["stages"]] == [0, 30]
+    bad("plan", "byol-vit", "--kappa", "2", "--set", "progressive.typo=1", needle="--set progressive.typo: unknown key")
+    bad("plan", "byol-r18", "--kappa", "2", "--set", "progressive={epoch: 30}", needle="progressive: missing kind")

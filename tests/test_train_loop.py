@@ -197,3 +197,45 @@ def test_engine_modules_stay_out_of_torch_free_commands():
     code = ("import sys, emarule.cli, emarule.schedules, emarule.rundir, emarule.scaling; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
+
+
+def test_ema_start_steps_copy_exactly_the_steps_plan_shows(tmp_path):
+    from emarule.scaling import scale
+
+    spec = toy_spec(**{"schedule.epochs": 1, "ema.start_steps": 3})
+    _, ctx = run_toy(tmp_path, spec, kappa=2, extra={"log_every_steps": 1})
+    shown = scale(ctx.spec, 2)["ema.start_steps"]
+    assert shown == 2  # round(3 / 2)
+    rows = [json.loads(x) for x in (ctx.out / "metrics.jsonl").read_text().splitlines()]
+    rhos = [r["ema_momentum"] for r in rows if r["kind"] == "train"]
+    assert rhos[:shown] == [0.0] * shown and rhos[shown] == pytest.approx(0.9**2)
+
+
+def test_non_finite_gradient_stops_without_clipping():
+    from types import SimpleNamespace
+
+    from emarule import train as T
+    from emarule.tasks.parts import TaskParts
+
+    class InfGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * float("inf")
+
+    model = torch.nn.Linear(3, 1)
+
+    def loss(m, teacher, batch):
+        return InfGrad.apply(m(batch)).mean(), {}
+
+    parts = TaskParts(model=model, ema_source=model, train_set=None, loss=loss)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in model.parameters()]
+    step = T.StepContext(torch.device("cpu"), "fp32", None, "post", False)
+    value, _, _, problem = T.optimizer_step(model, parts, None, None, opt, [torch.ones(4, 3)],
+                                            SimpleNamespace(global_batch=4), step)
+    assert math.isfinite(value) and problem and "gradient norm" in problem
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))  # nothing stepped

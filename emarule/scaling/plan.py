@@ -36,6 +36,7 @@ class Plan:
     values: dict[str, Scaled]
     warnings: list[str] = field(default_factory=list)
     stages: list[tuple[Stage, "Plan"]] | None = None
+    progressive: dict | None = None  # the schedule in force (None: constant κ, or the spec's skipped)
 
     def __getitem__(self, name: str) -> Any:
         """The scaled value of a dotted hyperparameter name."""
@@ -53,6 +54,7 @@ class Plan:
             "ema_rule_form": self.ema_rule,
             "hyperparameters": {k: _clean(asdict(v)) for k, v in self.values.items()},
             "warnings": list(self.warnings),
+            "progressive": self.progressive,
         }
         if self.stages is not None:
             out["stages"] = [
@@ -246,12 +248,15 @@ def plan(spec: dict, kappa: float, ema_rule: str | None = "exponential",
     """`scale` at the final κ, plus one plan per stage when Progressive Scaling is on."""
     final = scale(spec, kappa, ema_rule)
     prog = progressive if progressive is not None else spec.get("progressive")
+    if prog and "kind" not in prog:
+        raise ScalingError("progressive: missing kind (constant, step, incremental or smooth)")
     if prog and progressive is None and final.kappa < 1 and prog.get("kind", "constant") != "constant":
         # The spec's own schedule grows the batch; scaling down runs at κ from the start.
         final.warnings.append(f"the spec's progressive {prog['kind']} schedule is skipped at κ={final.kappa:g} < 1")
         prog = None
     if prog and prog.get("kind", "constant") != "constant":
         sched = BatchSchedule(prog, spec["batch"]["size"], final.kappa, _get(spec, "schedule.epochs"))
+        final.progressive = dict(prog)
         final.stages = [(s, scale(spec, s.kappa, ema_rule)) for s in sched.stages()]
         for _, p in final.stages:
             final.warnings.extend(w for w in p.warnings if w not in final.warnings)

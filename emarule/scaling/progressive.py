@@ -51,7 +51,7 @@ class BatchSchedule:
     """Batch size per epoch for a base batch `base_batch` growing to `kappa` × base_batch."""
 
     def __init__(self, progressive: dict | None, base_batch: float, kappa: float, epochs: float | None):
-        self.spec = dict(progressive or {"kind": "constant"})
+        self.spec = dict(progressive) if progressive else {"kind": "constant"}
         self.base = float(base_batch)
         self.kappa = float(kappa)
         self.epochs = epochs
@@ -63,7 +63,9 @@ class BatchSchedule:
             raise UserError(f"progressive {self.spec['kind']}: missing {', '.join(missing)}")
 
     def _validate(self) -> None:
-        kind = self.spec.get("kind", "constant")
+        if "kind" not in self.spec:
+            raise UserError("progressive: missing kind (constant, step, incremental or smooth)")
+        kind = self.spec["kind"]
         if kind not in ("constant", "step", "incremental", "smooth"):
             raise UserError(f"progressive.kind {kind!r}: use constant, step, incremental or smooth")
         if kind == "constant":
