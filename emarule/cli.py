@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
+
+from emarule.render import wide_console
 
 try:  # typer ≥ 0.20 vendors click; older releases use the click package
     from typer._click import exceptions as click_exc
@@ -29,9 +30,8 @@ app = typer.Typer(
     help="Scale every hyperparameter, the model-EMA momentum included, when the batch size changes "
     "(Busbridge et al., 'How to Scale Your EMA', NeurIPS 2023).",
 )
-# Wide when piped (rich would otherwise assume 80 columns and fold the rule column).
-console = Console(width=None if sys.stdout.isatty() else 200)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 400)
+console = wide_console()
+err_console = wide_console(stderr=True)
 
 
 class Fmt(str, Enum):

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from emarule.errors import UserError
-from emarule.rundir import atomic_write_bytes
+from emarule.context import progressive_label
+from emarule.rundir import HPARAMS, METRICS, atomic_write_bytes, read_metrics
 
-HPARAMS, METRICS = "hparams.json", "metrics.jsonl"
 # Row keys that are clocks or settings, not metrics.
 NOT_METRICS = {"kind", "samples_seen", "epoch", "step", "kappa", "batch_size", "accumulation", "lr",
                "ema_momentum", "samples_per_s", "wall_s", "stage", "world_size"}
@@ -105,14 +105,6 @@ def _num(v) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def _progressive_label(p) -> str | None:
-    if not p or not isinstance(p, dict) or p.get("kind", "constant") == "constant":
-        return None
-    kind = p["kind"]
-    first = p.get("epoch", p.get("start_epoch"))
-    return f"{kind}{first:g}" if isinstance(first, (int, float)) else str(kind)
-
-
 def _rule_of(h: dict) -> str | None:
     r = h.get("ema_rule")
     if isinstance(r, bool):  # a bool with the form beside it (plan.as_dict style)
@@ -147,20 +139,11 @@ def load_run(path: Path) -> Run:
         raise UserError(f"{hp_path}: cannot read it as JSON ({e}); the run directory is damaged") from None
     if not isinstance(h, dict) or _num(h.get("kappa")) is None:
         raise UserError(f"{hp_path}: no numeric 'kappa'; was it written by `emarule run`?")
-    rows = []
-    m_path = p / METRICS
-    if m_path.is_file():
-        for line in m_path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a kill
-            if isinstance(row, dict):
-                rows.append(row)
+    rows = [row for row in read_metrics(p / METRICS) if isinstance(row, dict)]
     seed = h.get("seed")
     run = Run(path=p, experiment=str(h.get("experiment") or (h.get("plan") or {}).get("experiment") or "?"),
               kappa=float(h["kappa"]), rule=_rule_of(h), seed=seed if isinstance(seed, int) else None,
-              progressive=_progressive_label(h.get("progressive")), batch_size=_scaled(h, "batch_size"),
+              progressive=progressive_label(h.get("progressive")), batch_size=_scaled(h, "batch_size"),
               ema_momentum=_scaled(h, "ema.momentum"), rows=rows, dataset_size=_num(h.get("dataset_size")))
     return run
 

@@ -33,12 +33,20 @@ class RunContext:
         return self.spec["name"]
 
 
+def progressive_label(progressive: dict | None) -> str | None:
+    """`step30`, `smooth120`, `incremental60`; None for constant κ. Used in run names and figures."""
+    if not isinstance(progressive, dict) or progressive.get("kind", "constant") == "constant":
+        return None
+    kind = progressive["kind"]
+    first = progressive.get("epoch", progressive.get("start_epoch"))
+    return f"{kind}{first:g}" if isinstance(first, (int, float)) else str(kind)
+
+
 def default_run_name(kappa: float, ema_rule: str | None, seed: int, progressive: dict | None) -> str:
     """`k4-rule-s0`, `k4-norule-s0`, `k8-rule-step30-s0`: sortable and readable in `compare`."""
     parts = [f"k{kappa:g}", "norule" if ema_rule is None else ("rule" if ema_rule == "exponential" else "linrule")]
-    if progressive and progressive.get("kind", "constant") != "constant":
-        kind = progressive["kind"]
-        first = progressive.get("epoch", progressive.get("start_epoch"))
-        parts.append(f"{kind}{first:g}" if first is not None else kind)
+    label = progressive_label(progressive)
+    if label:
+        parts.append(label)
     parts.append(f"s{seed}")
     return "-".join(parts)

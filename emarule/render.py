@@ -6,15 +6,33 @@ import csv
 import io
 import json
 import math
+import sys
+from pathlib import Path
 
 import yaml
 from rich.console import Console
 from rich.table import Table
 
+from emarule.rundir import atomic_write_text
 from emarule.scaling import Plan
 from emarule.scaling.limits import Limits
 from emarule.scaling.tables import Table as RefTable
 from emarule.scaling.tables import paper_round
+
+
+def wide_console(stderr: bool = False, quiet: bool = False) -> Console:
+    """A terminal console; 200 columns when piped (rich would assume 80 and fold the tables)."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, quiet=quiet, width=None if stream.isatty() else 200)
+
+
+def print_and_save(console: Console, tables: list, path: Path) -> None:
+    """Print `tables` and write the same text, uncoloured, to `path` (atomically)."""
+    record = Console(record=True, width=200, file=io.StringIO())
+    for t in tables:
+        console.print(t)
+        record.print(t)
+    atomic_write_text(path, record.export_text())
 
 
 def fmt(v) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from emarule.errors import UserError
+from emarule.rundir import CHECKPOINT
 
 RULES = {"with": "exponential", "without": None, "linear": "linear"}
 
@@ -94,7 +95,7 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, *,
     from emarule.tasks import run_task
 
     for i, (r, ctx) in enumerate(zip(runs, ctxs, strict=True), 1):
-        ctx.resume = (ctx.out / "checkpoint.pt").exists()
+        ctx.resume = (ctx.out / CHECKPOINT).exists()
         if main:
             p = ctx.plan
             rho = p.get("ema.momentum")

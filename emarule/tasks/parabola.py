@@ -9,18 +9,16 @@ Writes into the run directory, each file atomically:
 
 from __future__ import annotations
 
-import io
 import json
-import sys
 import time
 from pathlib import Path
 
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from emarule.context import RunContext
 from emarule.errors import UserError
+from emarule.render import print_and_save, wide_console
 from emarule.parabola import figures
 from emarule.parabola.ema import CONVENTIONS
 from emarule.parabola.problem import Problem
@@ -71,7 +69,7 @@ def run(ctx: RunContext) -> dict:
     rho_main = float(get(spec, "ema.momentum", sec["rho_bases"][0]))
     configs = configurations(sec["rho_bases"], sec["dims"], rho_main)
     workers = int(sec.get("workers", 1))
-    console = Console(quiet=ctx.quiet, width=None if sys.stdout.isatty() else 200)
+    console = wide_console(quiet=ctx.quiet)
     out = Path(ctx.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -98,11 +96,7 @@ def run(ctx: RunContext) -> dict:
     atomic_write_bytes(fig_dir / "summary.png", figures.summary(records, rho_main, st.conventions))
     written.append("figures/summary.png")
 
-    record_console = Console(record=True, width=200, file=io.StringIO())
-    for t in tables(outcomes, configs, st.conventions):
-        console.print(t)
-        record_console.print(t)
-    atomic_write_text(out / "table.txt", record_console.export_text())
+    print_and_save(console, tables(outcomes, configs, st.conventions), out / "table.txt")
     wall_s = time.perf_counter() - start
     meta = {
         "experiment": spec["name"], "preset": ctx.preset, "seed": st.seed, "workers": workers,

@@ -13,16 +13,15 @@ from __future__ import annotations
 import io
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import torch
-from rich.console import Console
 from rich.table import Table
 
 from emarule.context import RunContext
 from emarule.errors import UserError
+from emarule.render import print_and_save, wide_console
 from emarule.precision_study import Config, max_abs_diff, study
 from emarule.rundir import atomic_write_bytes, atomic_write_text
 from emarule.scaling.limits import FORMATS, limits
@@ -95,7 +94,7 @@ def run(ctx: RunContext) -> dict:
     if ctx.kappa != 1:
         raise UserError("precision compares dtypes at the spec's batch; drop --kappa/--batch-size")
     cfg = config_of(ctx.spec, int(ctx.seed))
-    console = Console(quiet=ctx.quiet, width=None if sys.stdout.isatty() else 200)
+    console = wide_console(quiet=ctx.quiet)
     out = Path(ctx.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -114,11 +113,7 @@ def run(ctx: RunContext) -> dict:
                "second_fp32_runs": SECOND_RUNS} | summary
     atomic_write_text(out / "results.json", json.dumps(payload, indent=1, ensure_ascii=False) + "\n")
     atomic_write_bytes(out / "figures" / "precision.png", figure(cfg, summary))
-    record = Console(record=True, width=200, file=io.StringIO())
-    for t in (table(summary), limits_table(summary)):
-        console.print(t)
-        record.print(t)
-    atomic_write_text(out / "table.txt", record.export_text())
+    print_and_save(console, [table(summary), limits_table(summary)], out / "table.txt")
     console.print(f"precision: {wall:.1f} s; results in {out}/")
     return payload
 
