@@ -1,10 +1,11 @@
 """Checkpoints that resume exactly, written atomically; SIGTERM turns into a checkpoint.
 
 A checkpoint holds everything the next optimizer step depends on: model, EMA, optimizer,
-every rank's RNG states (torch, CUDA, numpy, python), the samples-seen clock and the position in
-the data order (epoch, batch within the epoch), the current κ / progressive stage, and the
-run's fingerprint (plan + seed) so `--resume` refuses a directory made with other settings.
-Data order and schedules are functions of (seed, samples seen), so with the RNG states restored
+every rank's RNG states (torch, CUDA, numpy, python), the clock of data seen and the position in
+the data order (epoch, items consumed), the task's own state, and the run's fingerprint (plan +
+seed) so `--resume` refuses a directory made with other settings. The stage in force is not
+stored: it is a function of the clock. Data order and schedules are functions of (seed, data
+seen), so with the RNG states restored
 a run killed at any point (SIGKILL included) and resumed from its last checkpoint ends, on CPU in
 one process, with bitwise the same weights as a run never interrupted.
 
@@ -59,6 +60,7 @@ def save(out: Path, state: dict) -> Path | None:
 
 
 def load(out: Path, device: torch.device) -> dict:
+    """The run's checkpoint; a missing one is the caller's to report before anything is written."""
     p = path_in(out)
     if distributed.is_main():
         for stale in Path(out).glob(f".{p.name}.*.tmp"):  # a write cut short by SIGKILL
@@ -81,23 +83,34 @@ def restore_rng(ckpt: dict) -> bool:
 
 
 class StopSignal:
-    """SIGTERM (preemption, `kill`) sets a flag; the loop checkpoints at the next step and exits."""
+    """SIGTERM (preemption, `kill`) or Ctrl-C sets a flag; the loop checkpoints at the next step and exits.
+
+    A second Ctrl-C stops at once, as usual, without the checkpoint.
+    """
+
+    SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT"}
 
     def __init__(self):
         self.requested = False
-        self._previous = None
+        self.signal_name = ""
+        self._previous: dict = {}
 
     def _handler(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
         self.requested = True
+        self.signal_name = self.SIGNALS.get(signum, str(signum))
 
     def __enter__(self):
-        try:
-            self._previous = signal.signal(signal.SIGTERM, self._handler)
-        except ValueError:  # not the main thread (e.g. a notebook worker): no handler
-            self._previous = None
+        for sig in self.SIGNALS:
+            try:
+                self._previous[sig] = signal.signal(sig, self._handler)
+            except ValueError:  # not the main thread (e.g. a notebook worker): no handler
+                pass
         return self
 
     def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+        for sig, prev in self._previous.items():
+            signal.signal(sig, prev)
+        self._previous = {}
         return False

@@ -1,32 +1,21 @@
-"""Processes, devices and data order: the one module that reads the torchrun environment.
+"""Processes and devices: the one module that reads the torchrun environment and knows about ranks.
 
 `python -m emarule run ...` runs as one process; `torchrun --nproc_per_node N -m emarule run ...`
 sets RANK / WORLD_SIZE / LOCAL_RANK and `setup()` joins the process group (gloo on CPU, nccl on
-GPU). Everything else in the engine asks this module for the rank, the device and the share of
-a global batch that this process computes.
+GPU). Everything else in the engine asks this module for the rank, the device and the collectives;
+which items a rank computes is `emarule.batching`'s arithmetic over (seed, epoch, position).
 
-Data order depends only on (seed, epoch, sample index), never on the world size or on the
-micro-batching: every epoch has one global permutation drawn from a generator seeded by
-(seed, epoch); global batch i is the contiguous slice [i·B, (i+1)·B) of it; rank r takes the
-r-th of W equal shares of that slice and cuts it into micro-batches of at most
-`--max-device-batch` samples. The loss of a micro-batch is weighted by its size over the global
-batch size, the weighted gradients are summed over micro-batches and over ranks (all-reduce SUM),
-so every optimizer step sees the gradient of the mean loss over the global batch.
-
-Exact equivalence across world sizes and micro-batchings (up to the order of floating-point
-sums) therefore holds for models without BatchNorm, and for SyncBatchNorm without
+Gradients are summed with an explicit all-reduce after the last micro-batch instead of wrapping
+the model in DistributedDataParallel: a task's loss calls submodules of the model and the EMA
+teacher directly (BYOL's online network, predictor and probe), which DDP's forward-hook
+bookkeeping does not follow. Exact equivalence across world sizes and micro-batchings (up to the
+order of floating-point sums) holds for models without BatchNorm, and for SyncBatchNorm without
 accumulation; BatchNorm normalizes each micro-batch by its own statistics, so per-device batch
 composition then changes the function being trained.
-
-We sum gradients with an explicit all-reduce after the last micro-batch instead of wrapping the
-model in DistributedDataParallel: a task's loss calls submodules of the model and the EMA teacher
-directly (BYOL's online network, predictor and probe), which DDP's forward-hook bookkeeping does
-not follow. `wrap_ddp` is kept for tasks that forward through the root module only.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -133,14 +122,6 @@ def all_reduce_sum_(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def broadcast_object(obj, src: int = 0):
-    if not _active():
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
-
-
 def gather_objects(obj) -> list:
     """Every rank's `obj`, in rank order (on every rank)."""
     if not _active():
@@ -228,73 +209,12 @@ def maybe_sync_batchnorm(model: torch.nn.Module, sync_bn: bool) -> torch.nn.Modu
     return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 
-def wrap_ddp(model: torch.nn.Module) -> torch.nn.Module:
-    """DistributedDataParallel for tasks that forward only through the root module (unused here)."""
-    if world_size() <= 1:
-        return model
-    d = device()
-    return torch.nn.parallel.DistributedDataParallel(model, device_ids=[d.index] if d.type == "cuda" else None)
-
-
-# --- batch arithmetic and data order -----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class BatchLayout:
-    """How one global batch is computed: W ranks × A micro-batches of (nearly) equal size."""
-
-    global_batch: int
-    world_size: int
-    accumulation: int  # micro-batches per rank per optimizer step
-    per_rank: int  # global_batch / world_size
-
-    @property
-    def micro_sizes(self) -> list[int]:
-        """Sizes of this rank's micro-batches (they differ by at most one sample)."""
-        q, r = divmod(self.per_rank, self.accumulation)
-        return [q + 1 if i < r else q for i in range(self.accumulation)]
-
-    @property
-    def max_micro(self) -> int:
-        return max(self.micro_sizes)
-
-
-def layout(global_batch: float, world: int, max_device_batch: int | None) -> BatchLayout:
-    """The accumulation needed to fit `global_batch` on `world` devices of `max_device_batch` samples."""
-    if abs(global_batch - round(global_batch)) > 1e-6 or round(global_batch) < 1:
-        raise UserError(f"the scaled batch κB = {global_batch:g} is not a whole number of samples; "
-                        f"choose κ so that κ × batch.size is an integer (or pass --batch-size)")
-    b = int(round(global_batch))
-    if b % world:
-        raise UserError(f"the global batch {b} does not split over {world} processes; use a world size "
-                        f"that divides it (or a κ whose batch is a multiple of {world})")
-    per_rank = b // world
-    acc = 1 if not max_device_batch else math.ceil(per_rank / max_device_batch)
-    return BatchLayout(b, world, acc, per_rank)
-
-
-def _mix(*parts: int) -> int:
-    """A 63-bit seed from integers (splitmix64), so (seed, epoch) pairs never collide trivially."""
-    x = 0x9E3779B97F4A7C15
-    for p in parts:
-        x = (x ^ (int(p) & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
-        x ^= x >> 31
-        x = x * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
-        x ^= x >> 29
-    return x & 0x7FFFFFFFFFFFFFFF
-
-
-def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(_mix(seed, epoch, 0xDA7A))
-    return torch.randperm(n, generator=g)
-
-
-def rank_micro_batches(perm: torch.Tensor, batch_index: int, lay: BatchLayout, rank_: int) -> list[list[int]]:
-    """This rank's micro-batches (lists of sample indices) of global batch `batch_index`."""
-    start = batch_index * lay.global_batch + rank_ * lay.per_rank
-    mine = perm[start:start + lay.per_rank].tolist()
-    out, i = [], 0
-    for size in lay.micro_sizes:
-        out.append(mine[i:i + size])
-        i += size
-    return out
+def to_device(batch, device: torch.device):
+    """Tensors of a (nested) batch onto `device`; the loop moves each batch once, tasks never do."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch

@@ -60,6 +60,8 @@ NONNEG = dict(lo=0.0)
 PROGRESSIVE = {
     "kind": text(choices=("constant", "step", "incremental", "smooth")),
     "epoch": num("step: epoch at which the batch jumps to κB", **NONNEG),
+    "base_step": num("step: the jump as a point on the clock in base steps, instead of epoch", **NONNEG),
+    "from_kappa": num("step: κ before the jump (default 1)", **POSITIVE),
     "start_epoch": num("smooth/incremental: first epoch of the ramp", **NONNEG),
     "end_epoch": num("smooth: epoch at which κB is reached", **NONNEG),
     "every_epochs": num("incremental: epochs between increments", **POSITIVE),
@@ -77,6 +79,8 @@ COMMON: dict[str, Any] = {
     "batch": {
         "size": num("reference batch B at which every base value is written", **POSITIVE),
         "unit": text("what a batch is measured in", choices=("samples", "seconds")),
+        "sort_window": integer("seconds batches: items sorted by duration within windows of this many",
+                               lo=1),
     },
     "optimizer": {
         "name": text(choices=("sgd", "lars", "rmsprop", "adam", "adamw", "lamb", "none")),
@@ -104,6 +108,7 @@ COMMON: dict[str, Any] = {
     },
     "ema": {
         "momentum": momentum("base model-EMA momentum ρ at batch.size"),
+        "also": numlist("further EMAs kept and evaluated in the same run, by base momentum", item=momentum()),
         "update_from": text("EMA tracks θ_t (pre, the paper's Definition) or θ_{t+1} (post, BYOL/DINO)",
                             choices=("pre", "post")),
         "start_steps": integer("EMA accumulation starts after this many base steps", **NONNEG),
@@ -118,6 +123,10 @@ COMMON: dict[str, Any] = {
         "bn_scale": flag("apply the EMA Scaling Rule to ρ_BN"),
         "sync_bn": flag("SyncBatchNorm across replicas"),
     },
+    "eval": {
+        "every_epochs": num("evaluate every this many epochs (and at the end)", nullable=True, **POSITIVE),
+        "every_base_steps": num("evaluate every this many base steps instead", nullable=True, **POSITIVE),
+    },
     "progressive": PROGRESSIVE,  # Progressive Scaling; null for constant κ
     "presets": Field((dict,), doc="named overrides {preset: {dotted.key: value}}"),
 }
@@ -131,9 +140,9 @@ TASKS: dict[str, dict[str, Any]] = {
             "out": integer(lo=1), "noise": num(**NONNEG), "augment": num(**NONNEG), "batchnorm": flag(),
             "dropout": num(lo=0.0, hi=0.9),
             "teacher_weight": num(**NONNEG), "step_delay": num(**NONNEG), "threads": integer(lo=1),
-            "checkpoint_every_epochs": num(**POSITIVE), "quiet": flag(),
+            "checkpoint_every_epochs": num(**POSITIVE), "quiet": flag(), "seconds": flag(),
+            "center_momentum": momentum(),
         },
-        "probe": {"eval_every_epochs": num(**POSITIVE)},
     },
     "parabola": {
         "parabola": {
@@ -210,8 +219,7 @@ TASKS: dict[str, dict[str, Any]] = {
             "train_samples": integer("cap on the training set (cpu/tiny presets)", nullable=True, lo=1),
             "eval_samples": integer(nullable=True, lo=1),
         },
-        "probe": {"lr": num(**POSITIVE), "kind": text(choices=("pre-bn", "post-bn")),
-                  "eval_every_epochs": num(**POSITIVE)},
+        "probe": {"lr": num(**POSITIVE), "kind": text(choices=("pre-bn", "post-bn"))},
     },
     "dino": {
         "model": {
@@ -231,6 +239,28 @@ TASKS: dict[str, dict[str, Any]] = {
         },
     },
 }
+
+
+# What each optimizer's scaling rules read. A spec that switches optimizer (`--set optimizer.name=adam`
+# on an SGD recipe) must bring these, or the plan would leave them at torch's unscaled defaults.
+OPTIMIZER_NEEDS = {
+    "sgd": ("lr",), "lars": ("lr",), "lamb": ("lr", "betas", "eps"),
+    "adam": ("lr", "betas", "eps"), "adamw": ("lr", "betas", "eps"), "rmsprop": ("lr", "alpha", "eps"),
+    "none": (),
+}
+_EXAMPLE = {"lr": "0.1", "betas": "'[0.9, 0.999]'", "eps": "1e-8", "alpha": "0.99"}
+
+
+def check_needs(spec: dict) -> str | None:
+    """An error message when the spec's optimizer lacks a value its scaling rules need, else None."""
+    opt = spec.get("optimizer") or {}
+    name = opt.get("name", "sgd")
+    missing = [k for k in OPTIMIZER_NEEDS.get(name, ()) if opt.get(k) is None]
+    if not missing:
+        return None
+    keys = ", ".join(f"optimizer.{k}" for k in missing)
+    example = " ".join(f"--set optimizer.{k}={_EXAMPLE[k]}" for k in missing)
+    return f"optimizer {name} needs {keys}, which its scaling rules scale; give them, e.g. {example}"
 
 
 def _typename(types: tuple) -> str:

@@ -2,23 +2,20 @@
 
     train(ctx, parts) -> final metrics
 
-Time is the samples-seen clock; epoch = samples_seen / len(train_set). Each epoch e:
+Read it top to bottom; `_train` is the whole story:
 
-1. κ_e = BatchSchedule.kappa_at(e) (Progressive Scaling; constant κ otherwise). When κ changes,
-   every scaled value is re-derived from the BASE spec with `emarule.scaling.scale(spec, κ_e)` —
-   lr peak and floor, betas, eps, weight decay, EMA momentum ρ^κ_e, BatchNorm momentum when
-   norm.bn_scale — and written into the optimizer's param groups and the EMA.
-2. The epoch's global permutation (seed, e) is cut into ⌊N / B̂⌋ global batches of B̂ = κ_e·B
-   samples (Algorithm 1; the remainder is dropped and the clock jumps to the epoch's end with the
-   last batch, so epochs end exactly at whole numbers on every κ's time axis).
-3. Each step: lr from the schedule at the current fractional epoch; this rank's share of the global
-   batch in micro-batches of at most --max-device-batch; each micro-batch loss weighted by its
-   size / B̂ and back-propagated; gradients summed over ranks; global-norm clipping; the optimizer
-   step; one EMA update per optimizer step (before the step for ema.update_from=pre, after it for
-   post; a copy for the first ema.start_steps/κ steps, as `emarule plan` shows them).
-4. Logging (metrics.jsonl, wandb), evaluation every probe.eval_every_epochs, checkpoints every
-   epoch (and every 30 minutes, and on SIGTERM); a non-finite loss stops the run, keeping the
-   last good checkpoint.
+    setup   validate everything and build the model, EMAs, optimizer and schedules: no file yet
+    open    a fresh run directory, or the run resumed from its checkpoint
+    loop    stage change → the next global batch → one optimizer step → log, evaluate, checkpoint
+    finish  the evaluations due at the end and the final checkpoint
+
+Time is the clock of data seen, in the batch's unit: samples, or seconds of audio. One epoch is
+the training set's measure (its size, or its total duration); a step-counted recipe value is the
+point base steps × base batch. Progressive Scaling looks up κ at the start of every step (whole
+epochs, or a base step) and, when it changes, takes every scaled value from the plan of the new
+stage (`Plan.for_kappa`): lr peak and floor, betas, eps, weight decay, each EMA's ρ^κ and the
+BatchNorm momentum. Data order, batching and the split over ranks are in `emarule.batching`; an
+epoch's remainder that cannot fill a batch is dropped and the clock jumps to the epoch's end.
 
 Engine settings that are not part of a recipe come from `ctx.extra` (all optional):
   checkpoint_every_epochs (1), checkpoint_every_minutes (30), log_every_steps (≈50 rows/epoch),
@@ -32,20 +29,25 @@ import math
 import random
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
 from torch import nn
 
-from emarule import checkpoint, distributed, optimizers, schedules
+from emarule import batching, checkpoint, distributed, evaluation, optimizers, schedules
 from emarule.context import RunContext
 from emarule.ema import ModelEma
 from emarule.errors import UserError
+from emarule.progress import Progress, Window
 from emarule.rundir import FIGURES, MetricsLog, write_hparams
-from emarule.scaling import BatchSchedule, Stage, scale
+from emarule.scaling import BatchSchedule
+from emarule.scaling.plan import extra_ema_name
+from emarule.seeding import mix
 from emarule.spec import get
-from emarule.tasks.parts import TaskParts
+from emarule.tasks.parts import MAIN_EMA, Now, TaskParts
+
+EPS = 1e-6
 
 
 class TrainingDiverged(UserError):
@@ -54,18 +56,88 @@ class TrainingDiverged(UserError):
 
 @dataclass
 class Clock:
-    samples_seen: int = 0  # samples consumed (the dropped remainder of an epoch counts at its end)
+    seen: float = 0.0  # data seen in the batch unit (an epoch's dropped remainder counts at its end)
+    samples: int = 0  # training items seen
     step: int = 0  # optimizer steps taken
-    epoch: int = 0  # index of the epoch in progress
-    batch: int = 0  # global batches done within that epoch
+    epoch: int = 0  # the epoch in progress
+    pos: int = 0  # items of the epoch's order consumed
+    batch: int = 0  # global batches done in the epoch
 
 
-# --- setup ------------------------------------------------------------------------------------
+@dataclass
+class Segment:
+    """The global batches from the current position to the epoch's end at one batch size, with
+    this rank's DataLoader over them (rebuilt when the epoch or the batch size changes)."""
+
+    epoch: int
+    size: float
+    first: int  # the epoch's batch index at which the segment starts
+    batches: list  # (items, measure, this rank's micro-batch index lists)
+    loader: object
+    next: int = 0
+
+    @property
+    def per_epoch(self) -> int:
+        return self.first + len(self.batches)
+
+
+@dataclass
+class Run:
+    """Everything the loop carries from one step to the next."""
+
+    ctx: RunContext
+    parts: TaskParts
+    d: distributed.Dist
+    unit: str
+    base_batch: float
+    batcher: batching.Batcher
+    sched: schedules.Schedule
+    batches: BatchSchedule
+    total: float  # the run's length in the batch unit
+    model: nn.Module
+    source: nn.Module  # what the EMAs average
+    emas: dict  # name -> ModelEma, the main one first
+    optimizer: torch.optim.Optimizer
+    precision: str
+    sync_bn: bool
+    aux_ids: frozenset
+    evals: list  # [Evaluation, cadence in epochs, next due epoch]
+    workers: int
+    kappa: float = 0.0
+    plan: object = None
+    lay: batching.BatchLayout | None = None
+    clock: Clock = field(default_factory=Clock)
+    segment: Segment | None = None
+    final: dict = field(default_factory=dict)
+    momenta: dict = field(default_factory=dict)  # the ρ each EMA used in the last step, by log name
+    last_eval_at: float = -1.0
+    next_ckpt: float = 0.0
+    last_ckpt: tuple | None = None
+    t_ckpt: float = field(default_factory=time.monotonic)
+
+    @property
+    def epoch_measure(self) -> float:
+        return self.batcher.epoch_measure
+
+    @property
+    def epoch_now(self) -> float:
+        return self.clock.seen / self.epoch_measure
+
+    def now(self) -> Now:
+        c = self.clock
+        return Now(seen=c.seen, samples=c.samples, epoch=self.epoch_now, base_step=c.seen / self.base_batch,
+                   step=c.step, kappa=self.kappa, plan=self.plan, emas=self.emas, unit=self.unit)
+
+    def autocast(self):
+        return torch.autocast(device_type=self.d.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
+
+
+# --- setup: everything checked and built before the first file is written ----------------------
 
 
 def seed_everything(seed: int, rank: int) -> None:
     """Dropout and other in-model randomness: one stream per rank, fixed by (seed, rank)."""
-    s = distributed._mix(seed, rank, 0x5EED)
+    s = mix(seed, rank, 0x5EED)
     torch.manual_seed(s)
     np.random.seed(s % 2**32)
     random.seed(s)
@@ -78,10 +150,6 @@ def set_precision(precision: str) -> None:
         torch.backends.cudnn.allow_tf32 = tf32
 
 
-def autocast(device: torch.device, precision: str):
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
-
-
 def set_bn_momentum(model: nn.Module, plan) -> None:
     """torch's BatchNorm momentum = 1 − ρ_BN (ρ_BN^κ when norm.bn_scale)."""
     m = plan.get("norm.bn_torch_momentum")
@@ -92,45 +160,96 @@ def set_bn_momentum(model: nn.Module, plan) -> None:
             mod.momentum = m
 
 
-def to_device(batch, device: torch.device):
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(b, device) for b in batch)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    return batch
+def stage_plans(ctx: RunContext) -> list:
+    """(stage, plan) for every stage the run goes through: the plan's stages, or its one plan."""
+    return list(ctx.plan.stages) if ctx.plan.stages else [(None, ctx.plan)]
 
 
-def epoch_loader(parts: TaskParts, perm, lay, rank: int, first: int, last: int, workers: int, pin: bool,
-                 seed: int):
-    """This rank's micro-batches of global batches first..last-1 of an epoch, in order."""
-    from torch.utils.data import DataLoader, default_collate
+def build_emas(spec: dict, source: nn.Module, plan) -> dict:
+    """The main EMA (`ema.momentum`) and one per `ema.also` momentum, each scaled by the plan."""
+    if get(spec, "ema.momentum") is None:
+        return {}
+    names = [MAIN_EMA] + [extra_ema_name(r) for r in get(spec, "ema.also") or []]
+    # the plan's start_steps/κ steps of the first stage's batch (what `plan` shows)
+    start = (plan.get("ema.start_steps", 0) or 0) * plan["batch_size"]
+    emas = {}
+    for name in names:
+        e = ModelEma(source, plan[momentum_key(name)], buffers=get(spec, "ema.buffers", "copy"), start_samples=start,
+                     dtype=get(spec, "ema.dtype", "float32"))
+        e.module.train()
+        emas[name] = e
+    return emas
 
-    lists = []
-    for i in range(first, last):
-        lists.extend(distributed.rank_micro_batches(perm, i, lay, rank))
-    # Its own generator: a DataLoader iterator otherwise draws its worker seed from the global RNG,
-    # and a resumed run (one more iterator, made mid-epoch) would shift dropout's random stream.
-    gen = torch.Generator().manual_seed(seed)
-    return DataLoader(parts.train_set, batch_sampler=lists, collate_fn=parts.collate or default_collate,
-                      num_workers=workers, pin_memory=pin, generator=gen)
+
+def momentum_key(ema: str) -> str:
+    return "ema.momentum" if ema == MAIN_EMA else f"ema.momentum/{ema}"
 
 
-class Plans:
-    """scale(spec, κ) for each κ met, computed once (the run's own plan for its final κ)."""
+def setup(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> Run:
+    spec = ctx.spec
+    unit = spec["batch"].get("unit", batching.SAMPLES)
+    n = len(parts.train_set)
+    if n < 1:
+        raise UserError("task error: the training set is empty")
+    durations = None
+    if unit == batching.SECONDS:
+        if parts.duration is None:
+            raise UserError(f"{ctx.experiment}: batch.unit seconds needs a task that gives each item's duration")
+        durations = [float(parts.duration(i)) for i in range(n)]
+    batcher = batching.Batcher(n, ctx.seed, durations, int(get(spec, "batch.sort_window", 1024)))
+    base_batch = float(spec["batch"]["size"])
+    sched = schedules.from_spec(spec, batcher.epoch_measure)
+    batches = BatchSchedule(ctx.progressive, base_batch, ctx.kappa, get(spec, "schedule.epochs"),
+                            get(spec, "schedule.total_steps"))
+    for _, p in stage_plans(ctx):  # every stage's batch must fit the world size and the data set
+        lay = batching.layout(p["batch_size"], d.world_size, ctx.max_device_batch, unit)
+        if lay.global_batch > batcher.epoch_measure + EPS:
+            what = f"{n} samples" if unit == batching.SAMPLES else f"{batcher.epoch_measure:.6g} s of audio"
+            raise UserError(f"the batch κB = {lay.global_batch:g} is larger than the training set ({what}); "
+                            f"use a smaller κ or more data")
+    if ctx.resume and not checkpoint.path_in(ctx.out).exists():
+        raise UserError(f"--resume: no checkpoint in {ctx.out}; drop --resume to start the run from scratch")
+    if not ctx.resume and checkpoint.path_in(ctx.out).exists():
+        raise UserError(f"{ctx.out} already holds a run (checkpoint.pt); pass --resume to continue it or "
+                        f"--out NEW_DIR to start another")
 
-    def __init__(self, ctx: RunContext):
-        self.ctx = ctx
-        self.cache = {float(ctx.kappa): ctx.plan}
+    precision = spec.get("precision", "fp32")
+    set_precision(precision)
+    seed_everything(ctx.seed, d.rank)
+    sync_bn = distributed.sync_batchnorm_possible(bool(get(spec, "norm.sync_bn", False)))
+    model = distributed.maybe_sync_batchnorm(parts.model.to(d.device), bool(get(spec, "norm.sync_bn", False)))
+    parts.model = model
+    distributed.broadcast_module_(model)
+    model.train()
+    source = parts.ema_source if parts.ema_source is not None else model
+    plan = ctx.plan.for_kappa(batches.kappa_at(0))
+    named = dict(model.named_parameters())
+    run = Run(ctx=ctx, parts=parts, d=d, unit=unit, base_batch=base_batch, batcher=batcher, sched=sched,
+              batches=batches, total=sched.total_epochs * batcher.epoch_measure, model=model, source=source,
+              emas=build_emas(spec, source, plan),
+              optimizer=optimizers.build(spec, model, parts.no_decay, plan, frozenset(parts.aux_params),
+                                         parts.aux_lr_ratio),
+              precision=precision, sync_bn=sync_bn,
+              aux_ids=frozenset(id(named[k]) for k in parts.aux_params if k in named),
+              evals=[[ev, evaluation.every_epochs(ev, base_batch, batcher.epoch_measure), 0.0]
+                     for ev in parts.evaluations],
+              workers=parts_workers(parts, ctx, d))
+    enter_stage(run, batches.kappa_at(0))
+    return run
 
-    def __call__(self, kappa: float):
-        k = float(kappa)
-        if math.isclose(k, self.ctx.kappa, rel_tol=1e-12):
-            k = float(self.ctx.kappa)  # base·κ/base can differ from κ in the last bit
-        if k not in self.cache:
-            self.cache[k] = scale(self.ctx.spec, k, self.ctx.ema_rule)
-        return self.cache[k]
+
+def parts_workers(parts: TaskParts, ctx: RunContext, d: distributed.Dist) -> int:
+    w = ctx.extra.get("num_workers", parts.num_workers)
+    if w is not None:
+        return int(w)
+    if d.device.type == "cpu":
+        return 0  # CPU training shares the same cores; workers would only compete
+    import os
+
+    return min(8, max(1, (os.cpu_count() or 2) // max(1, d.world_size) - 1))
+
+
+# --- open: a fresh run directory, or the run resumed from its checkpoint ------------------------
 
 
 def fingerprint(ctx: RunContext) -> dict:
@@ -140,113 +259,287 @@ def fingerprint(ctx: RunContext) -> dict:
             "progressive": ctx.progressive}
 
 
-# --- one optimizer step -----------------------------------------------------------------------
+def differences(a, b, prefix: str = "") -> list[str]:
+    """Dotted names of the values that differ between two nested dicts."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b), key=str):
+            out += differences(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else str(k))
+        return out
+    return [] if a == b else [prefix or "(root)"]
 
 
-def optimizer_step(model, parts, teacher, ema, optimizer, micro_batches, lay, ctx_step):
-    """Forward/backward every micro-batch, reduce, check, clip, step, EMA.
+def open_fresh(run: Run, log: MetricsLog) -> None:
+    if run.d.is_main:
+        (run.ctx.out / FIGURES).mkdir(parents=True, exist_ok=True)
+    distributed.barrier()
+    log.start_fresh()
+    run.next_ckpt = next_checkpoint(run)
+    for e in run.evals:
+        e[2] = evaluation.next_due(0.0, e[1])
 
-    Returns (loss, metrics, ρ used, problem): `problem` names a non-finite loss or gradient norm,
-    in which case nothing was stepped.
 
-    `ctx_step` carries what the step needs from the loop: device, precision, grad_clip,
-    update_from, samples after this step, the stop flags to share with the other ranks.
+def open_resumed(run: Run, log: MetricsLog) -> bool:
+    """Load the checkpoint into the run; True when that run had already finished."""
+    ctx = run.ctx
+    ck = checkpoint.load(ctx.out, run.d.device)
+    diff = differences(ck.get("fingerprint") or {}, fingerprint(ctx))
+    if diff:
+        shown = ", ".join(diff[:6]) + (f" and {len(diff) - 6} more" if len(diff) > 6 else "")
+        raise UserError(f"--resume: {ctx.out} was made with other settings ({shown} differ); use the original "
+                        f"command or a new --out")
+    run.model.load_state_dict(ck["model"])
+    for name, e in run.emas.items():
+        e.load_state_dict(ck["emas"][name])
+    run.optimizer.load_state_dict(ck["optimizer"])
+    if run.parts.state is not None:
+        run.parts.state.load_state_dict(ck["task_state"])
+    run.clock = Clock(**ck["clock"])
+    run.kappa = 0.0  # re-enter the stage in force: plan values into the optimizer, EMAs and BatchNorm
+    enter_stage(run, run.batches.kappa_at(schedule_time(run)))
+    if not checkpoint.restore_rng(ck):
+        seed_everything(mix(ctx.seed, run.clock.samples), run.d.rank)
+    log.truncate_after(run.clock.samples)
+    run.last_ckpt = (str(checkpoint.path_in(ctx.out)), where(run))
+    run.final = ck.get("final_metrics") or {}
+    run.next_ckpt = next_checkpoint(run)
+    for e in run.evals:
+        e[2] = evaluation.next_due(run.epoch_now, e[1])
+    if run.d.is_main and not ctx.quiet and not ck.get("finished"):
+        print(f"resuming {ctx.out} at {where(run)}", file=sys.stderr)
+    return bool(ck.get("finished"))
+
+
+def where(run: Run) -> str:
+    c = run.clock
+    seen = f"{c.samples} samples" + (f" ({c.seen:.1f} s of audio)" if run.unit == batching.SECONDS else "")
+    return f"{seen} seen, epoch {run.epoch_now:.4g}, step {c.step}"
+
+
+def hparams(run: Run) -> dict:
+    """The plan as `emarule plan --format json` prints it, plus how this run executes it."""
+    import platform
+
+    ctx, d = run.ctx, run.d
+    layout = []
+    for stage, p in stage_plans(ctx):
+        lay = batching.layout(p["batch_size"], d.world_size, ctx.max_device_batch, run.unit)
+        layout.append({"start_epoch": stage.start_epoch if stage else 0.0,
+                       "end_epoch": stage.end_epoch if stage else run.sched.total_epochs,
+                       "axis": stage.axis if stage else "epochs", "batch_size": lay.global_batch,
+                       "kappa": p.kappa, "world_size": d.world_size, "accumulation": lay.accumulation,
+                       "micro_batch": lay.max_micro,
+                       "steps_per_epoch": (run.batcher.n // int(lay.global_batch)
+                                           if run.unit == batching.SAMPLES else None)})
+    return {
+        **ctx.plan.as_dict(), "seed": ctx.seed, "preset": ctx.preset, "progressive": ctx.progressive,
+        "spec": ctx.spec, "layout": layout, "world_size": d.world_size, "max_device_batch": ctx.max_device_batch,
+        "device": str(d.device), "batch_unit": run.unit, "dataset_size": run.batcher.n,
+        "epoch_measure": run.epoch_measure, "total_epochs": run.sched.total_epochs,
+        "warmup_epochs": run.sched.warmup_epochs, "total": run.total, "num_workers": run.workers,
+        "emas": list(run.emas), "sync_bn_effective": run.sync_bn, "task": run.parts.info,
+        "torch": torch.__version__, "python": platform.python_version(),
+        "data": str(ctx.data) if ctx.data else None,
+    }
+
+
+# --- the stage in force and the next global batch ----------------------------------------------
+
+
+def schedule_time(run: Run) -> float:
+    """Where the clock is on the Progressive Scaling schedule's axis: epochs or base steps."""
+    return run.clock.seen / run.base_batch if run.batches.axis == "base_steps" else run.epoch_now
+
+
+def enter_stage(run: Run, kappa: float) -> None:
+    """Progressive Scaling: every scaled value from the plan of the stage running at κ."""
+    if kappa == run.kappa:
+        return
+    run.kappa, run.plan = kappa, run.ctx.plan.for_kappa(kappa)
+    run.lay = batching.layout(run.plan["batch_size"], run.d.world_size, run.ctx.max_device_batch, run.unit)
+    set_bn_momentum(run.model, run.plan)
+    for name, e in run.emas.items():
+        e.set_momentum(run.plan[momentum_key(name)])
+    optimizers.apply_plan(run.optimizer, run.plan, run.sched.lr(run.epoch_now, run.plan))
+    run.segment = None
+
+
+def open_segment(run: Run) -> Segment:
+    """This rank's batches from the current position to the epoch's end, and a DataLoader over them."""
+    from torch.utils.data import DataLoader, default_collate
+
+    c, lay = run.clock, run.lay
+    if hasattr(run.parts.train_set, "set_epoch"):
+        run.parts.train_set.set_epoch(c.epoch)
+    rows, pos, lists = [], c.pos, []
+    while (got := run.batcher.take(c.epoch, pos, lay.global_batch)) is not None:
+        items, measure = got
+        parts = run.batcher.parts(items, lay)
+        mine = [p for p in parts[run.d.rank * lay.accumulation:(run.d.rank + 1) * lay.accumulation] if p]
+        rows.append((items, measure, mine))
+        lists.extend(mine)
+        pos += len(items)
+    # Its own generator: a DataLoader iterator otherwise draws its worker seed from the global RNG,
+    # and a resumed run (one more iterator, made mid-epoch) would shift dropout's random stream.
+    gen = torch.Generator().manual_seed(mix(run.ctx.seed, c.epoch, run.d.rank))
+    loader = DataLoader(run.parts.train_set, batch_sampler=lists, collate_fn=run.parts.collate or default_collate,
+                        num_workers=run.workers if lists else 0, pin_memory=run.d.device.type == "cuda",
+                        generator=gen)
+    return Segment(c.epoch, lay.global_batch, c.batch, rows, iter(loader))
+
+
+def next_batch(run: Run):
+    """(micro-batches, their measures, global measure, data seen after the step), or None at an epoch's end."""
+    seg = run.segment
+    if seg is None or seg.epoch != run.clock.epoch or seg.size != run.lay.global_batch:
+        seg = run.segment = open_segment(run)
+    if seg.next >= len(seg.batches):
+        return None
+    items, measure, mine = seg.batches[seg.next]
+    seg.next += 1
+    micro = [next(seg.loader) for _ in mine]
+    c = run.clock
+    last = seg.next == len(seg.batches)
+    seen_after = (c.epoch + 1) * run.epoch_measure if last else c.seen + measure
+    return micro, [run.batcher.measure(m) for m in mine], measure, len(items), seen_after
+
+
+def end_epoch(run: Run) -> None:
+    c = run.clock
+    c.seen = max(c.seen, (c.epoch + 1) * run.epoch_measure)
+    if run.unit == batching.SAMPLES:
+        c.samples = int(round(c.seen))
+    c.epoch, c.pos, c.batch = c.epoch + 1, 0, 0
+    run.segment = None
+
+
+# --- one optimizer step -------------------------------------------------------------------------
+
+
+def optimizer_step(run: Run, micro, measures, global_measure, seen_after, stop_flag: bool, time_flag: bool):
+    """Forward/backward every micro-batch, reduce, check, clip, step, update the EMAs.
+
+    Returns (loss, logged metrics, reduced tensors, flags, problem): `problem` names a non-finite
+    loss or gradient norm, in which case nothing was stepped.
     """
-    s = ctx_step
-    optimizer.zero_grad(set_to_none=True)
-    loss_sum = torch.zeros((), device=s.device, dtype=torch.float64)
-    metric_sums: dict[str, float] = {}
-    for batch in micro_batches:
-        size = _batch_len(batch)
-        weight = size / lay.global_batch  # gradients are summed over micro-batches and ranks
-        batch = to_device(batch, s.device)
-        with autocast(s.device, s.precision):
-            loss, metrics = parts.loss(model, teacher, batch)
+    model, parts, d, opt = run.model, run.parts, run.d, run.optimizer
+    teacher = run.emas[parts.teacher].module if parts.teacher in run.emas else None
+    now = run.now()
+    opt.zero_grad(set_to_none=True)
+    loss_sum = torch.zeros((), device=d.device, dtype=torch.float64)
+    sums: dict[str, object] = {}
+    for batch, measure in zip(micro, measures, strict=True):
+        weight = measure / global_measure  # gradients are summed over micro-batches and ranks
+        batch = distributed.to_device(batch, d.device)
+        with run.autocast():
+            loss, metrics = parts.loss(model, teacher, batch, now)
         (loss * weight).backward()
         loss_sum += loss.detach().double() * weight
         for k, v in (metrics or {}).items():
-            metric_sums[k] = metric_sums.get(k, 0.0) + float(v) * weight
+            v = v.detach().double() * weight if isinstance(v, torch.Tensor) else float(v) * weight
+            sums[k] = sums[k] + v if k in sums else v
     # One collective for the loss, the task's metrics and the stop flags (identical decisions on
-    # every rank): [loss, metrics..., sigterm, time-based checkpoint due].
-    names = sorted(metric_sums)
-    vec = torch.tensor([0.0] + [metric_sums[k] for k in names] + [float(s.stop_flag), float(s.time_flag)],
-                       dtype=torch.float64, device=s.device)
+    # every rank): [loss, scalars..., tensors flattened..., stop requested, checkpoint due by time].
+    scalars = sorted(k for k, v in sums.items() if not isinstance(v, torch.Tensor))
+    tensors = sorted(k for k, v in sums.items() if isinstance(v, torch.Tensor))
+    flat = [sums[k].reshape(-1).to(d.device) for k in tensors]
+    vec = torch.cat([torch.tensor([0.0] + [sums[k] for k in scalars], dtype=torch.float64, device=d.device), *flat,
+                     torch.tensor([float(stop_flag), float(time_flag)], dtype=torch.float64, device=d.device)])
     vec[0] = loss_sum
     distributed.all_reduce_sum_(vec)
     values = vec.tolist()
     loss_value = values[0]
-    metrics = dict(zip(names, values[1:1 + len(names)], strict=True))
-    s.stop_flag, s.time_flag = values[-2] > 0, values[-1] > 0
+    metrics = dict(zip(scalars, values[1:1 + len(scalars)], strict=True))
+    reduced, i = {}, 1 + len(scalars)
+    for k, f in zip(tensors, flat, strict=True):
+        reduced[k] = vec[i:i + f.numel()].reshape(sums[k].shape)
+        i += f.numel()
+    flags = (values[-2] > 0, values[-1] > 0)
     if not math.isfinite(loss_value):
-        return loss_value, metrics, float("nan"), f"the loss became {loss_value}"
+        return loss_value, metrics, reduced, flags, f"the loss became {loss_value}"
     params = [p for p in model.parameters() if p.requires_grad]
-    if distributed.world_size() > 1:
+    if d.world_size > 1:
         for p in params:  # the all-reduce needs the same tensors on every rank
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         distributed.all_reduce_grads_(params)
-        if not s.sync_bn:  # before the EMA reads them: every rank's teacher gets rank 0's statistics
+        if not run.sync_bn:  # before the EMA reads them: every rank's teacher gets rank 0's statistics
             distributed.broadcast_buffers_(model)
-    body = [p for p in params if id(p) not in s.aux_ids]  # a tracking probe is neither clipped nor counted
-    if s.grad_clip:
-        norm = torch.nn.utils.clip_grad_norm_(body, s.grad_clip)
-    else:
-        norm = torch.nn.utils.get_total_norm([p.grad for p in body if p.grad is not None])
-    metrics["grad_norm"] = float(norm)
+    metrics["grad_norm"] = clip_gradients(params, run.aux_ids, get(run.ctx.spec, "optimizer.grad_clip"))
     if not math.isfinite(metrics["grad_norm"]):  # a finite loss can still overflow in backward
-        return loss_value, metrics, float("nan"), f"the gradient norm became {metrics['grad_norm']}"
-    rho = float("nan")
-    if ema is not None and s.update_from == "pre":
-        rho = ema.update(parts.ema_source, s.samples_after)  # θ_t: the parameters before the step
-    optimizer.step()
-    if ema is not None and s.update_from == "post":
-        rho = ema.update(parts.ema_source, s.samples_after)  # θ_{t+1}
-    return loss_value, metrics, rho, None
+        return loss_value, metrics, reduced, flags, f"the gradient norm became {metrics['grad_norm']}"
+    pre = get(run.ctx.spec, "ema.update_from", "post") == "pre"
+    if pre:
+        update_emas(run, seen_after)  # θ_t: the parameters before the step
+    opt.step()
+    if not pre:
+        update_emas(run, seen_after)  # θ_{t+1}
+    return loss_value, metrics, reduced, flags, None
 
 
-def _batch_len(batch) -> int:
-    if isinstance(batch, torch.Tensor):
-        return batch.shape[0]
-    if isinstance(batch, (list, tuple)):
-        return _batch_len(batch[0])
-    if isinstance(batch, dict):
-        return _batch_len(next(iter(batch.values())))
-    raise UserError(f"task error: cannot tell the size of a batch of type {type(batch).__name__}")
+def clip_gradients(params: list, aux_ids: frozenset, clip: float | None) -> float:
+    """Global-norm clipping of the model's gradients; a tracking probe is neither clipped nor counted."""
+    body = [p for p in params if id(p) not in aux_ids]
+    if clip:
+        return float(torch.nn.utils.clip_grad_norm_(body, clip))
+    return float(torch.nn.utils.get_total_norm([p.grad for p in body if p.grad is not None]))
 
 
-@dataclass
-class StepContext:
-    device: torch.device
-    precision: str
-    grad_clip: float | None
-    update_from: str
-    sync_bn: bool
-    aux_ids: frozenset = frozenset()  # id() of TaskParts.aux_params, left out of clipping
-    samples_after: int = 0
-    stop_flag: bool = False
-    time_flag: bool = False
+def update_emas(run: Run, seen_after: float) -> None:
+    for name, e in run.emas.items():
+        run.momenta["ema_momentum" if name == MAIN_EMA else f"ema_momentum/{name}"] = e.update(run.source, seen_after)
 
 
-# --- evaluation -------------------------------------------------------------------------------
+# --- log, evaluate, checkpoint -----------------------------------------------------------------
 
 
-def evaluate(model, teacher, parts, device, precision) -> dict:
-    if parts.evaluate is None:
-        return {}
-    model.eval()
-    if teacher is not None:
-        teacher.eval()
-    try:
-        with autocast(device, precision):
-            out = parts.evaluate(model, teacher) or {}
-    finally:
-        model.train()
-        if teacher is not None:
-            teacher.train()
-    return {k: float(v) for k, v in out.items()}
+def next_checkpoint(run: Run) -> float:
+    return evaluation.next_due(run.epoch_now, float(run.ctx.extra.get("checkpoint_every_epochs", 1.0)))
 
 
-# --- the loop ---------------------------------------------------------------------------------
+def evaluate_due(run: Run, log: MetricsLog, at_end: bool) -> None:
+    epoch = run.epoch_now
+    due = [e for e in run.evals if at_end or epoch + 1e-9 >= e[2]]
+    if not due:
+        return
+    ev = evaluation.run([e[0] for e in due], run.model, run.source, run.emas, run.parts.teacher, run.now(),
+                        run.d.device, run.autocast)
+    for e in due:
+        e[2] = evaluation.next_due(epoch, e[1])
+    run.final, run.last_eval_at = {**run.final, **ev}, run.clock.seen
+    if ev:
+        log.log({"kind": "eval", **time_fields(run), **ev})
+
+
+def time_fields(run: Run) -> dict:
+    c = run.clock
+    row = {"samples_seen": c.samples}
+    if run.unit == batching.SECONDS:
+        row["seconds_seen"] = c.seen
+    return {**row, "epoch": run.epoch_now, "step": c.step, "kappa": run.kappa}
+
+
+def save(run: Run, finished: bool = False) -> None:
+    if not all(bool(torch.isfinite(p).all()) for p in run.model.parameters()):
+        # never overwrite the last good checkpoint with a diverged model
+        raise diverged(run, "the weights became non-finite")
+    checkpoint.save(run.ctx.out, {
+        "model": run.model.state_dict(), "emas": {k: e.state_dict() for k, e in run.emas.items()},
+        "optimizer": run.optimizer.state_dict(), "clock": asdict(run.clock), "fingerprint": fingerprint(run.ctx),
+        "task_state": run.parts.state.state_dict() if run.parts.state is not None else None,
+        "finished": finished, "final_metrics": run.final})
+    run.last_ckpt = (str(checkpoint.path_in(run.ctx.out)), where(run))
+    run.t_ckpt = time.monotonic()
+
+
+def diverged(run: Run, what: str) -> TrainingDiverged:
+    last = run.last_ckpt
+    fix = (f"the last good checkpoint is {last[0]} ({last[1]}); lower the learning rate or κ and --resume" if last
+           else "no checkpoint was written yet; lower the learning rate or κ and start again")
+    return TrainingDiverged(f"{what} after {where(run)}; stopped: {fix}")
+
+
+# --- the loop ----------------------------------------------------------------------------------
 
 
 def train(ctx: RunContext, parts: TaskParts) -> dict:
@@ -259,320 +552,86 @@ def train(ctx: RunContext, parts: TaskParts) -> dict:
 
 
 def _train(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> dict:
-    spec = ctx.spec
-    if spec["batch"].get("unit", "samples") != "samples":
-        raise UserError(f"{ctx.experiment}: batch.unit {spec['batch']['unit']!r} needs the task's own batching; "
-                        f"the shared loop counts batches in samples")
-    out = ctx.out
-    if d.is_main:
-        (out / FIGURES).mkdir(parents=True, exist_ok=True)
-    distributed.barrier()
-    ck_path = checkpoint.path_in(out)
-    if not ctx.resume and ck_path.exists():
-        raise UserError(f"{out} already holds a run (checkpoint.pt); pass --resume to continue it or "
-                        f"--out NEW_DIR to start another")
-
-    precision = spec.get("precision", "fp32")
-    set_precision(precision)
-    seed_everything(ctx.seed, d.rank)
-    base_batch = spec["batch"]["size"]
-    n = len(parts.train_set)
-    if n < 1:
-        raise UserError("task error: the training set is empty")
-    sched = schedules.from_spec(spec, n)
-    total_samples = sched.total_epochs * n
-    batches = BatchSchedule(ctx.progressive, base_batch, ctx.kappa, get(spec, "schedule.epochs"))
-    plans = Plans(ctx)
-
-    model = parts.model.to(d.device)
-    model = distributed.maybe_sync_batchnorm(model, bool(get(spec, "norm.sync_bn", False)))
-    sync_bn = distributed.sync_batchnorm_possible(bool(get(spec, "norm.sync_bn", False)))
-    parts.model = model
-    distributed.broadcast_module_(model)
-    model.train()
-
-    kappa = batches.kappa_at(0)
-    plan = plans(kappa)
-    set_bn_momentum(model, plan)
-    ema = None
-    if get(spec, "ema.momentum") is not None:
-        ema = ModelEma(parts.ema_source, plan["ema.momentum"], buffers=get(spec, "ema.buffers", "copy"),
-                       # the plan's start_steps/κ steps of the first stage's batch (what `plan` shows)
-                       start_samples=(plan.get("ema.start_steps", 0) or 0) * plan["batch_size"],
-                       dtype=get(spec, "ema.dtype", "float32"))
-        ema.module.train()
-    teacher = ema.module if ema is not None else None
-    optimizer = optimizers.build(spec, model, parts.no_decay, plan, frozenset(parts.aux_params), parts.aux_lr_ratio)
-
-    clock = Clock()
-    log = MetricsLog(out, enabled=d.is_main)
-    last_ckpt: tuple[str, int] | None = None
-    final: dict = {}
+    run = setup(ctx, parts, d)
+    log = MetricsLog(ctx.out, enabled=d.is_main)
     if ctx.resume:
-        ck = checkpoint.load(out, d.device)
-        if ck.get("fingerprint") != fingerprint(ctx):
-            raise UserError(f"--resume: {out} was made with other settings (spec, κ, rule, seed or progressive "
-                            f"schedule differ); use the original command or a new --out")
-        model.load_state_dict(ck["model"])
-        if ema is not None:
-            ema.load_state_dict(ck["ema"])
-        optimizer.load_state_dict(ck["optimizer"])
-        clock = Clock(**ck["clock"])
-        kappa = ck["kappa"]
-        plan = plans(kappa)
-        set_bn_momentum(model, plan)
-        if ema is not None:
-            ema.set_momentum(plan["ema.momentum"])
-        optimizers.apply_plan(optimizer, plan, sched.lr(clock.samples_seen / n, plan))
-        if not checkpoint.restore_rng(ck):
-            seed_everything(distributed._mix(ctx.seed, clock.samples_seen), d.rank)
-        log.truncate_after(clock.samples_seen)
-        last_ckpt = (str(ck_path), clock.samples_seen)
-        final = ck.get("final_metrics") or {}
-        if ck.get("finished"):
+        if open_resumed(run, log):
             log.close()
-            return final
+            return run.final
     else:
-        log.start_fresh()
-
-    workers = parts_workers(parts, ctx, d)
-    stage_rows = stage_layouts(batches, base_batch, n, sched, d.world_size, ctx.max_device_batch)
-    hp = hparams(ctx, parts, d, sched, n, total_samples, stage_rows, workers)
-    hp["sync_bn_effective"] = sync_bn
+        open_fresh(run, log)
+    hp = hparams(run)
     if d.is_main:
-        write_hparams(out, hp)
-    log.attach_wandb(ctx.wandb, out, out.name, hp)
-
-    every_eval = float(get(spec, "probe.eval_every_epochs", 1.0) or 1.0)
-    every_ckpt = float(ctx.extra.get("checkpoint_every_epochs", 1.0))
-    ckpt_seconds = 60.0 * float(ctx.extra.get("checkpoint_every_minutes", 30.0))
-    next_eval = _next_multiple(clock.samples_seen / n, every_eval)
-    next_ckpt = _next_multiple(clock.samples_seen / n, every_ckpt)
-    last_eval_at = -1
-    named = dict(model.named_parameters())
-    step_ctx = StepContext(d.device, precision, get(spec, "optimizer.grad_clip"), get(spec, "ema.update_from", "post"),
-                           sync_bn, frozenset(id(named[n]) for n in parts.aux_params if n in named))
-    progress = Progress(total_samples, clock.samples_seen, enabled=d.is_main and not ctx.quiet)
-    t_ckpt = time.monotonic()
+        write_hparams(ctx.out, hp)
+    log.attach_wandb(ctx.wandb, ctx.out, ctx.out.name, hp)
+    progress = Progress(run.total, run.clock.seen, unit=run.unit, enabled=d.is_main and not ctx.quiet)
     window = Window()
-
-    def diverged(what: str, epoch_now: float) -> TrainingDiverged:
+    ckpt_seconds = 60.0 * float(ctx.extra.get("checkpoint_every_minutes", 30.0))
+    log_every = int(ctx.extra.get("log_every_steps") or 0)
+    try:
+        with checkpoint.StopSignal() as stop, progress, contextlib.closing(log):
+            while run.clock.seen < run.total - EPS:
+                enter_stage(run, run.batches.kappa_at(schedule_time(run)))
+                got = next_batch(run)
+                if got is None:
+                    end_epoch(run)
+                    continue
+                micro, measures, measure, count, seen_after = got
+                lr = run.sched.lr(run.epoch_now, run.plan)
+                optimizers.set_lr(run.optimizer, lr)
+                time_due = d.is_main and time.monotonic() - run.t_ckpt > ckpt_seconds
+                loss, metrics, reduced, (stop_now, time_due), problem = optimizer_step(
+                    run, micro, measures, measure, seen_after, stop.requested, time_due)
+                if problem:
+                    raise diverged(run, f"{problem} in the batch")
+                c, seg = run.clock, run.segment
+                i = c.batch  # this step's global batch index in the epoch
+                c.step, c.pos, c.batch, c.seen = c.step + 1, c.pos + count, i + 1, seen_after
+                # in samples the clock counts an epoch's dropped remainder at its end, as it always has
+                c.samples = int(round(seen_after)) if run.unit == batching.SAMPLES else c.samples + count
+                epoch_done = seg.next == len(seg.batches)
+                if parts.on_step is not None:
+                    parts.on_step(run.now(), reduced)
+                window.add(loss, metrics)
+                progress.advance(c.seen, metrics.get(parts.progress_metric, loss))
+                at_end = c.seen >= run.total - EPS
+                every = log_every or max(1, math.ceil(seg.per_epoch / 50))
+                if (i + 1) % every == 0 or i == seg.first or epoch_done or at_end:
+                    log.log({"kind": "train", **time_fields(run), "batch_size": run.lay.global_batch,
+                             "accumulation": run.lay.accumulation, "lr": lr,
+                             **(run.momenta or {"ema_momentum": None}), **window.mean(),
+                             "samples_per_s": progress.rate(), "wall_s": progress.elapsed()})
+                    window = Window()
+                if epoch_done:
+                    end_epoch(run)
+                evaluate_due(run, log, at_end)
+                if (run.epoch_now + 1e-9 >= run.next_ckpt or time_due or stop_now) and not at_end:
+                    save(run)
+                    run.next_ckpt = next_checkpoint(run)
+                if stop_now and not at_end:  # at the end, the final checkpoint follows
+                    raise Interrupted(stop.signal_name)
+            if run.last_eval_at != run.clock.seen:
+                evaluate_due(run, log, at_end=True)
+            run.final = {**run.final, "samples_seen": run.clock.samples, "epoch": run.epoch_now,
+                         "steps": run.clock.step, "kappa": run.kappa}
+            if run.unit == batching.SECONDS:
+                run.final["seconds_seen"] = run.clock.seen
+            save(run, finished=True)
+    except Interrupted as e:
         log.close()
         progress.stop()
-        where = (f"the last good checkpoint is {last_ckpt[0]} ({last_ckpt[1]} samples seen); "
-                 f"lower the learning rate or κ and --resume") if last_ckpt else \
-            "no checkpoint was written yet; lower the learning rate or κ and start again"
-        return TrainingDiverged(f"{what} after {clock.samples_seen} samples seen (epoch {epoch_now:.4g}, "
-                                f"step {clock.step}); stopped: {where}")
-
-    def save(finished: bool = False) -> None:
-        nonlocal last_ckpt, t_ckpt
-        if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
-            # never overwrite the last good checkpoint with a diverged model
-            raise diverged("the weights became non-finite", clock.samples_seen / n)
-        payload = {"model": model.state_dict(), "ema": ema.state_dict() if ema is not None else None,
-                   "optimizer": optimizer.state_dict(), "clock": vars(clock).copy(), "kappa": kappa,
-                   "stage": _stage_index(stage_rows, clock.epoch), "fingerprint": fingerprint(ctx),
-                   "world_size": d.world_size, "finished": finished, "final_metrics": final}
-        checkpoint.save(out, payload)
-        last_ckpt = (str(ck_path), clock.samples_seen)
-        t_ckpt = time.monotonic()
-
-    with checkpoint.StopSignal() as stop, progress, contextlib.closing(log):
-        while clock.samples_seen < total_samples - 1e-6:
-            e = clock.epoch
-            new_kappa = batches.kappa_at(e)
-            if new_kappa != kappa or clock.step == 0:
-                # Progressive Scaling: every scaled value re-derived from the base spec for κ_e.
-                kappa, plan = new_kappa, plans(new_kappa)
-                set_bn_momentum(model, plan)
-                if ema is not None:
-                    ema.set_momentum(plan["ema.momentum"])
-                optimizers.apply_plan(optimizer, plan, sched.lr(clock.samples_seen / n, plan))
-            lay = distributed.layout(batches.batch_at(e), d.world_size, ctx.max_device_batch)
-            per_epoch = n // lay.global_batch
-            if per_epoch < 1:
-                raise UserError(f"the batch κB = {lay.global_batch} is larger than the training set ({n} samples); "
-                                f"use a smaller κ or more data")
-            epoch_start = e * n
-            remaining = math.ceil((total_samples - epoch_start) / lay.global_batch - 1e-9)
-            last = min(per_epoch, remaining)
-            if hasattr(parts.train_set, "set_epoch"):
-                parts.train_set.set_epoch(e)
-            perm = distributed.epoch_permutation(n, ctx.seed, e)
-            loader = iter(epoch_loader(parts, perm, lay, d.rank, clock.batch, last, workers,
-                                       pin=d.device.type == "cuda", seed=distributed._mix(ctx.seed, e, d.rank)))
-            log_every = int(ctx.extra.get("log_every_steps") or max(1, math.ceil(per_epoch / 50)))
-            first = clock.batch  # 0, or where a resumed run re-enters the epoch
-            for i in range(first, last):
-                micro = [next(loader) for _ in range(lay.accumulation)]
-                epoch_now = clock.samples_seen / n
-                lr = sched.lr(epoch_now, plan)
-                optimizers.set_lr(optimizer, lr)
-                done_epoch = i + 1 == per_epoch
-                step_ctx.samples_after = (e + 1) * n if done_epoch else epoch_start + (i + 1) * lay.global_batch
-                step_ctx.stop_flag = stop.requested
-                step_ctx.time_flag = d.is_main and time.monotonic() - t_ckpt > ckpt_seconds
-                loss, metrics, rho, problem = optimizer_step(model, parts, teacher, ema, optimizer, micro, lay,
-                                                             step_ctx)
-                if problem:
-                    raise diverged(f"{problem} in the batch", epoch_now)
-                clock.step += 1
-                clock.batch = i + 1
-                clock.samples_seen = step_ctx.samples_after
-                window.add(loss, metrics)
-                progress.advance(clock.samples_seen, loss)
-                if (i + 1) % log_every == 0 or i == first or done_epoch or i + 1 == last:
-                    log.log({"kind": "train", "samples_seen": clock.samples_seen, "epoch": clock.samples_seen / n,
-                             "step": clock.step, "kappa": kappa, "batch_size": lay.global_batch,
-                             "accumulation": lay.accumulation, "lr": lr,
-                             "ema_momentum": rho if ema is not None else None,
-                             **window.mean(), "samples_per_s": progress.rate(), "wall_s": progress.elapsed()})
-                    window = Window()
-                if done_epoch:
-                    clock.epoch, clock.batch = e + 1, 0
-                at_end = clock.samples_seen >= total_samples - 1e-6
-                if clock.samples_seen / n + 1e-9 >= next_eval or at_end:
-                    ev = evaluate(model, teacher, parts, d.device, precision)
-                    final, last_eval_at = {**final, **ev}, clock.samples_seen
-                    if ev:
-                        log.log({"kind": "eval", "samples_seen": clock.samples_seen, "epoch": clock.samples_seen / n,
-                                 "step": clock.step, "kappa": kappa, **ev})
-                    next_eval = _next_multiple(clock.samples_seen / n, every_eval)
-                due = clock.samples_seen / n + 1e-9 >= next_ckpt
-                if (due or step_ctx.time_flag or step_ctx.stop_flag) and not at_end:
-                    save()
-                    next_ckpt = _next_multiple(clock.samples_seen / n, every_ckpt)
-                if step_ctx.stop_flag and not at_end:  # at the end, the final checkpoint follows
-                    log.close()
-                    progress.stop()
-                    print(f"SIGTERM: checkpoint written at {clock.samples_seen} samples seen; "
-                          f"continue with --resume", file=sys.stderr)
-                    raise SystemExit(143)
-                if at_end:
-                    break
-            del loader
-        if last_eval_at != clock.samples_seen:
-            final = {**final, **evaluate(model, teacher, parts, d.device, precision)}
-        result = {**final, "samples_seen": clock.samples_seen, "epoch": clock.samples_seen / n,
-                  "steps": clock.step, "kappa": kappa}
-        final = result
-        save(finished=True)
-    log.close()
-    return result
+        if d.is_main:
+            print(f"{e.signal}: checkpoint written at {where(run)}; continue with the same command and "
+                  f"--resume --out {ctx.out}", file=sys.stderr)
+        raise SystemExit(130 if e.signal == "SIGINT" else 143) from None
+    except TrainingDiverged:
+        log.close()
+        progress.stop()
+        raise
+    return run.final
 
 
-def _next_multiple(epoch: float, every: float) -> float:
-    return (math.floor(epoch / every + 1e-9) + 1) * every
-
-
-def _stage_index(rows: list[dict], epoch: int) -> int:
-    for i, r in enumerate(rows):
-        if r["start_epoch"] <= epoch < r["end_epoch"]:
-            return i
-    return len(rows) - 1
-
-
-def parts_workers(parts: TaskParts, ctx: RunContext, d: distributed.Dist) -> int:
-    w = ctx.extra.get("num_workers", getattr(parts, "num_workers", None))
-    if w is not None:
-        return int(w)
-    if d.device.type == "cpu":
-        return 0  # CPU training shares the same cores; workers would only compete
-    import os
-
-    return min(8, max(1, (os.cpu_count() or 2) // max(1, d.world_size) - 1))
-
-
-def stage_layouts(batches: BatchSchedule, base_batch, n, sched, world, max_device_batch) -> list[dict]:
-    """Batch, κ, micro-batch and accumulation of every stage (hparams.json "layout")."""
-    rows = []
-    stage_list = batches.stages() if batches.epochs is not None else None
-    if not stage_list or math.isinf(stage_list[0].end_epoch):
-        stage_list = [Stage(0.0, sched.total_epochs, batches.batch_at(0), batches.kappa_at(0))]
-    for s in stage_list:
-        lay = distributed.layout(s.batch_size, world, max_device_batch)
-        rows.append({"start_epoch": s.start_epoch, "end_epoch": s.end_epoch, "batch_size": lay.global_batch,
-                     "kappa": s.kappa, "world_size": world, "accumulation": lay.accumulation,
-                     "micro_batch": lay.max_micro, "steps_per_epoch": n // lay.global_batch})
-    return rows
-
-
-def hparams(ctx, parts, d, sched, n, total_samples, stage_rows, workers) -> dict:
-    """The plan as `emarule plan --format json` prints it, plus how this run executes it."""
-    import platform
-
-    return {
-        **ctx.plan.as_dict(), "seed": ctx.seed, "preset": ctx.preset, "progressive": ctx.progressive,
-        "spec": ctx.spec, "layout": stage_rows, "world_size": d.world_size, "max_device_batch": ctx.max_device_batch,
-        "device": str(d.device), "dataset_size": n, "total_epochs": sched.total_epochs,
-        "warmup_epochs": sched.warmup_epochs, "total_samples": total_samples, "num_workers": workers,
-        "task": parts.info, "torch": torch.__version__, "python": platform.python_version(),
-        "data": str(ctx.data) if ctx.data else None,
-    }
-
-
-# --- progress and logging windows --------------------------------------------------------------
-
-
-class Window:
-    """Mean loss and task metrics over the steps since the last logged row."""
-
-    def __init__(self):
-        self.n = 0
-        self.sums: dict[str, float] = {}
-
-    def add(self, loss: float, metrics: dict) -> None:
-        self.n += 1
-        for k, v in {"loss": loss, **metrics}.items():
-            self.sums[k] = self.sums.get(k, 0.0) + v
-
-    def mean(self) -> dict:
-        return {k: v / max(1, self.n) for k, v in self.sums.items()}
-
-
-class Progress:
-    """A rich progress bar on rank 0 (samples, samples/s, loss, ETA); silent when disabled."""
-
-    def __init__(self, total: float, start: float, enabled: bool):
-        self.total, self.start_samples, self.enabled = total, start, enabled
-        self.t0 = time.monotonic()
-        self.samples = start
-        self._bar = None
-        self._task = None
-
-    def __enter__(self):
-        if self.enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
-
-            self._bar = RichProgress(TextColumn("[bold]train"), BarColumn(),
-                                     TextColumn("{task.completed:,.0f}/{task.total:,.0f} samples"),
-                                     TextColumn("{task.fields[rate]:,.0f} samples/s"),
-                                     TextColumn("loss {task.fields[loss]:.4g}"), TimeRemainingColumn(),
-                                     console=Console(stderr=True), transient=False)
-            self._bar.start()
-            self._task = self._bar.add_task("train", total=self.total, completed=self.start_samples, rate=0.0,
-                                            loss=float("nan"))
-        return self
-
-    def advance(self, samples: float, loss: float) -> None:
-        self.samples = samples
-        if self._bar is not None:
-            self._bar.update(self._task, completed=samples, rate=self.rate(), loss=loss)
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.t0
-
-    def rate(self) -> float:
-        dt = self.elapsed()
-        return (self.samples - self.start_samples) / dt if dt > 0 else 0.0
-
-    def stop(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-            self._bar = None
-
-    def __exit__(self, *exc):
-        self.stop()
-        return False
+class Interrupted(Exception):
+    def __init__(self, signal: str):
+        super().__init__(signal)
+        self.signal = signal

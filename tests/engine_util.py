@@ -27,7 +27,7 @@ TOY = {
     "schedule": {"kind": "cosine", "epochs": 4, "warmup_epochs": 1, "min_lr": 0.001},
     "ema": {"momentum": 0.9, "update_from": "post", "start_steps": 0, "buffers": "copy"},
     "toy": {"samples": 128, "teacher_weight": 0.5, "augment": 0.1, "threads": 1, "quiet": True},
-    "probe": {"eval_every_epochs": 1},
+    "eval": {"every_epochs": 1},
 }
 
 

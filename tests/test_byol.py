@@ -1,5 +1,6 @@
 """BYOL task: models, loss, augmentations, data sets, errors, and a tiny run end to end."""
 
+import contextlib
 import copy
 import json
 from pathlib import Path
@@ -114,7 +115,7 @@ def test_loss_stops_gradient_at_teacher_and_keeps_its_statistics():
     bn = teacher.backbone.stem[1]
     stats = (bn.running_mean.clone(), bn.running_var.clone())
     batch = torch.utils.data.default_collate([parts.train_set[i] for i in range(8)])
-    loss, metrics = parts.loss(m, teacher, batch)
+    loss, metrics = parts.loss(m, teacher, batch, None)
     loss.backward()
     assert set(metrics) == {"byol_loss", "probe_loss", "probe_train_top1"}
     assert 0.0 <= metrics["byol_loss"] <= 2.0 and loss.item() >= metrics["byol_loss"] - 1e-6
@@ -150,37 +151,36 @@ def test_probe_is_an_aux_group_with_its_lr_ratio_and_no_decay():
 
 
 def test_gradient_clipping_leaves_the_aux_group_out():
-    from types import SimpleNamespace
-
     from emarule import train as T
-    from emarule.tasks.parts import TaskParts
 
     torch.manual_seed(0)
     model = torch.nn.ModuleDict({"body": torch.nn.Linear(4, 1), "probe": torch.nn.Linear(4, 1)})
     x = torch.randn(8, 4)
-
-    def loss(m, teacher, batch):
-        return m["body"](batch).pow(2).mean() + 1e4 * m["probe"](batch).pow(2).mean(), {}
-
-    aux = {"probe.weight", "probe.bias"}
-    parts = TaskParts(model=model, ema_source=model["body"], train_set=None, loss=loss, aux_params=aux)
-    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    (model["body"](x).pow(2).mean() + 1e4 * model["probe"](x).pow(2).mean()).backward()
     named = dict(model.named_parameters())
-    step = T.StepContext(torch.device("cpu"), "fp32", 0.5, "post", False, frozenset(id(named[n]) for n in aux))
-    T.optimizer_step(model, parts, None, None, opt, [x], SimpleNamespace(global_batch=8), step)
+    aux = frozenset(id(named[n]) for n in ("probe.weight", "probe.bias"))
+    T.clip_gradients(list(model.parameters()), aux, 0.5)
     body = torch.cat([p.grad.flatten() for p in model["body"].parameters()]).norm().item()
     probe = torch.cat([p.grad.flatten() for p in model["probe"].parameters()]).norm().item()
     assert body == pytest.approx(0.5, rel=1e-5)  # clipped to grad_clip
     assert probe > 10.0  # the probe's huge gradient neither clipped nor counted in the body's norm
 
 
-def test_evaluate_reports_probe_top1_and_restores_modes():
+def test_probe_evaluation_reports_probe_top1_on_the_teacher_and_restores_modes():
+    from emarule import evaluation
+    from emarule.ema import ModelEma
+    from emarule.tasks.parts import Now
+
     parts = parts_for()
-    teacher = copy.deepcopy(parts.ema_source)
-    teacher.train()
-    out = parts.evaluate(parts.model, teacher)
+    ema = ModelEma(parts.ema_source, 0.9)
+    ema.module.train()
+    (ev,) = parts.evaluations
+    assert ev.models == "teacher"
+    now = Now(seen=0, samples=0, epoch=0, base_step=0, step=0, kappa=1, plan=None)
+    out = evaluation.run([ev], parts.model, parts.ema_source, {"ema": ema}, "ema", now, torch.device("cpu"),
+                         contextlib.nullcontext)
     assert set(out) == {"probe_top1"} and 0.0 <= out["probe_top1"] <= 100.0
-    assert teacher.training and parts.model.probe.training
+    assert ema.module.training and parts.model.probe.training
 
 
 # --- augmentations and data -----------------------------------------------------------------------

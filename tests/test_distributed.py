@@ -6,36 +6,48 @@ import sys
 import pytest
 import torch
 
-from emarule import distributed
+from emarule import batching
 from emarule.errors import UserError
 from engine_util import ROOT, env, load_checkpoint, max_diff, run_toy, toy_spec, write_spec
 
 
 def test_layout_accumulates_to_fit_max_device_batch():
-    lay = distributed.layout(64, 2, 10)
+    lay = batching.layout(64, 2, 10)
     assert (lay.per_rank, lay.accumulation) == (32, 4)
     assert lay.micro_sizes == [8, 8, 8, 8] and lay.max_micro <= 10
-    lay = distributed.layout(30, 1, 7)
+    lay = batching.layout(30, 1, 7)
     assert sum(lay.micro_sizes) == 30 and max(lay.micro_sizes) <= 7 and lay.accumulation == 5
-    assert distributed.layout(32, 4, None).accumulation == 1
+    assert batching.layout(32, 4, None).accumulation == 1
+    lay = batching.layout(100.0, 2, 20, unit="seconds")  # 50 s per rank in micro-batches of ≤ 20 s
+    assert lay.accumulation == 3 and lay.max_micro == pytest.approx(50 / 3)
 
 
 def test_layout_errors_name_the_fix():
     with pytest.raises(UserError, match="does not split over 3 processes"):
-        distributed.layout(64, 3, None)
+        batching.layout(64, 3, None)
     with pytest.raises(UserError, match="not a whole number"):
-        distributed.layout(16 * 1.5 + 0.5, 1, None)
+        batching.layout(16 * 1.5 + 0.5, 1, None)
 
 
 @pytest.mark.parametrize("world,max_dev", [(1, None), (1, 3), (2, None), (2, 5), (4, 2)])
 def test_global_batches_are_the_same_samples_in_the_same_order(world, max_dev):
-    perm = distributed.epoch_permutation(100, seed=3, epoch=2)
-    assert torch.equal(perm, distributed.epoch_permutation(100, seed=3, epoch=2))
-    assert not torch.equal(perm, distributed.epoch_permutation(100, seed=3, epoch=1))
-    lay = distributed.layout(24, world, max_dev)
-    for b in range(100 // 24):
-        got = [i for r in range(world) for mb in distributed.rank_micro_batches(perm, b, lay, r) for i in mb]
-        assert got == perm[b * 24:(b + 1) * 24].tolist()
+    b = batching.Batcher(100, seed=3)
+    order = b.order(2)
+    assert order == batching.Batcher(100, seed=3).order(2) and order != b.order(1)
+    order = b.order(2)
+    lay = batching.layout(24, world, max_dev)
+    for k in range(100 // 24):
+        items, measure = b.take(2, k * 24, 24)
+        assert items == order[k * 24:(k + 1) * 24] and measure == 24
+        assert [i for part in b.parts(items, lay) for i in part] == items
+        assert len(b.parts(items, lay)) == world * lay.accumulation
+    assert b.take(2, 96, 24) is None  # the remainder of 4 is dropped
+
+
+def world_of(run_dir) -> int:
+    import json
+
+    return json.loads((run_dir / "hparams.json").read_text())["world_size"]
 
 
 def test_accumulation_matches_one_big_batch(tmp_path):
@@ -45,7 +57,7 @@ def test_accumulation_matches_one_big_batch(tmp_path):
     acc, ctx = run_toy(tmp_path, spec, kappa=2, out="acc", max_device_batch=5)
     a, b = load_checkpoint(tmp_path / "full"), load_checkpoint(tmp_path / "acc")
     assert max_diff(a["model"], b["model"]) < 1e-6
-    assert max_diff(a["ema"]["module"], b["ema"]["module"]) < 1e-6
+    assert max_diff(a["emas"]["ema"]["module"], b["emas"]["ema"]["module"]) < 1e-6
     assert a["clock"] == b["clock"]
     # 32 samples over micro-batches of ≤ 5: 7 micro-batches per step, recorded in hparams and the log
     import json
@@ -66,11 +78,11 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     run_toy(tmp_path, spec, kappa=2, out="one")
     two, one = load_checkpoint(tmp_path / "two"), load_checkpoint(tmp_path / "one")
-    assert two["world_size"] == 2 and one["world_size"] == 1
+    assert world_of(tmp_path / "two") == 2 and world_of(tmp_path / "one") == 1
     assert two["clock"] == one["clock"]
     # equal up to the order of floating-point sums (gradients reduced across processes)
     assert max_diff(two["model"], one["model"]) < 1e-5
-    assert max_diff(two["ema"]["module"], one["ema"]["module"]) < 1e-5
+    assert max_diff(two["emas"]["ema"]["module"], one["emas"]["ema"]["module"]) < 1e-5
     moved = max_diff(two["model"], {k: torch.zeros_like(v) for k, v in two["model"].items()})
     assert moved > 1e-2  # the comparison is not between two untrained models
 
@@ -97,12 +109,12 @@ def test_resume_on_another_world_size_continues_the_same_trajectory(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     first = load_checkpoint(tmp_path / "ws")
-    assert not first["finished"] and first["world_size"] == 1
+    assert not first["finished"] and world_of(tmp_path / "ws") == 1
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "emarule", "run", "--spec", str(path), "--kappa", "2", "--out", str(tmp_path / "ws"), "--resume"]
     r = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     done, ref = load_checkpoint(tmp_path / "ws"), load_checkpoint(tmp_path / "ref")
-    assert done["finished"] and done["world_size"] == 2 and done["clock"] == ref["clock"]
+    assert done["finished"] and world_of(tmp_path / "ws") == 2 and done["clock"] == ref["clock"]
     assert max_diff(done["model"], ref["model"]) < 1e-5
-    assert max_diff(done["ema"]["module"], ref["ema"]["module"]) < 1e-5
+    assert max_diff(done["emas"]["ema"]["module"], ref["emas"]["ema"]["module"]) < 1e-5

@@ -48,7 +48,7 @@ def reference(tmp_path_factory):
 def assert_same_run(ck, ref_ck):
     assert ck["finished"] and ck["clock"] == ref_ck["clock"]
     assert tensors_equal(ck["model"], ref_ck["model"])
-    assert tensors_equal(ck["ema"], ref_ck["ema"])
+    assert tensors_equal(ck["emas"], ref_ck["emas"])
     assert tensors_equal(ck["optimizer"], ref_ck["optimizer"])
 
 
@@ -68,7 +68,7 @@ def test_sigkill_then_resume_is_bitwise_uninterrupted(tmp_path, reference):
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     killed = load_checkpoint(tmp_path / "killed")
-    assert not killed["finished"] and 0 < killed["clock"]["samples_seen"] < ref_ck["clock"]["samples_seen"]
+    assert not killed["finished"] and 0 < killed["clock"]["seen"] < ref_ck["clock"]["seen"]
     resume_in_process(tmp_path, "killed")
     assert_same_run(load_checkpoint(tmp_path / "killed"), ref_ck)
     # the log has each step once: the same rows as the uninterrupted run, no duplicates after resume
@@ -120,9 +120,9 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     calls = {"n": 0}
     inner = parts.loss
 
-    def loss(model, teacher, batch):
+    def loss(model, teacher, batch, now=None):
         calls["n"] += 1
-        value, metrics = inner(model, teacher, batch)
+        value, metrics = inner(model, teacher, batch, now)
         return (value * float("nan") if calls["n"] == 13 else value), metrics
 
     parts.loss = loss
@@ -132,9 +132,9 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
         train(ctx, parts)
     msg = str(e.value)
     assert "\n" not in msg
-    assert "192 samples seen" in msg and "checkpoint.pt (128 samples seen)" in msg
+    assert "192 samples seen" in msg and "checkpoint.pt (128 samples seen" in msg
     ck = load_checkpoint(tmp_path / "nan")
-    assert ck["clock"]["samples_seen"] == 128 and not ck["finished"]
+    assert ck["clock"]["seen"] == 128 and not ck["finished"]
     assert all(torch.isfinite(v).all() for v in ck["model"].values() if v.is_floating_point())
     rows = [json.loads(x) for x in (tmp_path / "nan" / "metrics.jsonl").read_text().splitlines()]
     assert max(r["samples_seen"] for r in rows) == 192
@@ -158,15 +158,16 @@ def test_crash_mid_epoch_then_resume_is_bitwise_uninterrupted(tmp_path, referenc
     parts = toy.make_parts(ctx)
     inner, calls = parts.loss, {"n": 0}
 
-    def loss(model, teacher, batch):
+    def loss(model, teacher, batch, now=None):
         calls["n"] += 1
         if calls["n"] == 11:
             raise Crash()
-        return inner(model, teacher, batch)
+        return inner(model, teacher, batch, now)
 
     parts.loss = loss
     with pytest.raises(Crash):
         train(ctx, parts)
-    assert load_checkpoint(tmp_path / "crash")["clock"] == {"samples_seen": 144, "step": 9, "epoch": 1, "batch": 1}
+    want = {"seen": 144.0, "samples": 144, "step": 9, "epoch": 1, "pos": 16, "batch": 1}
+    assert load_checkpoint(tmp_path / "crash")["clock"] == want
     resume_in_process(tmp_path, "crash")
     assert_same_run(load_checkpoint(tmp_path / "crash"), ref_ck)

@@ -46,6 +46,15 @@ class Plan:
         v = self.values.get(name)
         return default if v is None else v.scaled
 
+    def for_kappa(self, kappa: float) -> "Plan":
+        """The plan of the stage running at `kappa` (this plan itself at its own κ)."""
+        if math.isclose(kappa, self.kappa, rel_tol=1e-12):
+            return self
+        for stage, p in self.stages or ():
+            if math.isclose(kappa, stage.kappa, rel_tol=1e-12):
+                return p
+        raise ScalingError(f"no stage of this plan runs at κ={kappa:g}")
+
     def as_dict(self) -> dict:
         out = {
             "experiment": self.experiment,
@@ -91,6 +100,11 @@ def ema_momentum(rho: float, kappa: float, ema_rule: str | None, name: str = "em
                 f"it holds up to κ={rules.max_kappa_for_beta(rho):.6g}, or use --ema-rule exponential")
         return Scaled(rho, v, "momentum", "linear EMA rule: ρ̂ = 1 − κ(1 − ρ)")
     raise ScalingError(f"unknown EMA rule {ema_rule!r}; use exponential or linear")
+
+
+def extra_ema_name(rho: float) -> str:
+    """A further EMA is named by its base momentum: `ema_momentum/0.9999`, `ema_wer/0.9999`."""
+    return f"{rho:.10g}"
 
 
 def _optimizer(spec: dict, kappa: float, out: dict[str, Scaled]) -> None:
@@ -226,6 +240,8 @@ def scale(spec: dict, kappa: float, ema_rule: str | None = "exponential") -> Pla
     _optimizer(spec, kappa, values)
     if _get(spec, "ema.momentum") is not None:
         values["ema.momentum"] = ema_momentum(spec["ema"]["momentum"], kappa, ema_rule)
+        for i, rho in enumerate(_get(spec, "ema.also") or []):
+            values[f"ema.momentum/{extra_ema_name(rho)}"] = ema_momentum(rho, kappa, ema_rule, f"ema.also[{i}]")
     _secondary(spec, kappa, ema_rule, values)
     _durations("", {k: v for k, v in spec.items() if k not in ("presets", "progressive")}, kappa, values)
     warnings: list[str] = []
@@ -255,7 +271,8 @@ def plan(spec: dict, kappa: float, ema_rule: str | None = "exponential",
         final.warnings.append(f"the spec's progressive {prog['kind']} schedule is skipped at κ={final.kappa:g} < 1")
         prog = None
     if prog and prog.get("kind", "constant") != "constant":
-        sched = BatchSchedule(prog, spec["batch"]["size"], final.kappa, _get(spec, "schedule.epochs"))
+        sched = BatchSchedule(prog, spec["batch"]["size"], final.kappa, _get(spec, "schedule.epochs"),
+                              _get(spec, "schedule.total_steps"))
         final.progressive = dict(prog)
         final.stages = [(s, scale(spec, s.kappa, ema_rule)) for s in sched.stages()]
         for _, p in final.stages:

@@ -4,7 +4,10 @@ The batch is constant within an epoch, as in Algorithm 1; every hyperparameter i
 from the base values for each epoch's κ. Four kinds, all reaching the run's final κ:
 
 - constant:     κB from the start (no progressive scaling).
-- step:         B before `epoch`, κB from it on.
+- step:         B before `epoch`, κB from it on. Given as `base_step` instead, the transition is a
+                point on the clock in base steps (base steps × base batch of data seen), for recipes
+                counted in steps (speech: 8 → 16 at 29k reference steps). `from_kappa` (default
+                1) sets the batch before the step: from_kappa × B.
 - incremental:  B before `start_epoch`, then +`delta_batch` every `every_epochs`, capped at κB.
 - smooth:       B before `start_epoch`, κB from `end_epoch`, linear in epochs between.
 
@@ -21,10 +24,11 @@ from emarule.errors import UserError
 
 @dataclass(frozen=True)
 class Stage:
-    start_epoch: float
+    start_epoch: float  # in base steps when axis == "base_steps"
     end_epoch: float
     batch_size: float
     kappa: float
+    axis: str = "epochs"
 
 
 def parse(text: str) -> dict:
@@ -35,26 +39,42 @@ def parse(text: str) -> dict:
         if kind == "constant" and not arg:
             return {"kind": "constant"}
         if kind == "step":
-            return {"kind": "step", "epoch": float(arg)}
+            return _checked(text, {"kind": "step", "epoch": float(arg)})
         if kind == "smooth":
             a, b = arg.split("-")
-            return {"kind": "smooth", "start_epoch": float(a), "end_epoch": float(b)}
+            return _checked(text, {"kind": "smooth", "start_epoch": float(a), "end_epoch": float(b)})
         if kind == "incremental":
             a, d, n = arg.split(",")
-            return {"kind": "incremental", "start_epoch": float(a), "delta_batch": float(d), "every_epochs": float(n)}
+            return _checked(text, {"kind": "incremental", "start_epoch": float(a), "delta_batch": float(d),
+                                   "every_epochs": float(n)})
     except ValueError:
         pass
     raise UserError(f"--progressive {text!r}: cannot parse; {usage}")
 
 
+def _checked(text: str, spec: dict) -> dict:
+    """Epochs are ≥ 0 and finite; increments and their period are > 0 (the spec's own section is
+    held to the same by the schema)."""
+    for key, value in spec.items():
+        positive = key in ("delta_batch", "every_epochs")
+        if key != "kind" and (not math.isfinite(value) or value < 0 or (positive and value == 0)):
+            need = "a finite number > 0" if positive else "a finite number ≥ 0"
+            raise UserError(f"--progressive {text!r}: {key} must be {need}, got {value:g}")
+    return spec
+
+
 class BatchSchedule:
     """Batch size per epoch for a base batch `base_batch` growing to `kappa` × base_batch."""
 
-    def __init__(self, progressive: dict | None, base_batch: float, kappa: float, epochs: float | None):
+    def __init__(self, progressive: dict | None, base_batch: float, kappa: float, epochs: float | None,
+                 total_steps: float | None = None):
         self.spec = dict(progressive) if progressive else {"kind": "constant"}
         self.base = float(base_batch)
         self.kappa = float(kappa)
         self.epochs = epochs
+        self.total_steps = total_steps
+        # The time axis of the schedule: epochs, or base steps for a step given as `base_step`.
+        self.axis = "base_steps" if self.spec.get("base_step") is not None else "epochs"
         self._validate()
 
     def _need(self, *keys: str) -> None:
@@ -72,11 +92,15 @@ class BatchSchedule:
             return
         if self.kappa < 1:
             raise UserError(f"progressive {kind} grows the batch; it needs κ ≥ 1, got κ={self.kappa:g}")
+        if self.axis == "base_steps":
+            self._validate_base_steps(kind)
+            return
         if self.epochs is None:
             raise UserError("progressive scaling is scheduled in epochs, but this spec counts its "
                             "duration in steps; set schedule.epochs or drop --progressive")
         if kind == "step":
             self._need("epoch")
+            self._check_from_kappa()
         elif kind == "smooth":
             self._need("start_epoch", "end_epoch")
             if self.spec["end_epoch"] <= self.spec["start_epoch"]:
@@ -88,15 +112,36 @@ class BatchSchedule:
             raise UserError(f"progressive {kind}: epoch {last:g} is not before the end of training "
                             f"({self.epochs:g} epochs)")
 
-    def batch_at(self, epoch: float) -> float:
-        """Batch size (in the spec's batch unit) used throughout epoch ⌊epoch⌋."""
-        s, e = self.spec, math.floor(epoch + 1e-9)
+    def _validate_base_steps(self, kind: str) -> None:
+        if kind != "step" or self.spec.get("epoch") is not None:
+            raise UserError("progressive: base_step goes with kind step (and replaces epoch)")
+        if self.total_steps is not None and self.spec["base_step"] >= self.total_steps:
+            raise UserError(f"progressive step: base_step {self.spec['base_step']:g} is not before the end of "
+                            f"training ({self.total_steps:g} base steps)")
+        self._check_from_kappa()
+
+    def _check_from_kappa(self) -> None:
+        k0 = self.spec.get("from_kappa")
+        if k0 is not None and not 0 < k0 <= self.kappa:
+            raise UserError(f"progressive step: from_kappa must be in (0, κ={self.kappa:g}], got {k0:g}")
+
+    def batch_at(self, t: float) -> float:
+        """Batch size (in the spec's batch unit) at time `t` on the schedule's axis.
+
+        On the epoch axis the batch is constant within an epoch, as in Algorithm 1: thresholds
+        are whole epochs and ramps are evaluated at ⌊t⌋. A `base_step` transition takes effect at
+        the first optimizer step that starts at or after it.
+        """
+        s, e = self.spec, math.floor(t + 1e-9)
         final = self.base * self.kappa
         kind = s.get("kind", "constant")
         if kind == "constant":
             return final
         if kind == "step":
-            return final if e >= s["epoch"] else self.base
+            before = self.base * float(s.get("from_kappa") or 1.0)
+            if self.axis == "base_steps":
+                return final if t + 1e-9 >= s["base_step"] else before
+            return final if e >= s["epoch"] else before
         if kind == "smooth":
             e1, e2 = s["start_epoch"], s["end_epoch"]
             if e < e1:
@@ -115,6 +160,11 @@ class BatchSchedule:
 
     def stages(self) -> list[Stage]:
         """Consecutive epochs with the same batch merged into one stage."""
+        if self.axis == "base_steps":
+            p, end = float(self.spec["base_step"]), float(self.total_steps or math.inf)
+            k0 = float(self.spec.get("from_kappa") or 1.0)
+            return [Stage(0.0, p, self.base * k0, k0, self.axis), Stage(p, end, self.base * self.kappa, self.kappa,
+                                                                        self.axis)]
         if self.epochs is None or self.spec.get("kind", "constant") == "constant":
             return [Stage(0.0, float(self.epochs or math.inf), self.base * self.kappa, self.kappa)]
         out: list[Stage] = []

@@ -5,13 +5,14 @@ The parts handed to the shared loop (`emarule.train.train`):
 - `model` = `BYOL`: the online network (`online` = backbone + projector), the `predictor`, and
   the tracking `probe` (pre-BN linear probe). All are trained by the run's one optimizer.
 - `ema_source` = `model.online`: the loop keeps its EMA (the teacher ζ, updated from θ_{t+1} as
-  the spec's `ema.update_from: post` says) and passes it to `loss` and `evaluate`.
+  the spec's `ema.update_from: post` says) and passes it to `loss` as the teacher.
 - `loss`: the paper's Definition (BYOL Update),
       L = ½ cos[q(z(x1)), StopGrad(z_ζ(x2))] + ½ cos[q(z(x2)), StopGrad(z_ζ(x1))],
   cos(a, b) = 1 − a·b / (|a||b|), plus the probe's cross-entropy on the StopGrad teacher
   representation (Definition: Tracking Probe, "a probe for the teacher"). The teacher computes
   with batch statistics, as BYOL's target network does, without touching its running statistics.
-- `evaluate`: the probe's top-1 on the test split through the teacher (eval mode).
+- one evaluation, `probe_top1`: the probe's top-1 on the test split through the teacher (eval
+  mode), at the cadence `eval.every_epochs`.
 
 Data (`data.source`): CIFAR-10 from `--data DIR` (torchvision layout), ImageNet folders at
 `--data DIR/{train,val}`, scikit-learn's digits (bundled, the `cpu`/`tiny` presets), or
@@ -31,7 +32,7 @@ from torch import nn
 from emarule.context import RunContext
 from emarule.errors import UserError
 from emarule.spec import get
-from emarule.tasks.parts import TaskParts
+from emarule.tasks.parts import Evaluation, TaskParts
 from emarule.vision import models as M
 from emarule.vision.data import TwoViewSet, load_sources
 
@@ -91,15 +92,9 @@ def batch_statistics(module: nn.Module):
         module.train(was)
 
 
-def _device_of(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
 def make_loss():
-    def loss(model: BYOL, teacher: nn.Module, batch):
+    def loss(model: BYOL, teacher: nn.Module, batch, now=None):
         x1, x2, y = batch
-        dev = _device_of(model)
-        x1, x2, y = (x1.to(dev, non_blocking=True), x2.to(dev, non_blocking=True), y.to(dev, non_blocking=True))
         # Each view through the online network separately (BatchNorm per view, as in BYOL).
         _, z1 = model.online(x1)
         _, z2 = model.online(x2)
@@ -120,51 +115,36 @@ def make_loss():
     return loss
 
 
-def make_evaluate(test, image_size: int, batch_size: int = 256):
-    cache: dict = {}
+class EvalImages:
+    """The test split's evaluation views and labels; small splits (digits, CIFAR-10) prepared once."""
 
-    def images(idx: list[int]) -> torch.Tensor:
-        key = (idx[0], len(idx))
-        if key in cache:
-            return cache[key]
-        x = torch.stack([test.eval_view(i, image_size) for i in idx])
-        if len(test) <= 20000:  # small test sets (digits, CIFAR-10) are prepared once
-            cache[key] = x
-        return x
+    def __init__(self, source, image_size: int):
+        self.source, self.size = source, image_size
+        self.cache = [None] * len(source) if len(source) <= 20000 else None
 
-    @torch.no_grad()
-    def evaluate(model: BYOL, teacher: nn.Module) -> dict:
-        import torch.distributed as dist
+    def __len__(self) -> int:
+        return len(self.source)
 
-        rank, world = 0, 1
-        if dist.is_available() and dist.is_initialized():
-            rank, world = dist.get_rank(), dist.get_world_size()
-        dev = _device_of(model)
-        modes = (teacher.training, model.probe.training)
-        teacher.eval()
-        model.probe.eval()
-        correct = torch.zeros((), dtype=torch.float64, device=dev)
-        total = torch.zeros((), dtype=torch.float64, device=dev)
-        n = len(test)
-        share = list(range(rank, n, world))  # each rank a strided share of the test split
-        try:
-            for s in range(0, len(share), batch_size):
-                idx = share[s:s + batch_size]
-                x = images(idx).to(dev, non_blocking=True)
-                y = torch.tensor([test.label(i) for i in idx], device=dev)
-                h, _ = teacher(x)
-                correct += (model.probe(h.float()).argmax(1) == y).sum()
-                total += len(idx)
-        finally:
-            teacher.train(modes[0])
-            model.probe.train(modes[1])
-        if world > 1:
-            stats = torch.stack([correct, total])
-            dist.all_reduce(stats)
-            correct, total = stats[0], stats[1]
-        return {"probe_top1": float(100.0 * correct / total.clamp(min=1))}
+    def __getitem__(self, i: int):
+        if self.cache is not None and self.cache[i] is not None:
+            return self.cache[i]
+        item = (self.source.eval_view(i, self.size), self.source.label(i))
+        if self.cache is not None:
+            self.cache[i] = item
+        return item
 
-    return evaluate
+
+def probe_evaluation(model: BYOL, test, image_size: int, every_epochs: float, every_base_steps=None) -> Evaluation:
+    """Top-1 of the tracking probe on the teacher's representation: it measures the teacher."""
+
+    def score(teacher: nn.Module, batch, now):
+        x, y = batch
+        h, _ = teacher(x)
+        return {"correct": (model.probe(h.float()).argmax(1) == y).sum(), "count": len(y)}
+
+    return Evaluation(data=EvalImages(test, image_size), score=score, models="teacher",
+                      finish=lambda s: {"probe_top1": 100.0 * s["correct"] / max(1.0, s["count"])},
+                      every_epochs=every_epochs, every_base_steps=every_base_steps)
 
 
 def build(ctx: RunContext) -> TaskParts:
@@ -218,8 +198,10 @@ def build(ctx: RunContext) -> TaskParts:
         "probe_lr_ratio": ratio,
         "loss": "½cos(q(z1), sg z'2) + ½cos(q(z2), sg z'1) + probe cross-entropy",
     }
+    evaluation = probe_evaluation(model, test_src, image_size, float(get(s, "eval.every_epochs") or 1.0),
+                                  get(s, "eval.every_base_steps"))
     return TaskParts(model=model, ema_source=model.online, train_set=train_set, loss=make_loss(),
-                     evaluate=make_evaluate(test_src, image_size), no_decay=no_decay, collate=None, info=info,
+                     evaluations=[evaluation], progress_metric="byol_loss", no_decay=no_decay, info=info,
                      aux_params=probe_names, aux_lr_ratio=ratio)
 
 
