@@ -11,7 +11,7 @@ Step-counted specs (`schedule.total_steps`, `schedule.warmup_steps`, written in 
 converted to epochs through samples: N steps × base batch / dataset size.
 
 Shapes:
-- cosine:    linear warm-up from 0 to the peak, then half a cosine from the peak to min_lr.
+- cosine:    linear warm-up to the peak (its first step at peak/W_steps, not 0), then half a cosine from the peak to min_lr.
 - multistep: linear warm-up, then the peak × gamma^(milestones passed); min_lr is not used.
 - constant:  linear warm-up, then the peak.
 Pure Python (no torch).
@@ -33,11 +33,15 @@ class Schedule:
     milestones: tuple = ()
     gamma: float = 0.1
 
-    def shape(self, epoch: float, peak: float, floor: float = 0.0) -> float:
-        """The learning rate at fractional `epoch` for peak `peak` and final value `floor`."""
+    def shape(self, epoch: float, peak: float, floor: float = 0.0, step: float = 0.0) -> float:
+        """The learning rate of a step starting at fractional `epoch` and lasting `step` epochs.
+
+        In the warm-up a step takes the rate at its end, so the first step is not wasted at lr 0:
+        step k of W warm-up steps gets peak × k / W, as timm's and MAE's warm-ups start at step 1.
+        """
         w = self.warmup_epochs
         if w > 0 and epoch < w:
-            return peak * epoch / w
+            return peak * min(1.0, (epoch + step) / w)
         if self.kind == "constant":
             return peak
         if self.kind == "multistep":
@@ -49,13 +53,13 @@ class Schedule:
             return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * t))
         raise UserError(f"schedule.kind {self.kind!r}: use cosine, multistep or constant")
 
-    def lr(self, epoch: float, plan) -> float:
-        """The lr at `epoch` under the plan of the current κ (the scaled peak and floor)."""
-        return self.shape(epoch, plan["optimizer.lr"], plan.get("schedule.min_lr", 0.0) or 0.0)
+    def lr(self, epoch: float, plan, step: float = 0.0) -> float:
+        """The lr of a step at `epoch` (lasting `step` epochs) under the plan of the current κ."""
+        return self.shape(epoch, plan["optimizer.lr"], plan.get("schedule.min_lr", 0.0) or 0.0, step)
 
 
-def from_spec(spec: dict, dataset_size: int) -> Schedule:
-    """The schedule of `spec` in epochs of a training set of `dataset_size` samples."""
+def from_spec(spec: dict, dataset_size: float) -> Schedule:
+    """The schedule of `spec` in epochs of a training set of `dataset_size` (samples, or seconds)."""
     s = spec.get("schedule") or {}
     base_batch = spec["batch"]["size"]
 

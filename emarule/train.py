@@ -577,7 +577,7 @@ def _train(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> dict:
                     end_epoch(run)
                     continue
                 micro, measures, measure, count, seen_after = got
-                lr = run.sched.lr(run.epoch_now, run.plan)
+                lr = run.sched.lr(run.epoch_now, run.plan, (seen_after - run.clock.seen) / run.epoch_measure)
                 optimizers.set_lr(run.optimizer, lr)
                 time_due = d.is_main and time.monotonic() - run.t_ckpt > ckpt_seconds
                 loss, metrics, reduced, (stop_now, time_due), problem = optimizer_step(

@@ -81,3 +81,13 @@ def test_missing_length_and_milestones_are_user_errors():
         from_spec(spec(kind="multistep", epochs=10), 100)
     with pytest.raises(UserError):
         Schedule("linear", 10, 0).shape(5, 0.1)
+
+
+def test_warmup_starts_at_the_rate_of_its_first_step_not_zero():
+    """Step k of W warm-up steps takes peak·k/W (timm, MAE): the first step already learns."""
+    s = from_spec({"batch": {"size": 10}, "schedule": {"kind": "cosine", "epochs": 10, "warmup_epochs": 1}}, 100)
+    p = {"optimizer.lr": 0.5}
+    step = 10 / 100  # one step of 10 samples in epochs
+    lrs = [s.shape(k * step, 0.5, 0.0, step) for k in range(10)]
+    assert lrs == pytest.approx([0.5 * (k + 1) / 10 for k in range(10)])
+    assert s.lr(1.0, p, step) == pytest.approx(0.5)  # the warm-up is over: the cosine's start

@@ -37,10 +37,11 @@ def test_progressive_scaling_changes_batch_lr_and_momentum_at_the_right_samples_
     for r in rows:
         p, b, k = (base, 16, 1.0) if r["samples_seen"] <= 256 else (big, 64, 4.0)
         assert (r["batch_size"], r["kappa"]) == (b, k)
-        start = (r["samples_seen"] - b) / 128  # the lr of a step is set at the step's start
-        assert r["lr"] == pytest.approx(sched.lr(start, p), rel=1e-12)
+        start = (r["samples_seen"] - b) / 128  # the lr of a step: its start, and in the warm-up its end
+        assert r["lr"] == pytest.approx(sched.lr(start, p, b / 128), rel=1e-12)
         assert r["ema_momentum"] == pytest.approx(p["ema.momentum"])
     assert rows[-1]["ema_momentum"] == pytest.approx(0.9**4)
+    assert rows[0]["lr"] == pytest.approx(0.01 / 8)  # warm-up step 1 of 8 (1 epoch of 128 / 16), not 0
     # optimizer state at the end: the plan's values for κ = 4, re-derived from the base spec
     groups = load_checkpoint(ctx.out)["optimizer"]["param_groups"]
     assert all(tuple(g["betas"]) == pytest.approx(tuple(big["optimizer.betas"])) for g in groups)

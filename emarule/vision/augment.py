@@ -32,22 +32,11 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-_M64 = (1 << 64) - 1
-
-
-def _splitmix(z: int) -> int:
-    z = (z + 0x9E3779B97F4A7C15) & _M64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
-    return z ^ (z >> 31)
-
+from emarule.seeding import mix
 
 def item_seed(seed: int, epoch: int, index: int) -> int:
     """A 63-bit generator seed that depends on (seed, epoch, index) and on nothing else."""
-    h = _splitmix(int(seed) & _M64)
-    h = _splitmix(h ^ (int(epoch) & _M64))
-    h = _splitmix(h ^ (int(index) & _M64))
-    return h & ((1 << 63) - 1)
+    return mix(seed, epoch, index, 0xA06)
 
 
 def generator_for(seed: int, epoch: int, index: int) -> torch.Generator:
