@@ -1,0 +1,129 @@
+"""The Python API for your own training loop: the scaled recipe, and the plan in force as you go.
+
+Torch-free, so it can run wherever a config is built. Every bad value raises `UserError` with
+the one-line message `emarule plan` prints for the same problem: a spec is read and checked by
+the loader and schema the CLI uses, and scaled by the same core. Only `kappa`, `batch_size`
+and `samples_*` are checked here, because the CLI checks them as command-line text.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from emarule.errors import UserError
+from emarule.scaling import Plan, kappa_from
+from emarule.scaling import plan as _plan
+from emarule.scaling import progressive as _progressive
+from emarule.schema import PROGRESSIVE, check_tree, get, schema_for
+from emarule.spec import load_spec
+
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def scale(spec: str | os.PathLike | Mapping, kappa: float | None = None, *, batch_size: float | None = None,
+          ema_rule: str | None = "exponential", progressive: str | Mapping | None = None) -> Plan:
+    """Every hyperparameter of `spec` scaled to κ (or to `batch_size`; κ=1 when neither is given).
+
+    `spec`: an experiment name (`emarule list`), a YAML path (read as `--spec` reads it), or a
+    dict holding only what you have; `batch.size` is the one key it needs.
+    `ema_rule`: "exponential" (ρ^κ), "linear" (1 − κ(1 − ρ)) or None (ρ unchanged: the baseline).
+    `progressive`: a schedule as on the command line ("step:30") or as a spec section (a dict);
+    None keeps the spec's own. `plan["optimizer.lr"]` is a scaled value; `plan.values[name]`
+    holds base, scaled, unit and rule; `plan.stages` the per-stage plans (see `plan_at`).
+    """
+    s = _load(spec)
+    if batch_size is not None:
+        _positive("batch_size", batch_size)
+    k = kappa_from(s, kappa, batch_size)
+    return _plan(s, k, ema_rule, _schedule(progressive))
+
+
+def plan_at(plan: Plan, samples_seen: float, samples_per_epoch: float | None = None) -> Plan:
+    """The plan in force for the step that starts after `samples_seen` samples (in the batch unit).
+
+    Progressive Scaling changes the batch at epoch boundaries (Algorithm 1), so on an epoch
+    schedule the time is ⌊samples_seen / samples_per_epoch⌋ and `samples_per_epoch` (your
+    training-set size) is needed; a schedule in base steps counts samples_seen / batch.size.
+    The result's `["batch_size"]` is the batch to draw next and every other value is re-derived
+    for its κ. A plan without stages (constant κ) is returned as is.
+    """
+    if not (isinstance(samples_seen, (int, float)) and 0 <= samples_seen < math.inf):
+        raise UserError(f"samples_seen must be finite and ≥ 0, got {samples_seen!r}")
+    if samples_per_epoch is not None:
+        _positive("samples_per_epoch", samples_per_epoch)
+    if not plan.stages:
+        return plan
+    if getattr(plan.stages[0][0], "axis", "epochs") == "epochs":
+        if samples_per_epoch is None:
+            raise UserError("this plan's Progressive Scaling is scheduled in epochs; pass samples_per_epoch "
+                            "(the size of your training set)")
+        t = math.floor(samples_seen / samples_per_epoch + 1e-9)  # as BatchSchedule.batch_at rounds
+    else:  # base steps: the data seen, counted in batches of the base size
+        t = samples_seen / plan.values["batch_size"].base + 1e-9
+    for stage, stage_plan in plan.stages:
+        if t < stage.end_epoch:
+            return stage_plan
+    return plan.stages[-1][1]  # past the scheduled end: the final κ stays in force
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+def _positive(name: str, value: Any) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+    if not ok:
+        raise UserError(f"{name} must be finite and > 0, got {value!r}")
+
+
+def _load(spec: str | os.PathLike | Mapping) -> dict:
+    if isinstance(spec, Mapping):
+        return _from_dict(spec)
+    if isinstance(spec, os.PathLike):
+        return load_spec(path=spec)
+    if isinstance(spec, str):
+        looks_like_path = spec.endswith(YAML_SUFFIXES) or os.sep in spec or "/" in spec
+        return load_spec(path=Path(spec)) if looks_like_path else load_spec(spec)
+    raise UserError(f"spec must be an experiment name, a YAML path or a dict, got {type(spec).__name__}")
+
+
+def _plain(x: Any) -> Any:
+    """Mappings to dicts and tuples to lists: the shapes the schema checks (torch writes betas as a tuple)."""
+    if isinstance(x, Mapping):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return copy.deepcopy(x)
+
+
+def _from_dict(d: Mapping) -> dict:
+    """A practitioner's spec: checked by the experiments' schema, but only `batch.size` is required
+    (no name, task or title). Errors read as the CLI's for a YAML file, without the file name."""
+    spec = _plain(d)
+    task = spec.get("task")
+    err = check_tree("", spec, schema_for(task if isinstance(task, str) else None))
+    if err:
+        raise UserError(err)
+    if get(spec, "batch.size") is None:
+        raise UserError("batch.size: missing; give the reference batch B at which the base values were tuned, "
+                        "e.g. {'batch': {'size': 256}}")
+    spec.pop("presets", None)
+    return spec
+
+
+def _schedule(progressive: str | Mapping | None) -> dict | None:
+    if progressive is None:
+        return None
+    if isinstance(progressive, str):
+        return _progressive.parse(progressive)
+    if not isinstance(progressive, Mapping):
+        raise UserError(f"progressive must be a string such as 'step:30' or a dict, got {type(progressive).__name__}")
+    sched = _plain(progressive)
+    err = check_tree("progressive", sched, PROGRESSIVE)
+    if err:
+        raise UserError(err)
+    return sched
