@@ -1,6 +1,7 @@
-"""The `emarule` command line: parse, resolve the spec and κ, dispatch. No logic of its own.
+"""The `emarule` command line: parse, resolve the spec and κ, check, dispatch. No logic of its own.
 
-`list`, `plan`, `table` and `limits` never import torch; `run` imports a task only once chosen.
+`list`, `plan`, `table`, `limits` and `compare` never import torch; `run` and `sweep` import a task
+only once every option has been checked (`emarule.checks`), before anything is written.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import List, Optional
 
 import typer
 
+from emarule import __version__
 from emarule.render import wide_console
 
 try:  # typer ≥ 0.20 vendors click; older releases use the click package
@@ -27,6 +29,7 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
     help="Scale every hyperparameter, the model-EMA momentum included, when the batch size changes "
     "(Busbridge et al., 'How to Scale Your EMA', NeurIPS 2023).",
 )
@@ -78,7 +81,11 @@ def fail(message: str) -> None:
 
 
 def friendly(fn):
-    """Turn a UserError into one line on stderr and exit code 2: no traceback reaches the user."""
+    """Turn a UserError into one line on stderr and exit code 2: no traceback reaches the user.
+
+    A file-system error that the checks could not foresee (a disk that fills up, permissions that
+    change mid-run) gets the same treatment, naming the file.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -86,6 +93,10 @@ def friendly(fn):
             return fn(*args, **kwargs)
         except UserError as e:
             fail(str(e))
+        except OSError as e:
+            if e.filename is None:
+                raise
+            fail(f"{e.filename}: {e.strerror or e}; check the path and its permissions")
 
     return wrapper
 
@@ -103,23 +114,38 @@ def number(text: str | None, what: str) -> float | None:
     return v
 
 
-def numbers(text: str | None, what: str) -> list[float] | None:
+def numbers(text: str | None, what: str, example: str = "1,2,4") -> list[float] | None:
     if text is None:
         return None
-    return [number(t.strip(), what) for t in text.split(",") if t.strip()]
+    values = [number(t.strip(), what) for t in text.split(",") if t.strip()]
+    if not values:
+        raise UserError(f"{what} is empty; give comma-separated numbers, e.g. {what} {example}")
+    return values
+
+
+def whole(values: list[float], what: str) -> list[int]:
+    bad = [v for v in values if not float(v).is_integer()]
+    if bad:
+        raise UserError(f"{what} {bad[0]:g}: batch sizes count samples; give whole numbers")
+    return [int(v) for v in values]
 
 
 def resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule, ema_rule, progressive):
     """Spec + κ + rule + progressive schedule → (spec, κ, rule name or None, progressive dict, plan)."""
+    from emarule import checks
     from emarule.scaling import kappa_from, plan
     from emarule.scaling import progressive as prog
     from emarule.spec import load_spec
 
+    if no_ema_rule and ema_rule is not None:
+        raise UserError(f"--no-ema-rule and --ema-rule {ema_rule.value} contradict each other; give one of them")
     s = load_spec(experiment, spec, preset, overrides or [])
-    k = kappa_from(s, number(kappa, "--kappa"), number(batch_size, "--batch-size"))
-    rule = None if no_ema_rule else ema_rule.value
+    b = number(batch_size, "--batch-size")
+    k = kappa_from(s, number(kappa, "--kappa"), b)
+    rule = None if no_ema_rule else (ema_rule or EmaRule.exponential).value
     # Only a command-line schedule is passed on: `plan` itself takes the spec's, or skips it (κ < 1).
     p = plan(s, k, rule, prog.parse(progressive) if progressive else None)
+    checks.whole_batches(s, p, b, runs=False)
     return s, k, rule, p.progressive, p
 
 
@@ -130,39 +156,78 @@ def check_run_options(wandb: str, max_device_batch: int | None) -> None:
         raise UserError(f"--max-device-batch must be ≥ 1, got {max_device_batch}")
 
 
+def presets_help() -> str:
+    """Every experiment's presets, read from the specs when help is asked for (not at import)."""
+    from emarule.spec import experiment_names, read_yaml, spec_path
+
+    have = []
+    for name in experiment_names():
+        try:
+            presets = read_yaml(spec_path(name, None)).get("presets") or {}
+        except UserError:
+            continue
+        if presets:
+            have.append(f"{name}: {', '.join(sorted(presets))}")
+    return "Presets (--preset): " + ("; ".join(have) or "none") + ". `emarule list` marks which experiments run."
+
+
+class PresetsInHelp(typer.core.TyperCommand):
+    def format_help(self, ctx, formatter):
+        self.epilog = presets_help()
+        return super().format_help(ctx, formatter)
+
+
 ExpArg = typer.Argument(None, help="experiment name (see `emarule list`); omit with --spec")
-SpecOpt = typer.Option(None, "--spec", help="a YAML spec of your own instead of a named experiment")
-PresetOpt = typer.Option(None, "--preset", help="a named preset of the spec (e.g. cpu, tiny, quick)")
-SetOpt = typer.Option(None, "--set", help="override a spec value: --set optimizer.lr=0.1 (repeatable)")
-KappaOpt = typer.Option(None, "--kappa", "-k", help="κ = B̂/B, the batch-size scaling")
-BatchOpt = typer.Option(None, "--batch-size", "-b", help="new batch size in the spec's unit (instead of --kappa)")
+SpecOpt = typer.Option(None, "--spec", metavar="PATH", help="a YAML spec of your own instead of a named experiment")
+PresetOpt = typer.Option(None, "--preset", metavar="NAME", help="a named preset of the spec (e.g. cpu, tiny, quick)")
+SetOpt = typer.Option(None, "--set", metavar="KEY=VALUE",
+                      help="override a spec value: --set optimizer.lr=0.1 (repeatable)")
+KappaOpt = typer.Option(None, "--kappa", "-k", metavar="FLOAT", help="κ = B̂/B, the batch-size scaling")
+BatchOpt = typer.Option(None, "--batch-size", "-b", metavar="FLOAT",
+                        help="new batch size in the spec's unit (instead of --kappa)")
 NoRuleOpt = typer.Option(False, "--no-ema-rule", help="baseline: scale everything but the EMA momentum")
-RuleOpt = typer.Option(EmaRule.exponential, "--ema-rule", help="ρ^κ (exponential) or 1 − κ(1 − ρ) (linear)")
-DataOpt = typer.Option(None, "--data", help="local data set directory (CIFAR-10, ImageNet, ...)")
-WandbOpt = typer.Option("off", "--wandb", help="mirror metrics to wandb: off, offline or online")
-MaxDevOpt = typer.Option(None, "--max-device-batch", help="largest per-device micro-batch; the rest is accumulated")
-ProgOpt = typer.Option(None, "--progressive",
+RuleOpt = typer.Option(None, "--ema-rule", help="ρ^κ (exponential, the default) or 1 − κ(1 − ρ) (linear)")
+DataOpt = typer.Option(None, "--data", metavar="DIR", help="local data set directory (CIFAR-10, ImageNet, ...)")
+WandbOpt = typer.Option("off", "--wandb", metavar="MODE", help="mirror metrics to wandb: off, offline or online")
+MaxDevOpt = typer.Option(None, "--max-device-batch", metavar="INT",
+                         help="largest per-device micro-batch; the rest is accumulated")
+ProgOpt = typer.Option(None, "--progressive", metavar="SCHEDULE",
                        help="Progressive Scaling: constant, step:E, smooth:E1-E2, incremental:START,DELTA_B,EVERY")
+
+
+def _version(value: bool) -> None:
+    if value:
+        console.print(f"emarule {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="print the version and exit")) -> None:
+    pass
 
 
 @app.command("list")
 @friendly
 def list_cmd() -> None:
-    """The paper's experiments: section, data set, reference batch, optimizer and EMA momentum."""
+    """The paper's experiments: section, data, base batch, optimizer, EMA ρ, presets, and which ones run."""
     from rich.table import Table
 
     from emarule.render import fmt
-    from emarule.spec import experiment_names, load_spec
+    from emarule.spec import experiment_names, load_spec, read_yaml, spec_path
+    from emarule.tasks import RUNNABLE_TASKS
 
     t = Table(title="emarule experiments (base values at κ=1)", title_justify="left")
-    for c in ("experiment", "section", "data set", "base batch", "optimizer", "EMA ρ", "task"):
+    for c in ("experiment", "section", "data set", "base batch", "optimizer", "EMA ρ", "task", "runs", "presets"):
         t.add_column(c)
     for name in experiment_names():
         s = load_spec(name)
         b = s["batch"]
         unit = "" if b.get("unit", "samples") == "samples" else f" {b['unit']}"
+        presets = ", ".join(sorted(read_yaml(spec_path(name, None)).get("presets") or {}))
         t.add_row(name, s.get("section", ""), s.get("dataset", ""), f"{fmt(b['size'])}{unit}",
-                  s["optimizer"].get("name", ""), fmt(s["ema"].get("momentum")), s["task"])
+                  s["optimizer"].get("name", ""), fmt(s["ema"].get("momentum")), s["task"],
+                  "yes" if s["task"] in RUNNABLE_TASKS else "plan only", presets)
     console.print(t)
 
 
@@ -179,35 +244,45 @@ def plan(
     preset: Optional[str] = PresetOpt,
     overrides: Optional[List[str]] = SetOpt,
     format: Fmt = typer.Option(Fmt.table, "--format", "-f"),
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="with Progressive Scaling: a full table per stage, not one row per stage"),
 ) -> None:
-    """Every hyperparameter, base → scaled, with the rule that produced it (one block per stage)."""
+    """Every hyperparameter, base → scaled, with the rule that produced it (and one row per stage)."""
     from emarule.render import print_plan
 
     if kappa is None and batch_size is None:
         raise UserError("give --kappa K or --batch-size B, e.g. `emarule plan byol-vit --kappa 6`")
     *_, p = resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule, ema_rule, progressive)
-    print_plan(console, p, format.value)
+    print_plan(console, p, format.value, verbose)
 
 
 @app.command()
 @friendly
 def table(
     kind: TableKind = typer.Argument(..., help="momenta (ρ^κ) or lr (κη for SGD, √κη for Adam)"),
-    base_batch_size: Optional[str] = typer.Option(None, "--base-batch-size", "-B",
+    base_batch_size: Optional[str] = typer.Option(None, "--base-batch-size", "-B", metavar="INT",
                                                   help="reference batch B of the given values (default 256)"),
-    momentum: Optional[List[str]] = typer.Option(None, "--momentum", help="base momentum ρ (repeatable)"),
-    lr: Optional[List[str]] = typer.Option(None, "--lr", help="base learning rate η (repeatable)"),
-    optimizer: Optim = typer.Option(Optim.sgd, "--optimizer", help="lr rule: sgd (κη) or adam (√κη)"),
-    batch_sizes: Optional[str] = typer.Option(None, "--batch-sizes", help="rows, e.g. 256,1024,4096"),
+    momentum: Optional[List[str]] = typer.Option(None, "--momentum", metavar="FLOAT",
+                                                 help="base momentum ρ (repeatable)"),
+    lr: Optional[List[str]] = typer.Option(None, "--lr", metavar="FLOAT", help="base learning rate η (repeatable)"),
+    optimizer: Optional[Optim] = typer.Option(None, "--optimizer", help="lr rule for --lr: sgd (κη, the default) "
+                                                                        "or adam (√κη)"),
+    batch_sizes: Optional[str] = typer.Option(None, "--batch-sizes", metavar="INT,INT,...",
+                                              help="rows, e.g. 256,1024,4096"),
     format: TableFmt = typer.Option(TableFmt.table, "--format", "-f"),
 ) -> None:
     """The paper's reference tables, or the same for your own base values."""
     from emarule.render import print_ref_table
     from emarule.scaling import tables
 
-    rows = numbers(batch_sizes, "--batch-sizes") or tables.PAPER_BATCH_SIZES
-    rows = [int(r) if float(r).is_integer() else r for r in rows]
+    rows = whole(numbers(batch_sizes, "--batch-sizes", "256,1024,4096") or tables.PAPER_BATCH_SIZES,
+                 "--batch-sizes")
     base = number(base_batch_size, "--base-batch-size")
+    if base is not None:
+        whole([base], "--base-batch-size")
+    if optimizer is not None and not lr:
+        raise UserError("--optimizer picks the lr rule for --lr values; give --lr too (`emarule table lr --lr 0.1 "
+                        "--optimizer adam`)")
     if kind is TableKind.momenta:
         if lr:
             raise UserError("--lr goes with `emarule table lr`")
@@ -230,7 +305,7 @@ def table(
         if momentum:
             raise UserError("--momentum goes with `emarule table momenta`")
         if lr:
-            cols = [(base or 256, number(v, "--lr"), optimizer.value) for v in lr]
+            cols = [(base or 256, number(v, "--lr"), (optimizer or Optim.sgd).value) for v in lr]
             t = tables.lr_table(cols, rows)
         elif base is not None:
             raise UserError("--base-batch-size needs --lr values to go with it")
@@ -242,10 +317,11 @@ def table(
 @app.command()
 @friendly
 def limits(
-    momentum: str = typer.Option(..., "--momentum", help="base momentum ρ in (0, 1)"),
-    batch_size: str = typer.Option(..., "--batch-size", help="reference batch B at which ρ is written"),
+    momentum: str = typer.Option(..., "--momentum", metavar="FLOAT", help="base momentum ρ in (0, 1)"),
+    batch_size: str = typer.Option(..., "--batch-size", metavar="FLOAT",
+                                   help="reference batch B at which ρ is written"),
     dtype: Dtype = typer.Option(Dtype.float32, "--dtype"),
-    relative_gap: str = typer.Option("1", "--relative-gap",
+    relative_gap: str = typer.Option("1", "--relative-gap", metavar="FLOAT",
                                      help="r = |θ − ζ| / |ζ| assumed for the update bound (default 1)"),
     format: LimitsFmt = typer.Option(LimitsFmt.table, "--format", "-f"),
 ) -> None:
@@ -263,7 +339,10 @@ def limits(
     print_limits(console, lim, format.value)
 
 
-@app.command()
+OutDirOpt = typer.Option(None, "--out", metavar="DIR", help="run directory (default runs/<experiment>/<name>)")
+
+
+@app.command(cls=PresetsInHelp)
 @friendly
 def run(
     experiment: Optional[str] = ExpArg,
@@ -271,30 +350,45 @@ def run(
     kappa: Optional[str] = KappaOpt,
     batch_size: Optional[str] = BatchOpt,
     no_ema_rule: bool = NoRuleOpt,
-    ema_rule: EmaRule = RuleOpt,
+    ema_rule: Optional[EmaRule] = RuleOpt,
     progressive: Optional[str] = ProgOpt,
     preset: Optional[str] = PresetOpt,
     overrides: Optional[List[str]] = SetOpt,
     data: Optional[Path] = DataOpt,
-    out: Optional[Path] = typer.Option(None, "--out", help="run directory (default runs/<experiment>/<name>)"),
+    out: Optional[str] = OutDirOpt,
     resume: bool = typer.Option(False, "--resume", help="continue from the run directory's last checkpoint"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", min=0),
     wandb: str = WandbOpt,
     max_device_batch: Optional[int] = MaxDevOpt,
 ) -> None:
-    """Run an experiment at κ, with or without the EMA rule (alone or under torchrun)."""
+    """Run an experiment at κ, with or without the EMA rule (alone or under torchrun); print what it did."""
+    import time
+
+    from emarule import checks
     from emarule.context import RunContext, default_run_name
+    from emarule.tasks import RUNNABLE_TASKS
 
     check_run_options(wandb, max_device_batch)
     s, k, rule, pr, p = resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule, ema_rule,
                                 progressive)
-    run_dir = out or Path("runs") / s["name"] / default_run_name(k, rule, seed, pr)
+    checks.runnable(s, RUNNABLE_TASKS)
+    checks.data(s, data)
+    checks.whole_batches(s, p, None, runs=True)
+    run_dir = checks.out_dir(out) or Path("runs") / s["name"] / default_run_name(k, rule, seed, pr, preset)
+    checks.out_dir(run_dir)
+    checks.run_dir(run_dir, resume)
     ctx = RunContext(spec=s, kappa=k, ema_rule=rule, plan=p, out=run_dir, progressive=pr, preset=preset,
                      data=data, resume=resume, seed=seed, wandb="off" if wandb == "disabled" else wandb,
                      max_device_batch=max_device_batch)
+    from emarule import distributed  # torch, from here on
+    from emarule.run_report import print_report, report
     from emarule.tasks import run_task
 
+    main = distributed.is_main()
+    t0 = time.monotonic()
     run_task(ctx)
+    if main:
+        print_report(console, report(run_dir, time.monotonic() - t0))
 
 
 class CompareFmt(str, Enum):
@@ -302,12 +396,13 @@ class CompareFmt(str, Enum):
     json = "json"
 
 
-@app.command()
+@app.command(cls=PresetsInHelp)
 @friendly
 def sweep(
     experiment: Optional[str] = ExpArg,
     spec: Optional[Path] = SpecOpt,
-    kappas: str = typer.Option("1,2,4", "--kappas", help="κ values, comma-separated (κ=1, the baseline, always runs)"),
+    kappas: str = typer.Option("1,2,4", "--kappas", metavar="FLOAT,FLOAT,...",
+                               help="κ values, comma-separated (κ=1, the baseline, always runs)"),
     rule: str = typer.Option("with,without", "--rule",
                              help="with (ρ^κ), without (ρ), linear (1 − κ(1 − ρ)), comma-separated"),
     seeds: int = typer.Option(1, "--seeds", help="seeds 0..N−1 for every setting (bands in the figure)"),
@@ -315,7 +410,7 @@ def sweep(
     preset: Optional[str] = PresetOpt,
     overrides: Optional[List[str]] = SetOpt,
     data: Optional[Path] = DataOpt,
-    out: Optional[Path] = typer.Option(None, "--out", help="root of the run directories (default runs/)"),
+    out: Optional[str] = typer.Option(None, "--out", metavar="DIR", help="root of the run directories (default runs/)"),
     metric: Optional[str] = typer.Option(None, "--metric", help="metric to compare (default: probe_top1, then loss)"),
     wandb: str = WandbOpt,
     max_device_batch: Optional[int] = MaxDevOpt,
@@ -324,14 +419,16 @@ def sweep(
     from emarule import sweep as sw
 
     check_run_options(wandb, max_device_batch)
-    runs = sw.plan_runs(numbers(kappas, "--kappas") or [], sw.parse_rules(rule), seeds)
+    runs = sw.plan_runs(numbers(kappas, "--kappas"), sw.parse_rules(rule), seeds)
 
     def resolve_run(k: float, ema: Optional[str], baseline: bool):
-        return resolve(experiment, spec, preset, overrides, repr(k), None, ema is None, EmaRule(ema or "exponential"),
+        return resolve(experiment, spec, preset, overrides, repr(k), None, ema is None, ema and EmaRule(ema),
                        "constant" if baseline else progressive)
 
-    sw.execute(console, runs, resolve_run, out or Path("runs"), data=data, max_device_batch=max_device_batch,
-               wandb="off" if wandb == "disabled" else wandb, metric=metric)
+    from emarule.checks import out_dir
+
+    sw.execute(console, runs, resolve_run, Path("runs") if out is None else out_dir(out), data=data,
+               max_device_batch=max_device_batch, wandb="off" if wandb == "disabled" else wandb, metric=metric)
 
 
 @app.command("compare")
@@ -340,8 +437,8 @@ def compare_cmd(
     run_dirs: List[Path] = typer.Argument(..., help="run directories, or a folder holding them (runs/byol-r18)"),
     metric: Optional[str] = typer.Option(None, "--metric", "-m",
                                          help="metric to overlay (default: probe_top1, else loss)"),
-    out: Optional[Path] = typer.Option(None, "--out",
-                                       help="figure path (default: compare-<metric>.png beside the runs)"),
+    out: Optional[str] = typer.Option(None, "--out", metavar="PNG",
+                                      help="figure path (default: compare-<metric>.png beside the runs)"),
     format: CompareFmt = typer.Option(CompareFmt.table, "--format", "-f"),
 ) -> None:
     """Overlay runs on the κ=1 baseline (one panel per κ) and print each run's gap to it."""

@@ -26,12 +26,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from emarule.errors import UserError
-from emarule.context import progressive_label
+from emarule.context import progressive_label, rule_names, rule_of_hparams
 from emarule.rundir import HPARAMS, METRICS, atomic_write_bytes, read_metrics
 
-# Row keys that are clocks or settings, not metrics.
-NOT_METRICS = {"kind", "samples_seen", "epoch", "step", "kappa", "batch_size", "accumulation", "lr",
+# Row keys that are clocks or settings, not metrics (also with a `/suffix`: `ema_momentum/0.9999`).
+NOT_METRICS = {"kind", "samples_seen", "seconds_seen", "epoch", "step", "kappa", "batch_size", "accumulation", "lr",
                "ema_momentum", "samples_per_s", "wall_s", "stage", "world_size"}
+
+
+def is_metric(key: str) -> bool:
+    return key.split("/", 1)[0] not in NOT_METRICS
 PREFERRED = ("probe_top1", "top1", "val_top1", "test_top1", "loss")
 
 COLORS = {"with": "tab:blue", "without": "tab:red", "linear": "tab:purple"}
@@ -61,9 +65,7 @@ class Run:
 
     @property
     def rule_label(self) -> str:
-        if self.is_baseline:
-            return "baseline"
-        return {"exponential": "with", "linear": "linear", None: "without"}.get(self.rule, str(self.rule))
+        return "baseline" if self.is_baseline else rule_names(self.rule).word
 
     @property
     def group(self) -> tuple:
@@ -72,15 +74,13 @@ class Run:
     def group_label(self) -> str:
         if self.is_baseline:
             return "κ=1 baseline"
-        text = {"with": "with EMA rule", "without": "without EMA rule", "linear": "linear EMA rule"}.get(
-            self.rule_label, self.rule_label)
-        return text + (f", progressive {self.progressive}" if self.progressive else "")
+        return rule_names(self.rule).label + (f", progressive {self.progressive}" if self.progressive else "")
 
     def metrics(self) -> set[str]:
         out = set()
         for r in self.rows:
             for k, v in r.items():
-                if k not in NOT_METRICS and _num(v) is not None:
+                if is_metric(k) and finite_number(v) is not None:
                     out.add(k)
         return out
 
@@ -88,9 +88,9 @@ class Run:
         """(epochs, values) of the rows that carry `metric`, sorted, one value per time."""
         pts: dict[float, float] = {}
         for r in self.rows:
-            v = _num(r.get(metric))
-            x = _num(r.get("epoch"))
-            if x is None and _num(r.get("samples_seen")) is not None and self.dataset_size:
+            v = finite_number(r.get(metric))
+            x = finite_number(r.get("epoch"))
+            if x is None and finite_number(r.get("samples_seen")) is not None and self.dataset_size:
                 x = r["samples_seen"] / self.dataset_size
             if v is not None and x is not None:
                 pts[x] = v
@@ -98,29 +98,18 @@ class Run:
         return xs, [pts[x] for x in xs]
 
 
-def _num(v) -> float | None:
+def finite_number(v) -> float | None:
+    """A logged value as a float, or None for text, bools and the "nan"/"inf" strings a diverged run logs."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     v = float(v)
     return v if math.isfinite(v) else None
 
 
-def _rule_of(h: dict) -> str | None:
-    r = h.get("ema_rule")
-    if isinstance(r, bool):  # a bool with the form beside it (plan.as_dict style)
-        return (h.get("ema_rule_form") or "exponential") if r else None
-    if r in (None, "", "none", "None"):
-        plan = h.get("plan") or {}
-        if isinstance(plan.get("ema_rule"), bool) and plan["ema_rule"]:
-            return plan.get("ema_rule_form") or "exponential"
-        return None
-    return str(r)
-
-
 def _scaled(h: dict, key: str) -> float | None:
     hp = h.get("hyperparameters") or (h.get("plan") or {}).get("hyperparameters") or {}
     v = hp.get(key)
-    return _num(v.get("scaled")) if isinstance(v, dict) else None
+    return finite_number(v.get("scaled")) if isinstance(v, dict) else None
 
 
 def load_run(path: Path) -> Run:
@@ -137,14 +126,14 @@ def load_run(path: Path) -> Run:
         h = json.loads(hp_path.read_text())
     except (json.JSONDecodeError, OSError, UnicodeDecodeError) as e:
         raise UserError(f"{hp_path}: cannot read it as JSON ({e}); the run directory is damaged") from None
-    if not isinstance(h, dict) or _num(h.get("kappa")) is None:
+    if not isinstance(h, dict) or finite_number(h.get("kappa")) is None:
         raise UserError(f"{hp_path}: no numeric 'kappa'; was it written by `emarule run`?")
-    rows = [row for row in read_metrics(p / METRICS) if isinstance(row, dict)]
+    rows = read_metrics(p / METRICS, strict=True)
     seed = h.get("seed")
     run = Run(path=p, experiment=str(h.get("experiment") or (h.get("plan") or {}).get("experiment") or "?"),
-              kappa=float(h["kappa"]), rule=_rule_of(h), seed=seed if isinstance(seed, int) else None,
+              kappa=float(h["kappa"]), rule=rule_of_hparams(h), seed=seed if isinstance(seed, int) else None,
               progressive=progressive_label(h.get("progressive")), batch_size=_scaled(h, "batch_size"),
-              ema_momentum=_scaled(h, "ema.momentum"), rows=rows, dataset_size=_num(h.get("dataset_size")))
+              ema_momentum=_scaled(h, "ema.momentum"), rows=rows, dataset_size=finite_number(h.get("dataset_size")))
     return run
 
 
@@ -179,20 +168,19 @@ def load_runs(paths: list[Path]) -> list[Run]:
 
 
 def pick_metric(runs: list[Run], metric: str | None) -> str:
+    """--metric, or the first of PREFERRED the baselines logged; every run must have logged it."""
     base = [r for r in runs if r.is_baseline]
     have = set.intersection(*(r.metrics() for r in base)) if base else set()
     if metric is None:
-        for m in PREFERRED:
-            if m in have:
-                return m
-        if have:
-            return sorted(have)[0]
-        raise UserError(f"the baseline run has no metrics yet ({base[0].path / METRICS if base else '?'} is "
-                        f"empty); wait for it to log or pass finished runs")
+        if not have:
+            raise UserError(f"the baseline run has no metrics yet ({base[0].path / METRICS if base else '?'} is "
+                            f"empty); wait for it to log or pass finished runs")
+        metric = next((m for m in PREFERRED if m in have), sorted(have)[0])
     for r in runs:
         if metric not in r.metrics():
             known = ", ".join(sorted(r.metrics())) or "none logged yet"
-            raise UserError(f"metric {metric!r} is not in {r.path / METRICS}; available: {known}")
+            raise UserError(f"metric {metric!r} is not in {r.path / METRICS} ({len(r.rows)} rows); "
+                            f"available: {known}")
     return metric
 
 
@@ -396,12 +384,21 @@ def print_table(console, result: dict) -> None:
         console.print(f"figure: {result['figure']}", highlight=False)
 
 
-def run_compare(console, paths: list[Path], metric: str | None, out: Path | None, fmt: str = "table",
+def run_compare(console, paths: list[Path], metric: str | None, out: Path | str | None, fmt: str = "table",
                 figure: bool = True) -> dict:
-    """Load, measure, plot (unless figure=False) and print; returns the public result."""
+    """Load, measure, plot (unless figure=False) and print; returns the public result.
+
+    The figure's path is checked before anything is read, and the default one (beside the runs)
+    before it is written, so that an unwritable place is a one-line error, not a half-done command.
+    """
+    from emarule import checks
+
+    if figure and out is not None:
+        out = checks.out_file(out)
     result = compare(paths, metric)
     if figure:
-        result["figure"] = str(plot(result, out or default_figure(result)))
+        target = out or checks.out_file(default_figure(result), "the figure", "pass --out PNG with another path")
+        result["figure"] = str(plot(result, target))
     pub = public(result)
     if fmt == "json":
         print(json.dumps(pub, indent=2, ensure_ascii=False))

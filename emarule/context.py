@@ -33,6 +33,53 @@ class RunContext:
         return self.spec["name"]
 
 
+@dataclass(frozen=True)
+class RuleNames:
+    """Every name one form of the EMA rule goes by, so that they are spelled in one place."""
+
+    rule: str | None  # the plan's ema_rule: "exponential", "linear", or None (the baseline without it)
+    word: str  # `emarule sweep --rule` word and compare's short label
+    tag: str  # in run-directory names
+    label: str  # in sweep progress lines, compare legends and tables
+    plan: str  # in `emarule plan` titles
+
+
+EMA_RULE_NAMES = (
+    RuleNames("exponential", "with", "rule", "with EMA rule", "EMA rule ρ^κ"),
+    RuleNames(None, "without", "norule", "without EMA rule", "without the EMA rule"),
+    RuleNames("linear", "linear", "linrule", "linear EMA rule", "linear EMA rule"),
+)
+
+
+def rule_names(rule: str | None) -> RuleNames:
+    for r in EMA_RULE_NAMES:
+        if r.rule == rule:
+            return r
+    return RuleNames(rule, str(rule), str(rule), f"{rule} EMA rule", f"{rule} EMA rule")
+
+
+def rule_from_word(word: str) -> str | None:
+    """`with` → "exponential", `without` → None, `linear` → "linear"; KeyError for anything else."""
+    for r in EMA_RULE_NAMES:
+        if r.word == word:
+            return r.rule
+    raise KeyError(word)
+
+
+def rule_of_hparams(h: dict) -> str | None:
+    """The rule a run used, from its hparams.json: a bool with the form beside it (what the engine
+    writes, plan.as_dict style), or the form as a string or null (older and hand-made runs)."""
+    r = h.get("ema_rule")
+    if isinstance(r, bool):
+        return (h.get("ema_rule_form") or "exponential") if r else None
+    if r in (None, "", "none", "None"):
+        plan = h.get("plan") or {}
+        if isinstance(plan.get("ema_rule"), bool) and plan["ema_rule"]:
+            return plan.get("ema_rule_form") or "exponential"
+        return None
+    return str(r)
+
+
 def progressive_label(progressive: dict | None) -> str | None:
     """`step30`, `smooth120`, `incremental60`; None for constant κ. Used in run names and figures."""
     if not isinstance(progressive, dict) or progressive.get("kind", "constant") == "constant":
@@ -42,9 +89,12 @@ def progressive_label(progressive: dict | None) -> str | None:
     return f"{kind}{first:g}" if isinstance(first, (int, float)) else str(kind)
 
 
-def default_run_name(kappa: float, ema_rule: str | None, seed: int, progressive: dict | None) -> str:
-    """`k4-rule-s0`, `k4-norule-s0`, `k8-rule-step30-s0`: sortable and readable in `compare`."""
-    parts = [f"k{kappa:g}", "norule" if ema_rule is None else ("rule" if ema_rule == "exponential" else "linrule")]
+def default_run_name(kappa: float, ema_rule: str | None, seed: int, progressive: dict | None,
+                     preset: str | None = None) -> str:
+    """`tiny-k4-rule-s0`, `k4-norule-s0`, `cpu-k8-rule-step30-s0`: the preset first, so that runs of
+    different presets never share a directory; sortable and readable in `compare`."""
+    parts = [preset] if preset else []
+    parts += [f"k{kappa:g}", rule_names(ema_rule).tag]
     label = progressive_label(progressive)
     if label:
         parts.append(label)

@@ -13,6 +13,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from emarule.context import rule_names
 from emarule.rundir import atomic_write_text
 from emarule.scaling import Plan
 from emarule.scaling.limits import Limits
@@ -62,18 +63,60 @@ def plan_table(p: Plan, title: str) -> Table:
     return t
 
 
-def print_plan(console: Console, p: Plan, fmt_: str) -> None:
+def _axis(stage) -> str:
+    """What a stage's bounds count: "epoch", or "base step" for a step placed on the base-step clock."""
+    return {"base_steps": "base step"}.get(getattr(stage, "axis", "epochs"), "epoch")
+
+
+def _describe(prog: dict | None) -> str:
+    prog = prog or {}
+    kind = prog.get("kind", "constant")
+    if kind == "step" and prog.get("base_step") is not None:
+        return f"step at base step {prog['base_step']:g}"
+    if kind == "step":
+        return f"step at epoch {prog.get('epoch', 0):g}"
+    if kind == "smooth":
+        return f"smooth, epochs {prog.get('start_epoch', 0):g}–{prog.get('end_epoch', 0):g}"
+    if kind == "incremental":
+        return (f"incremental, +{prog.get('delta_batch', 0):g} every {prog.get('every_epochs', 0):g} epochs "
+                f"from epoch {prog.get('start_epoch', 0):g}")
+    return str(kind)
+
+
+def stage_table(p: Plan) -> Table:
+    """One row per Progressive Scaling stage: the values that change with κ, compactly."""
+    keys = [k for k in ("optimizer.lr", "optimizer.betas", "optimizer.alpha", "ema.momentum") if k in p.values]
+    heads = {"optimizer.lr": "lr", "optimizer.betas": "betas", "optimizer.alpha": "alpha", "ema.momentum": "ρ"}
+    t = Table()
+    for col in (_axis(p.stages[0][0]) + "s" if p.stages else "epochs", "batch", "κ", *(heads[k] for k in keys)):
+        t.add_column(col, justify="right")
+    for stage, sp in p.stages or []:
+        t.add_row(f"{stage.start_epoch:g}–{stage.end_epoch:g}", fmt(stage.batch_size), f"{stage.kappa:.4g}",
+                  *(fmt(sp.get(k)) for k in keys))
+    return t
+
+
+def print_plan(console: Console, p: Plan, fmt_: str, verbose: bool = False) -> None:
+    """A table of every value with its rule; with stages, the final κ's table and one compact row per
+    stage (`verbose`: one full table per stage). JSON and YAML always hold everything."""
     if fmt_ == "json":
         console.print_json(json.dumps(p.as_dict()))
         return
     if fmt_ == "yaml":
         console.print(yaml.safe_dump(p.as_dict(), sort_keys=False, allow_unicode=True), end="", markup=False)
         return
-    rule = {None: "without the EMA rule", "exponential": "EMA rule ρ^κ", "linear": "linear EMA rule"}[p.ema_rule]
-    if p.stages:
+    rule = rule_names(p.ema_rule).plan
+    if p.stages and verbose:
         for stage, sp in p.stages:
-            console.print(plan_table(sp, f"{p.experiment}: epochs {stage.start_epoch:g}–{stage.end_epoch:g}, "
+            console.print(plan_table(sp, f"{p.experiment}: {_axis(stage)}s {stage.start_epoch:g}–{stage.end_epoch:g}, "
                                          f"batch {fmt(stage.batch_size)}, κ={stage.kappa:g} ({rule})"))
+    elif p.stages:
+        last = p.stages[-1][0]
+        console.print(plan_table(p, f"{p.experiment} at κ={p.kappa:g}, batch {fmt(p['batch_size'])} ({rule}): "
+                                    f"the last stage, from {_axis(last)} {last.start_epoch:g}"))
+        console.print(f"Progressive Scaling ({_describe(p.progressive)}): {len(p.stages)} stages, every value "
+                      f"re-derived for each stage's κ (--verbose: one full table per stage)", highlight=False)
+        console.print(stage_table(p))
     else:
         console.print(plan_table(p, f"{p.experiment} at κ={p.kappa:g}, batch {fmt(p['batch_size'])} ({rule})"))
     for w in p.warnings:

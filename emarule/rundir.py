@@ -74,17 +74,41 @@ def write_hparams(out: Path, hparams: dict) -> None:
     atomic_write_text(Path(out) / HPARAMS, json.dumps(_jsonable(hparams), indent=2, ensure_ascii=False) + "\n")
 
 
-def read_metrics(path: Path) -> list[dict]:
-    """All complete rows of a metrics.jsonl (a line cut short by a kill is skipped)."""
+def read_metrics(path: Path, strict: bool = False) -> list[dict]:
+    """The rows of a metrics.jsonl.
+
+    Lenient (what a resumed run needs): a line that is not a JSON object — a last line cut short
+    by a kill — is skipped. Strict (readers that report on a run): such a line is a UserError that
+    names the file and the line, so a damaged log is never shown as missing values.
+    """
+    from emarule.errors import UserError
+
     rows = []
     p = Path(path)
     if not p.exists():
         return rows
-    for line in p.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        if not strict:
+            raise
+        why = getattr(e, "strerror", None) or e
+        raise UserError(f"cannot read {p} ({why}); the run directory is damaged") from None
+    lines = text.splitlines()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
             continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+        elif strict:
+            torn = n == len(lines) and not text.endswith("\n")
+            why = ("is cut short (the run was killed while writing it)" if torn
+                   else "is not a JSON object (the file is damaged)")
+            raise UserError(f"{p}, line {n} {why}: `--resume` the run to drop it, or delete that line")
     return rows
 
 

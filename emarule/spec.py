@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from emarule.errors import UserError
-from emarule.schema import check_tree, get, schema_for
+from emarule.schema import check_needs, check_tree, get, schema_for
 
 class _Loader(yaml.SafeLoader):
     """YAML with 1.2's floats: `5e-4` is a number, not the string PyYAML's 1.1 rules make it."""
@@ -43,6 +43,8 @@ def experiment_names() -> list[str]:
 
 
 def spec_path(name: str | None, path: str | os.PathLike | None) -> Path:
+    if path is not None and name:
+        raise UserError(f"give an experiment name ({name!r}) or --spec {path}, not both")
     if path is not None:
         p = Path(path)
         if not p.is_file():
@@ -134,6 +136,9 @@ def load_spec(
     err = check_tree("", spec, schema)
     if err:
         raise UserError(f"--set {err}")
+    err = check_needs(spec)
+    if err:
+        raise UserError(f"{p}: {err}" if not overrides else err)
     for required in ("name", "task", "batch", "optimizer", "ema"):
         if required not in spec:
             raise UserError(f"{p}: missing section {required!r}")

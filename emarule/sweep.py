@@ -2,26 +2,28 @@
 
 For each seed: the baseline at κ=1 once (with and without the rule are the same run there:
 ρ^1 = ρ), then each κ ≠ 1 once per rule. Runs go one after another in this process, each into
-ROOT/<experiment>/<name> with `emarule.context.default_run_name` names (k1-rule-s0, k4-norule-s0,
-...). A run directory that already holds a checkpoint is resumed — a finished run is kept as it
-is — so an interrupted sweep picks up where it stopped with the same command. At the end the
-runs are compared (`emarule.compare`) on the task's headline metric and on the training loss,
-with one figure per metric in ROOT/<experiment>/.
+ROOT/<experiment>/<name> with `emarule.context.default_run_name` names (tiny-k1-rule-s0,
+tiny-k4-norule-s0, ...). Every run is resolved and checked before the first one trains. A run
+directory that already holds a checkpoint is resumed — a finished run is kept as it is — so an
+interrupted sweep picks up where it stopped with the same command. Each run ends with its figures
+and summary (`emarule.run_report`); at the end the runs are compared (`emarule.compare`) on the
+task's headline metric and on the training loss, with one figure per metric in ROOT/<experiment>/.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from emarule import checks
+from emarule.context import EMA_RULE_NAMES, rule_from_word, rule_names
 from emarule.errors import UserError
 from emarule.rundir import CHECKPOINT
 
-RULES = {"with": "exponential", "without": None, "linear": "linear"}
+RULES = {r.word: r.rule for r in EMA_RULE_NAMES}  # --rule word → the plan's rule
 
 
 @dataclass
@@ -33,9 +35,7 @@ class SweepRun:
 
     @property
     def label(self) -> str:
-        if self.baseline:
-            return "baseline"
-        return {"exponential": "with rule", "linear": "linear rule", None: "without rule"}[self.rule]
+        return "baseline" if self.baseline else rule_names(self.rule).label
 
 
 def parse_rules(text: str) -> list[str | None]:
@@ -47,8 +47,8 @@ def parse_rules(text: str) -> list[str | None]:
         raise UserError(f"--rule {bad[0]!r}: use with, without or linear, comma-separated (e.g. --rule with,without)")
     out: list[str | None] = []
     for n in names:
-        if RULES[n] not in out:
-            out.append(RULES[n])
+        if rule_from_word(n) not in out:
+            out.append(rule_from_word(n))
     return out
 
 
@@ -71,28 +71,35 @@ def plan_runs(kappas: list[float], rules: list[str | None], seeds: int) -> list[
     return runs
 
 
-def is_main_process() -> bool:
-    return os.environ.get("RANK", "0") in ("", "0")
-
-
 def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, *, data: Path | None = None,
             max_device_batch: int | None = None, wandb: str = "off", metric: str | None = None) -> list[dict]:
-    """Resolve every run first (a bad κ or rule fails before any training), run them in turn, compare.
+    """Resolve and check every run first (a bad κ, rule, batch, --data or --metric fails before any
+    training and before anything is written), run them in turn, compare.
 
     `resolve_run(kappa, rule, baseline)` → (spec, κ, rule, progressive, plan), as the CLI's `resolve`.
     """
     from emarule.context import RunContext, default_run_name
+    from emarule.tasks import RUNNABLE_TASKS
 
+    checks.out_dir(root)
     ctxs = []
     for r in runs:
         s, k, rule, pr, p = resolve_run(r.kappa, r.rule, r.baseline)
-        out = root / s["name"] / default_run_name(k, rule, r.seed, pr)
+        if not ctxs:  # the same spec for every run
+            checks.runnable(s, RUNNABLE_TASKS, sweep=True)
+            checks.data(s, data)
+            checks.metric(s, metric)
+        checks.whole_batches(s, p, None, runs=True)
+        out = root / s["name"] / default_run_name(k, rule, r.seed, pr, s.get("preset"))
         ctxs.append(RunContext(spec=s, kappa=k, ema_rule=rule, plan=p, out=out, progressive=pr,
                                preset=s.get("preset"), data=data, seed=r.seed, wandb=wandb,
                                max_device_batch=max_device_batch))
-    main = is_main_process()
-    done = []
+    from emarule import distributed  # torch: only once every run is known to be valid
+    from emarule.run_report import print_report, report
     from emarule.tasks import run_task
+
+    main = distributed.is_main()
+    done = []
 
     for i, (r, ctx) in enumerate(zip(runs, ctxs, strict=True), 1):
         ctx.resume = (ctx.out / CHECKPOINT).exists()
@@ -104,8 +111,11 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, *,
                           + (" (resuming what is there)" if ctx.resume else ""), highlight=False)
         t0 = time.monotonic()
         result = run_task(ctx) or {}
+        wall = time.monotonic() - t0
+        if main:
+            print_report(console, report(ctx.out, wall))
         done.append({"run": str(ctx.out), "kappa": r.kappa, "rule": r.label, "seed": r.seed,
-                     "wall_s": time.monotonic() - t0, "resumed": ctx.resume, "result": result})
+                     "wall_s": wall, "resumed": ctx.resume, "result": result})
     if main and done:
         print_summary(console, done)
         compare_after(console, [Path(d["run"]) for d in done], ctxs[0].out.parent, metric)

@@ -32,7 +32,17 @@ def bad(*args, needle=""):
 def test_plan_byol_vit_kappa_6_table():
     out = ok("plan", "byol-vit", "--kappa", "6")
     assert "24,576" in out and "0.94148" in out and "(0.4, 0.7)" in out and "Adam Scaling Rule" in out
-    assert "epochs 0–60" in out and "epochs 60–480" in out  # the spec's step at epoch 60
+    assert "step at epoch 60" in out and "0–60" in out and "60–480" in out  # the spec's step: one row per stage
+    verbose = ok("plan", "byol-vit", "--kappa", "6", "--verbose")
+    assert "epochs 0–60" in verbose and "epochs 60–480" in verbose  # a full table per stage
+
+
+def test_smooth_schedule_is_one_compact_table():
+    out = ok("plan", "dino-vit", "--kappa", "2")
+    assert len(out.splitlines()) < 100 and "61 stages" in out
+    assert len(ok("plan", "dino-vit", "--kappa", "2", "--verbose").splitlines()) > 900
+    d = json.loads(ok("plan", "dino-vit", "--kappa", "2", "--format", "json"))
+    assert len(d["stages"]) == 61 and all(st["hyperparameters"] for st in d["stages"])
 
 
 def test_plan_json_shape_for_tools():
@@ -189,3 +199,20 @@ def test_progressive_section_is_validated_and_settable():
     assert [s["start_epoch"] for s in d["stages"]] == [0, 30]
     bad("plan", "byol-vit", "--kappa", "2", "--set", "progressive.typo=1", needle="--set progressive.typo: unknown key")
     bad("plan", "byol-r18", "--kappa", "2", "--set", "progressive={epoch: 30}", needle="progressive: missing kind")
+
+
+def test_help_version_and_list():
+    assert ok("--version").strip() == "emarule 0.1.0"
+    assert "Usage" in ok("-h") and "Usage" in ok("plan", "-h")
+    run_help = ok("run", "--help")
+    assert "byol-r18: cpu, tiny" in run_help and "parabola: paper, quick" in run_help
+    assert "FLOAT" in run_help and "<str>" not in run_help.split("--kappa")[1].split("\n")[0]
+    assert "FLOAT,FLOAT" in ok("sweep", "--help")
+    rows = {line.split("│")[1].strip(): line for line in ok("list").splitlines() if line.startswith("│")}
+    assert "yes" in rows["byol-r18"] and "plan only" in rows["dino-vit"] and "cpu, tiny" in rows["byol-r18"]
+
+
+def test_runnable_tasks_are_the_task_dict():
+    from emarule.tasks import RUNNABLE_TASKS, _tasks
+
+    assert sorted(RUNNABLE_TASKS) == sorted(_tasks())

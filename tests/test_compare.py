@@ -112,7 +112,7 @@ def test_metric_defaults_and_x_from_samples_seen(tmp_path):
     r.mkdir()
     (r / "hparams.json").write_text(json.dumps({"experiment": "x", "kappa": 2, "ema_rule": None, "dataset_size": 10}))
     rows = "".join(json.dumps({"samples_seen": s, "loss": s / 10 + 1}) + "\n" for s in (10, 20))
-    (r / "metrics.jsonl").write_text(rows + "{torn line\n")
+    (r / "metrics.jsonl").write_text(rows)
     res = C.compare([b, r])
     assert res["metric"] == "loss"  # no probe_top1 logged: the loss
     row = next(x for x in res["runs"] if x["name"] == "r")
@@ -143,6 +143,30 @@ def test_bad_input_is_one_line_exit_2(tmp_path, case, needle):
     assert res.exit_code == 2, res.output
     lines = res.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], res.output
+
+
+@pytest.mark.parametrize("tail,needle", [
+    ('{"kind": "eval", "epoch": 10.5, "probe_', "line 12 is cut short"),  # killed mid-write
+    ('{torn line\n', "line 12 is not a JSON object"),
+    ('[1, 2]\n', "line 12 is not a JSON object"),
+])
+def test_damaged_metrics_name_the_file_and_line(tmp_path, tail, needle):
+    b = make_run(tmp_path, "k1", 1, "exponential", line(T, lambda t: t))
+    r = make_run(tmp_path, "k4", 4, "exponential", line(T, lambda t: t))
+    with open(r / "metrics.jsonl", "a") as f:
+        f.write(tail)
+    res = runner.invoke(app, ["compare", str(b), str(r), "--out", str(tmp_path / "f.png")])
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and f"{r / 'metrics.jsonl'}, {needle}" in lines[0], res.output
+    assert not (tmp_path / "f.png").exists()
+
+
+def test_a_run_without_the_metric_is_an_error_not_a_dash(tmp_path):
+    b = make_run(tmp_path, "k1", 1, "exponential", line(T, lambda t: t))
+    r = make_run(tmp_path, "k4", 4, "exponential", line(T, lambda t: t), metric="loss")
+    with pytest.raises(UserError, match=r"'probe_top1' is not in .*k4/metrics.jsonl \(11 rows\); available: loss"):
+        C.compare([b, r])
 
 
 def test_cli_table_json_and_atomic_png(tmp_path):

@@ -6,6 +6,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from emarule import checks
+from emarule import compare as C
+from emarule import run_report as report
 from emarule import sweep as S
 from emarule.cli import app
 from emarule.errors import UserError
@@ -38,6 +41,9 @@ def test_parse_rules():
     (["--rule", "sometimes"], "--rule 'sometimes'"),
     (["--seeds", "0"], "--seeds must be ≥ 1"),
     (["--set", "model.nope=1"], "unknown key"),
+    (["--metric", "top5"], "--metric 'top5'"),
+    (["--kappas", "1,2.3"], "κ=2.3 gives a batch of 73.6 samples"),
+    (["--data", "/tmp"], "uses bundled data"),
 ])
 def test_bad_arguments_fail_before_training(tmp_path, args, needle):
     res = runner.invoke(app, ["sweep", "byol-r18", "--preset", "tiny", "--out", str(tmp_path), *args])
@@ -62,18 +68,28 @@ def test_sweep_tiny_kappas_1_2_end_to_end(tmp_path):
     assert res.exit_code == 0, res.output
     root = tmp_path / "byol-r18"
     names = sorted(p.name for p in root.iterdir() if p.is_dir())
-    assert names == ["k1-rule-s0", "k2-norule-s0", "k2-rule-s0"]
+    assert names == ["tiny-k1-rule-s0", "tiny-k2-norule-s0", "tiny-k2-rule-s0"]
     for n in names:
         h = json.loads((root / n / "hparams.json").read_text())
-        assert h["seed"] == 0 and h["kappa"] == (1 if n.startswith("k1") else 2)
-    h = json.loads((root / "k2-norule-s0" / "hparams.json").read_text())
+        assert h["seed"] == 0 and h["kappa"] == (1 if n.startswith("tiny-k1") else 2)
+        # every run draws its own figures and prints its summary
+        figures = sorted(p.name for p in (root / n / "figures").iterdir())
+        assert figures == ["eval.png", "loss.png", "schedules.png"], figures
+        assert f"run finished: {root / n}" in res.output
+    assert res.output.count("\n  wall time:") == 3 and res.output.count("\n  figures: ") == 3
+    # `sweep --metric` is checked against checks.TASK_METRICS before training: it must hold what BYOL logs.
+    logged = {k for line in (root / names[0] / "metrics.jsonl").read_text().splitlines()
+              for k in json.loads(line) if C.is_metric(k)}
+    declared = {*checks.LOOP_METRICS, *checks.TASK_METRICS["byol"]}
+    assert {report.base_metric(k) for k in logged} <= declared, logged
+    h = json.loads((root / "tiny-k2-norule-s0" / "hparams.json").read_text())
     assert h["ema_rule"] is False or h["ema_rule"] is None
     assert (root / "compare-probe_top1.png").exists() and (root / "compare-byol_loss.png").exists()
     out = res.output
     assert "[1/3]" in out and "[3/3]" in out and "mean |Δ|" in out and "total wall time" in out
-    assert out.index("k2-rule-s0") < out.index("k2-norule-s0")
+    assert out.index("tiny-k2-rule-s0") < out.index("tiny-k2-norule-s0")
     # The same command again keeps the finished runs (each is resumed, and returns at once).
-    before = (root / "k2-rule-s0" / "metrics.jsonl").read_text()
+    before = (root / "tiny-k2-rule-s0" / "metrics.jsonl").read_text()
     res = runner.invoke(app, ["sweep", "byol-r18", "--preset", "tiny", "--kappas", "2", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
-    assert "resuming" in res.output and (root / "k2-rule-s0" / "metrics.jsonl").read_text() == before
+    assert "resuming" in res.output and (root / "tiny-k2-rule-s0" / "metrics.jsonl").read_text() == before

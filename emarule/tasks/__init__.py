@@ -9,6 +9,10 @@ from __future__ import annotations
 from emarule.context import RunContext
 from emarule.errors import UserError
 
+# The runnable task names, known without importing torch (`emarule list`, the CLI's checks).
+# `_tasks()` maps exactly these names; a test holds the two together.
+RUNNABLE_TASKS = ("parabola", "precision", "byol", "toy")
+
 
 def _tasks() -> dict:
     # Imported here, on use: `emarule run` is the only command that may load torch.

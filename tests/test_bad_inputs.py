@@ -1,0 +1,187 @@
+"""The bad-input corpus: every case ends with one line on stderr, exit code 2, no traceback, and
+nothing created. Each runs through `emarule.cli.main` (what the console script calls) in a fresh
+working directory that holds a few fixtures; the tree is compared before and after."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from emarule.cli import main
+
+TINY = ["byol-r18", "--preset", "tiny"]
+UNWRITABLE = "/proc/emarule-test"  # not writable even for root
+
+CASES = [
+    # --out: a file, under a file, a place that cannot be written, empty (run, sweep, compare)
+    ("run-out-file", ["run", *TINY, "--out", "afile"], "--out afile is a file"),
+    ("run-out-under-file", ["run", *TINY, "--out", "afile/run"], "is a file, so nothing can be created"),
+    ("run-out-unwritable", ["run", *TINY, "--out", UNWRITABLE], "cannot write in /proc"),
+    ("run-out-empty", ["run", *TINY, "--out", ""], "--out is empty"),
+    ("sweep-out-file", ["sweep", *TINY, "--out", "afile"], "--out afile is a file"),
+    ("sweep-out-under-file", ["sweep", *TINY, "--out", "afile/runs"], "is a file, so nothing can be created"),
+    ("sweep-out-unwritable", ["sweep", *TINY, "--out", UNWRITABLE], "cannot write in /proc"),
+    ("compare-out-under-file", ["compare", "k1", "k4", "--out", "afile/fig.png"], "is a file, so nothing can be"),
+    ("compare-out-dir", ["compare", "k1", "k4", "--out", "adir"], "--out adir is a directory"),
+    ("compare-out-unwritable", ["compare", "k1", "k4", "--out", UNWRITABLE + "/fig.png"], "cannot write in /proc"),
+    ("compare-out-empty", ["compare", "k1", "k4", "--out", ""], "--out is empty"),
+    # --resume needs a run; a new run needs a directory without one
+    ("resume-missing-out", ["run", *TINY, "--resume", "--out", "gone"], "--resume: gone does not exist"),
+    ("resume-missing-default", ["run", *TINY, "--resume"], "tiny-k1-rule-s0 does not exist"),
+    ("resume-no-checkpoint", ["run", *TINY, "--resume", "--out", "adir"], "--resume: no checkpoint in adir"),
+    ("new-run-over-a-run", ["run", *TINY, "--out", "done"], "already holds a run"),
+    # an experiment name and --spec
+    ("plan-name-and-spec", ["plan", "byol-r18", "--spec", "mine.yaml", "--kappa", "2"], "not both"),
+    ("run-name-and-spec", ["run", "byol-r18", "--spec", "mine.yaml"], "not both"),
+    # --no-ema-rule with --ema-rule
+    ("plan-rule-conflict", ["plan", "byol-r18", "--kappa", "2", "--no-ema-rule", "--ema-rule", "linear"],
+     "contradict"),
+    ("run-rule-conflict", ["run", *TINY, "--no-ema-rule", "--ema-rule", "exponential"], "contradict"),
+    ("sweep-no-rule-flag", ["sweep", *TINY, "--no-ema-rule"], "No such option"),
+    # --data where there is nothing to point it at
+    ("run-data-bundled", ["run", *TINY, "--data", "adir"], "uses bundled data (data.source: digits)"),
+    ("sweep-data-bundled", ["sweep", "byol-r18", "--preset", "cpu", "--data", "adir"], "drop --preset cpu"),
+    ("run-data-synthetic", ["run", *TINY, "--set", "data.source=synthetic", "--data", "adir"], "synthetic"),
+    ("run-data-generated", ["run", "parabola", "--data", "adir"], "reads no data set"),
+    # Progressive Scaling epochs
+    ("plan-step-negative", ["plan", "byol-r18", "--kappa", "2", "--progressive", "step:-1"], "epoch must be"),
+    ("plan-step-nan", ["plan", "byol-r18", "--kappa", "2", "--progressive", "step:nan"], "epoch must be"),
+    ("run-incremental-negative", ["run", *TINY, "--kappa", "2", "--progressive", "incremental:-1,32,1"],
+     "start_epoch must be"),
+    ("plan-incremental-zero-period", ["plan", "byol-r18", "--kappa", "2", "--progressive", "incremental:0,64,0"],
+     "every_epochs must be a finite number > 0"),
+    ("plan-spec-negative-epoch", ["plan", "byol-r18", "--kappa", "2", "--set", "progressive={kind: step, epoch: -3}"],
+     "progressive.epoch: must be ≥ 0"),
+    # a fractional batch in samples
+    ("plan-fractional-batch", ["plan", "byol-r18", "--batch-size", "100.5"], "give a whole number"),
+    ("run-fractional-batch", ["run", *TINY, "--batch-size", "100.5"], "give a whole number"),
+    ("run-fractional-kappa-batch", ["run", *TINY, "--kappa", "2.3"], "κ=2.3 gives a batch of 73.6 samples"),
+    ("table-fractional-rows", ["table", "momenta", "--batch-sizes", "32.5,64"], "give whole numbers"),
+    ("table-fractional-base", ["table", "momenta", "--momentum", "0.99", "--base-batch-size", "100.5"],
+     "give whole numbers"),
+    # empty lists
+    ("table-empty-batch-sizes", ["table", "momenta", "--batch-sizes", ""], "--batch-sizes is empty"),
+    ("table-comma-batch-sizes", ["table", "lr", "--batch-sizes", ","], "--batch-sizes is empty"),
+    ("sweep-empty-kappas", ["sweep", *TINY, "--kappas", ""], "--kappas is empty"),
+    ("sweep-empty-rule", ["sweep", *TINY, "--rule", ""], "--rule needs at least one"),
+    # an optimizer switched without the values its rules scale
+    ("plan-sgd-to-adam", ["plan", "byol-r18", "--kappa", "2", "--set", "optimizer.name=adam"],
+     "optimizer adam needs optimizer.betas, optimizer.eps"),
+    ("plan-to-rmsprop", ["plan", "byol-r18", "--kappa", "2", "--set", "optimizer.name=rmsprop",
+                         "--set", "optimizer.eps=1e-8"], "optimizer rmsprop needs optimizer.alpha"),
+    ("run-sgd-to-adamw", ["run", *TINY, "--set", "optimizer.name=adamw"], "optimizer adamw needs"),
+    ("spec-adam-without-betas", ["plan", "--spec", "adam.yaml", "--kappa", "2"], "adam.yaml: optimizer adam needs"),
+    # a sweep checks every κ, rule, seed and metric before its first run
+    ("sweep-bad-kappa", ["sweep", *TINY, "--kappas", "1,x"], "--kappas must be a number"),
+    ("sweep-zero-kappa", ["sweep", *TINY, "--kappas", "0,2"], "must be finite and > 0"),
+    ("sweep-bad-rule", ["sweep", *TINY, "--rule", "with,sometimes"], "--rule 'sometimes'"),
+    ("sweep-linear-out-of-range", ["sweep", *TINY, "--kappas", "2,40", "--rule", "linear"], "linear EMA rule"),
+    ("sweep-zero-seeds", ["sweep", *TINY, "--seeds", "0"], "--seeds must be ≥ 1"),
+    ("sweep-unknown-metric", ["sweep", *TINY, "--metric", "top5"], "--metric 'top5'"),
+    ("sweep-fractional-batch", ["sweep", *TINY, "--kappas", "2,2.3"], "κ=2.3 gives a batch of 73.6 samples"),
+    ("sweep-study", ["sweep", "parabola"], "sweeps κ itself"),
+    ("sweep-not-runnable", ["sweep", "dino-vit"], "cannot run yet"),
+    ("run-not-runnable", ["run", "dino-vit", "--kappa", "2"], "cannot run yet"),
+    # compare on a damaged metrics.jsonl names the file and the line
+    ("compare-torn-metrics", ["compare", "k1", "torn"], "torn/metrics.jsonl, line 3 is cut short"),
+    ("compare-corrupt-metrics", ["compare", "k1", "corrupt"], "corrupt/metrics.jsonl, line 2 is not a JSON object"),
+    ("compare-missing-metric", ["compare", "k1", "nometric"], "'probe_top1' is not in nometric/metrics.jsonl"),
+    # other options
+    ("run-negative-seed", ["run", *TINY, "--seed", "-1"], "--seed"),
+    ("run-bad-wandb", ["run", *TINY, "--wandb", "maybe"], "--wandb must be off, offline or online"),
+    ("run-zero-device-batch", ["run", *TINY, "--max-device-batch", "0"], "--max-device-batch must be ≥ 1"),
+    ("table-optimizer-without-lr", ["table", "lr", "--optimizer", "adam"], "give --lr too"),
+]
+
+
+def _run_dir(root: Path, name: str, kappa: float, lines: list[str]) -> None:
+    d = root / name
+    d.mkdir()
+    (d / "hparams.json").write_text(json.dumps({"experiment": "byol-r18", "kappa": kappa, "ema_rule": True,
+                                               "ema_rule_form": "exponential", "seed": 0, "dataset_size": 10}))
+    (d / "metrics.jsonl").write_text("".join(lines))
+
+
+def _row(epoch: float, **values) -> str:
+    return json.dumps({"kind": "eval", "epoch": epoch, "samples_seen": epoch * 10, **values}) + "\n"
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    (tmp_path / "afile").write_text("not a directory\n")
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "checkpoint.pt").write_bytes(b"")
+    (tmp_path / "mine.yaml").write_text("name: mine\ntask: byol\nbatch: {size: 256}\noptimizer: {name: sgd, lr: 0.1}\n"
+                                        "ema: {momentum: 0.99}\nschedule: {kind: cosine, epochs: 10}\n")
+    (tmp_path / "adam.yaml").write_text("name: mine\ntask: byol\nbatch: {size: 256}\n"
+                                        "optimizer: {name: adam, lr: 0.001}\nema: {momentum: 0.99}\n")
+    good = [_row(e, probe_top1=float(e)) for e in range(4)]
+    _run_dir(tmp_path, "k1", 1, good)
+    _run_dir(tmp_path, "k4", 4, good)
+    _run_dir(tmp_path, "torn", 4, good[:2] + ['{"kind": "eval", "epo'])
+    _run_dir(tmp_path, "corrupt", 4, good[:1] + ["not json\n"] + good[1:])
+    _run_dir(tmp_path, "nometric", 4, [_row(e, loss=1.0) for e in range(4)])
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def tree(root: Path) -> dict:
+    """Every path under root with its size and modification time: a file created, removed or
+    rewritten shows up as a difference."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for n in dirnames + filenames:
+            p = Path(dirpath) / n
+            st = p.lstat()
+            out[str(p.relative_to(root))] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+@pytest.mark.parametrize("argv,needle", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(workdir, capsys, argv, needle):
+    before = tree(workdir)
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert e.value.code == 2, (out, err)
+    assert "Traceback" not in err and out == "", (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert needle in lines[0], lines[0]
+    assert tree(workdir) == before
+
+
+def test_the_corpus_covers_every_category():
+    assert len(CASES) >= 40 and len({c[0] for c in CASES}) == len(CASES)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory")
+def test_read_only_directory(workdir, capsys):
+    (workdir / "ro").mkdir()
+    (workdir / "ro").chmod(0o555)
+    try:
+        with pytest.raises(SystemExit) as e:
+            main(["run", *TINY, "--out", "ro/run"])
+        assert e.value.code == 2 and "cannot write in" in capsys.readouterr().err
+        assert list((workdir / "ro").iterdir()) == []
+    finally:
+        (workdir / "ro").chmod(0o755)
+
+
+def test_what_is_not_an_error(workdir, capsys):
+    """The checks leave valid inputs alone: seconds batches may be fractional, `plan` may show a
+    fractional κB, `--verbose` goes with any plan, and an Adam spec that brings its betas plans."""
+    for argv in (["plan", "ctc-polyak", "--batch-size", "4640.5"],
+                 ["plan", "byol-r18", "--kappa", "0.3"],
+                 ["plan", "byol-r18", "--kappa", "2", "--ema-rule", "linear"],
+                 ["plan", "byol-r18", "--kappa", "2", "--verbose"],
+                 ["plan", "byol-r18", "--kappa", "2", "--set", "optimizer.name=adam",
+                  "--set", "optimizer.betas=[0.9, 0.99]", "--set", "optimizer.eps=1e-8"],
+                 ["plan", "byol-r18", "--kappa", "2", "--progressive", "step:0"],
+                 ["plan", "--spec", "mine.yaml", "--kappa", "2"],
+                 ["table", "lr", "--lr", "0.1", "--optimizer", "adam"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 0, (argv, capsys.readouterr().err)

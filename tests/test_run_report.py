@@ -1,0 +1,70 @@
+"""`emarule.run_report`: the figures and the end-of-run summary, from a run directory alone."""
+
+import json
+import subprocess
+import sys
+
+from emarule import run_report as R
+
+
+def write_run(root, rows, hparams=None):
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "hparams.json").write_text(json.dumps(hparams or {"kappa": 2, "ema_rule": True,
+                                                              "ema_rule_form": "exponential", "seed": 1}))
+    (root / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def rows():
+    out = []
+    for e in range(1, 5):
+        out.append({"kind": "train", "epoch": e - 0.5, "step": 2 * e - 1, "samples_seen": (e - 0.5) * 10,
+                    "kappa": 1 if e < 3 else 2, "lr": 0.1 * e, "ema_momentum": 0.9, "ema_momentum/0.9999": 0.99,
+                    "loss": 2.0 / e, "ctc_loss": 1.0 / e, "grad_norm": 1.0, "wall_s": e})
+        out.append({"kind": "eval", "epoch": float(e), "step": 2 * e, "samples_seen": e * 10, "kappa": 1,
+                    "wer": 50.0 / e, "ema_wer": 40.0 / e, "ema_wer/0.9999": 45.0 / e,
+                    "wer/test-clean": 60.0 / e, "ema_wer/test-clean": 55.0 / e,
+                    "ema_wer/test-clean/0.9999": 58.0 / e, "probe_top1": "nan" if e == 4 else 10.0 * e})
+    return out
+
+
+def test_figures_and_summary_group_the_target_and_every_ema(tmp_path):
+    run = write_run(tmp_path / "tiny-k2-rule-s1", rows())
+    rep = R.report(run, wall_s=12.34)
+    assert [p.name for p in rep.figures] == ["loss.png", "eval.png", "schedules.png"]
+    for p in rep.figures:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in (run / "figures").iterdir()) == ["eval.png", "loss.png", "schedules.png"]
+    assert rep.final == {
+        "target": {"loss": 0.5, "ctc_loss": 0.25, "wer": 12.5, "wer/test-clean": 15.0, "probe_top1": 30.0},
+        "EMA": {"ema_wer": 10.0, "ema_wer/test-clean": 13.75},
+        "EMA 0.9999": {"ema_wer/0.9999": 11.25, "ema_wer/test-clean/0.9999": 14.5},
+    }
+    text = rep.text()
+    assert text.splitlines()[0] == (f"run finished: {run} (κ=2, with EMA rule, seed 1, epoch 4, step 8, "
+                                    f"40 samples seen)")
+    assert "wall time: 12.3 s" in text and f"figures: {run / 'figures' / 'loss.png'}" in text
+    assert "EMA 0.9999: ema_wer/0.9999 11.25" in text
+
+
+def test_panels_pair_each_metric_with_its_emas():
+    panels = dict(R.eval_panels([r for r in rows() if r["kind"] == "eval"]))
+    assert [line[0] for line in panels["wer"]] == ["wer", "wer/test-clean", "ema_wer", "ema_wer/0.9999",
+                                                  "ema_wer/test-clean", "ema_wer/test-clean/0.9999"]
+    sched = dict(R.schedule_panels([r for r in rows() if r["kind"] == "train"]))
+    assert [line[0] for line in sched["EMA momentum ρ̂"]] == ["ema_momentum", "ema_momentum/0.9999"]
+    assert "κ" in sched  # Progressive Scaling changed it
+    assert [name for name, _ in R.loss_panels([r for r in rows() if r["kind"] == "train"])] == ["loss", "ctc_loss"]
+
+
+def test_a_study_without_metrics_has_no_report(tmp_path):
+    assert R.report(tmp_path) is None
+    R.print_report(None, None)  # nothing to print, no console needed
+
+
+def test_no_torch(tmp_path):
+    run = write_run(tmp_path / "r", rows())
+    code = ("import sys; sys.modules['torch'] = None\n"
+            f"from emarule.run_report import report\nprint(report({str(run)!r}).text())")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "run finished" in p.stdout, p.stderr
