@@ -305,7 +305,7 @@ def open_resumed(run: Run, log: MetricsLog) -> bool:
     run.next_ckpt = next_checkpoint(run)
     for e in run.evals:
         e[2] = evaluation.next_due(run.epoch_now, e[1])
-    if run.d.is_main and not ctx.quiet and not ck.get("finished"):
+    if run.d.is_main and not ck.get("finished"):
         print(f"resuming {ctx.out} at {where(run)}", file=sys.stderr)
     return bool(ck.get("finished"))
 

@@ -95,13 +95,36 @@ def test_sigterm_writes_a_checkpoint_and_resume_is_bitwise_uninterrupted(tmp_pat
     assert_same_run(load_checkpoint(tmp_path / "term"), ref_ck)
 
 
+def test_ctrl_c_writes_a_checkpoint_says_how_to_resume_and_the_resumed_run_says_where(tmp_path, reference):
+    ref_ck, _ = reference
+    proc = start(tmp_path, "int")
+    wait_for_checkpoint(proc, tmp_path / "int")
+    time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "SIGINT: checkpoint written at" in err and "--resume --out" in err and "Traceback" not in err
+    mid = load_checkpoint(tmp_path / "int")
+    assert not mid["finished"]
+    path = tmp_path / "int.yaml"
+    r = subprocess.run(cli("--spec", str(path), "--kappa", "1", "--out", str(tmp_path / "int"), "--resume"), cwd=ROOT,
+                       env=env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    step = mid["clock"]["step"]
+    assert f"resuming {tmp_path / 'int'} at {mid['clock']['samples']} samples seen" in r.stderr
+    assert f"step {step}" in r.stderr
+    assert_same_run(load_checkpoint(tmp_path / "int"), ref_ck)
+
+
 def test_resume_refuses_other_settings_and_fresh_runs_refuse_an_existing_dir(tmp_path):
     spec = toy_spec(**{"schedule.epochs": 1})
     run_toy(tmp_path, spec, out="r")
     with pytest.raises(UserError, match="already holds a run"):
         run_toy(tmp_path, spec, out="r")
-    with pytest.raises(UserError, match="other settings"):
+    with pytest.raises(UserError, match=r"other settings \(kappa differ\)"):
         run_toy(tmp_path, spec, kappa=2, out="r", resume=True)
+    with pytest.raises(UserError, match=r"\(kappa, spec.optimizer.lr differ\)"):
+        run_toy(tmp_path, toy_spec(**{"schedule.epochs": 1, "optimizer.lr": 0.5}), kappa=2, out="r", resume=True)
     with pytest.raises(UserError, match="no checkpoint"):
         run_toy(tmp_path, spec, out="empty", resume=True)
     # resuming a finished run returns its final metrics without training again

@@ -115,7 +115,8 @@ def make_parts(ctx: RunContext) -> TaskParts:
             with torch.no_grad():
                 target = teacher(x)
             if center is not None:
-                metrics["teacher_mean"] = target.mean(0)  # averaged over the global batch by the loop
+                # a mean per unit of measure, like the loss: the loop averages it over the global batch
+                metrics["teacher_mean"] = (target * w[:, None]).sum(0) / w.sum()
                 target = target - center.value.to(target.device)
             value = value + teacher_weight * (((pred - target).pow(2).mean(1) * w).sum() / w.sum())
         if delay:
