@@ -209,6 +209,13 @@ def test_the_dicts_own_schedule_smooth_ramp_and_constant_plans():
     assert emarule.plan_at(emarule.scale(RAMP, 4, progressive="constant"), 0) is not None
 
 
+def test_a_schedule_in_base_steps_needs_no_epoch_size():
+    recipe = {**ADAMW, "schedule": {"total_steps": 1000}}
+    plan = emarule.scale(recipe, 2, progressive={"kind": "step", "base_step": 100})
+    batches = [emarule.plan_at(plan, seen)["batch_size"] for seen in (0, 100 * 256 - 1, 100 * 256, 10**7)]
+    assert batches == [256, 256, 512, 512]
+
+
 def test_plan_at_errors():
     plan = emarule.scale(RAMP, 4, progressive="step:4")
     with pytest.raises(emarule.UserError, match="scheduled in epochs; pass samples_per_epoch"):
