@@ -90,7 +90,7 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, *,
             checks.data(s, data)
             checks.metric(s, metric)
         checks.whole_batches(s, p, None, runs=True)
-        out = root / s["name"] / default_run_name(k, rule, r.seed, pr, s.get("preset"))
+        out = checks.out_dir(root / s["name"] / default_run_name(k, rule, r.seed, pr, s.get("preset")))
         ctxs.append(RunContext(spec=s, kappa=k, ema_rule=rule, plan=p, out=out, progressive=pr,
                                preset=s.get("preset"), data=data, seed=r.seed, wandb=wandb,
                                max_device_batch=max_device_batch))

@@ -22,6 +22,7 @@ CASES = [
     ("sweep-out-file", ["sweep", *TINY, "--out", "afile"], "--out afile is a file"),
     ("sweep-out-under-file", ["sweep", *TINY, "--out", "afile/runs"], "is a file, so nothing can be created"),
     ("sweep-out-unwritable", ["sweep", *TINY, "--out", UNWRITABLE], "cannot write in /proc"),
+    ("sweep-run-dir-is-a-file", ["sweep", *TINY, "--out", "root", "--kappas", "2"], "tiny-k2-rule-s0 is a file"),
     ("compare-out-under-file", ["compare", "k1", "k4", "--out", "afile/fig.png"], "is a file, so nothing can be"),
     ("compare-out-dir", ["compare", "k1", "k4", "--out", "adir"], "--out adir is a directory"),
     ("compare-out-unwritable", ["compare", "k1", "k4", "--out", UNWRITABLE + "/fig.png"], "cannot write in /proc"),
@@ -111,6 +112,8 @@ def _row(epoch: float, **values) -> str:
 def workdir(tmp_path, monkeypatch):
     (tmp_path / "afile").write_text("not a directory\n")
     (tmp_path / "adir").mkdir()
+    (tmp_path / "root" / "byol-r18").mkdir(parents=True)  # a sweep root where one run's directory is a file
+    (tmp_path / "root" / "byol-r18" / "tiny-k2-rule-s0").write_text("")
     (tmp_path / "done").mkdir()
     (tmp_path / "done" / "checkpoint.pt").write_bytes(b"")
     (tmp_path / "mine.yaml").write_text("name: mine\ntask: byol\nbatch: {size: 256}\noptimizer: {name: sgd, lr: 0.1}\n"
