@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH := torch==2.14.1 torchvision==0.29.1
 export WANDB_MODE ?= disabled
 
-.PHONY: run test bench lint venv clean
+.PHONY: run test bench lint venv clean repro
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -29,6 +29,14 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# Every family's `emarule reproduce` with its defaults (cpu presets, 3 seeds), one after another, into
+# runs/reproduce/<family>/ (report.md, verdict.json, figures/). Not part of CI: about an hour on 2 cores.
+# A family whose task cannot run yet prints its one-line reason and the next one starts.
+REPRO_FAMILIES := parabola precision byol polyak dino ctc-polyak ctc-pseudo-label
+
+repro: $(STAMP)
+	@for f in $(REPRO_FAMILIES); do $(BIN)/emarule reproduce $$f || echo "make repro: $$f did not complete"; done
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py

@@ -447,6 +447,34 @@ def compare_cmd(
     run_compare(console, run_dirs, metric, out, format.value)
 
 
+@app.command()
+@friendly
+def reproduce(
+    family: str = typer.Argument(..., help="parabola, precision, polyak, byol, dino, ctc-polyak or ctc-pseudo-label"),
+    preset: Optional[str] = typer.Option(None, "--preset", metavar="NAME",
+                                         help="the spec's preset (default: the family's, cpu for training families); "
+                                              "full: the paper's recipe"),
+    seeds: Optional[int] = typer.Option(None, "--seeds", help="seeds 0..N−1 per setting (default 3)"),
+    kappas: Optional[str] = typer.Option(None, "--kappas", metavar="FLOAT,FLOAT,...",
+                                         help="κ values (default: the family's; the κ=1 baseline always runs)"),
+    out: Optional[str] = typer.Option(None, "--out", metavar="DIR",
+                                      help="where runs, report.md, verdict.json and figures go "
+                                           "(default runs/reproduce/FAMILY); finished runs there are reused"),
+    data: Optional[Path] = DataOpt,
+) -> None:
+    """Every claim of the paper for one family: run the sweep, measure gaps and seed spread, write a verdict."""
+    from emarule.reproduce.command import reproduce as run_reproduction
+
+    def resolver(experiment: str, spec_preset: Optional[str]):
+        def resolve_run(k: float, ema: Optional[str], baseline: bool):
+            return resolve(experiment, None, spec_preset, [], repr(k), None, ema is None, ema and EmaRule(ema),
+                           "constant" if baseline else None)
+        return resolve_run
+
+    run_reproduction(console, family, preset=preset, seeds=seeds, kappas=numbers(kappas, "--kappas"), out=out,
+                     data=data, resolver=resolver)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: usage errors become one line on stderr with exit code 2, like every other error."""
     command = typer.main.get_command(app)

@@ -1,0 +1,91 @@
+"""A sweep family's figure in the paper's style: the EMA-dependent metric beside the target model's.
+
+Every κ is overlaid on one axis per metric, the time axis being epochs (or reference steps: units
+seen / the base batch), which is the same clock at every κ. The κ=1 baseline is black and dashed,
+runs with the EMA Scaling Rule blue and runs without it red, darker for larger κ; each line is the
+mean over seeds with a band of ± one standard deviation. Side by side the two panels separate an
+EMA failure (left strays, right tracks) from an optimizer-rule one (both stray).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from emarule.compare import mean_curve
+from emarule.rundir import HPARAMS, atomic_write_bytes
+
+COLORMAPS = {"with": "Blues", "without": "Reds", "linear": "Purples"}
+LABELS = {"with": "with EMA rule", "without": "without EMA rule", "linear": "linear EMA rule"}
+
+
+def reference_steps_per_epoch(run) -> float:
+    """Units in one epoch / the base batch: epochs → κ=1 steps (the speech figures' x-axis)."""
+    h = json.loads((Path(run.path) / HPARAMS).read_text())
+    measure = h.get("epoch_measure") or h.get("dataset_size")
+    base = ((h.get("hyperparameters") or {}).get("batch_size") or {}).get("base")
+    if not measure or not base:
+        return 1.0
+    return float(measure) / float(base)
+
+
+def shades(n: int) -> list[float]:
+    """Colormap positions for n κ values, light to dark."""
+    if n <= 1:
+        return [0.75]
+    return [0.45 + 0.5 * i / (n - 1) for i in range(n)]
+
+
+def _band(ax, xs, mean, std, color, alpha):
+    if len(xs) and any(s > 0 for s in std):
+        ax.fill_between(xs, [m - s for m, s in zip(mean, std, strict=True)],
+                        [m + s for m, s in zip(mean, std, strict=True)], color=color, alpha=alpha, lw=0)
+
+
+def plot(family, measured: dict, runs: list, out: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    base_runs = [r for r in runs if r.is_baseline]
+    scale = reference_steps_per_epoch(base_runs[0]) if family.x_axis == "reference steps" and base_runs else 1.0
+    kappas = measured["kappas"]
+    pos = dict(zip(kappas, shades(len(kappas)), strict=True))
+    metrics = family.metrics
+    fig, axes = plt.subplots(1, len(metrics), figsize=(6.0 * len(metrics), 4.2), squeeze=False)
+    for ax, metric in zip(axes[0], metrics, strict=True):
+        table = measured["tables"][metric.name]
+        bx, bm, bs = table["baseline"]
+        n_base = len(table["rows"][("baseline", 1.0)]["curves"])
+        ax.plot([x * scale for x in bx], bm, "k--", lw=1.6, label=f"κ=1 baseline (n={n_base})", zorder=5)
+        _band(ax, [x * scale for x in bx], bm, bs, "k", 0.12)
+        for (rule, k), row in table["rows"].items():
+            if rule == "baseline":
+                continue
+            cmap = plt.get_cmap(COLORMAPS.get(rule, "Greys"))
+            color = cmap(pos[k])
+            xs, mean, std = mean_curve(row["curves"])
+            if not xs:
+                continue
+            rho = next((r.ema_momentum for r in runs if r.kappa == k and r.rule_label == rule), None)
+            label = f"κ={k:g} {LABELS.get(rule, rule)}" + (f", ρ={rho:.4g}" if rho is not None else "")
+            ax.plot([x * scale for x in xs], mean, color=color, lw=1.5, label=f"{label} (n={len(row['curves'])})")
+            _band(ax, [x * scale for x in xs], mean, std, color, 0.18)
+        smooth = f" (trailing mean over {metric.smooth_epochs:g} epoch)" if metric.smooth_epochs else ""
+        ax.set_title(f"{metric.name}: {'EMA-dependent' if metric.depends_on_ema else 'target model, EMA-blind'}"
+                     + smooth, fontsize=9)
+        ax.set_xlabel(family.x_axis)
+        ax.set_ylabel(metric.label)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, dpi=120, format="png")
+    finally:
+        plt.close(fig)
+    atomic_write_bytes(Path(out), buf.getvalue())
+    return Path(out)

@@ -1,0 +1,164 @@
+"""A sweep family's claims measured on its runs: gaps per setting and metric, then one verdict per claim.
+
+Reads the run directories (`emarule.compare.load_runs`); torch-free.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from emarule.errors import UserError
+from emarule.reproduce import verdict as V
+from emarule.reproduce.claims import Claim, Family, Metric
+
+STATISTIC = {"run": "mean |Δ| over the run", "end": "|Δ| at the end"}
+
+
+def groups(runs: list) -> tuple[list, dict]:
+    """(baseline runs, {(κ, "with"|"without"|"linear"): runs}), each list sorted by seed."""
+    key = lambda r: (r.seed is None, r.seed if r.seed is not None else 0, r.name)  # noqa: E731
+    base = sorted((r for r in runs if r.is_baseline), key=key)
+    out: dict = {}
+    for r in runs:
+        if not r.is_baseline:
+            out.setdefault((r.kappa, r.rule_label), []).append(r)
+    return base, {k: sorted(v, key=key) for k, v in sorted(out.items())}
+
+
+def metric_table(metric: Metric, base: list, settings: dict) -> dict:
+    """Everything measured for one metric: the baseline curve and spread, and each setting's gaps."""
+    base_curves = [V.run_curve(r, metric.name, metric.smooth_epochs) for r in base]
+    bgrid, bmean, bstd = V.baseline_curve(base_curves)
+    if not bgrid:
+        raise UserError(f"the baseline runs logged no {metric.name!r} values in common; "
+                        f"check {base[0].path if base else 'the run directories'}/metrics.jsonl")
+    finals = [V.final(c) for c in base_curves]
+    rows = {("baseline", 1.0): {"gaps": V.spread(base_curves), "finals": finals, "curves": base_curves}}
+    for (k, rule), rs in settings.items():
+        curves = [V.run_curve(r, metric.name, metric.smooth_epochs) for r in rs]
+        rows[(rule, k)] = {"gaps": V.gaps(curves, (bgrid, bmean)), "finals": [V.final(c) for c in curves],
+                           "curves": curves}
+    return {"metric": metric, "baseline": (bgrid, bmean, bstd), "rows": rows}
+
+
+def measure(family: Family, runs: list) -> dict:
+    base, settings = groups(runs)
+    if not base:
+        raise UserError("no κ=1 baseline among the runs; the reproduction needs one (it runs first for every seed)")
+    tables = {m.name: metric_table(m, base, settings) for m in family.metrics}
+    kappas = sorted({k for k, _ in settings})
+    claims = [judge(family, c, tables, base, kappas) for c in expand(family.claims, kappas)]
+    return {"tables": tables, "claims": claims, "kappas": kappas, "baseline_seeds": len(base)}
+
+
+def expand(claims, kappas: list) -> list[Claim]:
+    """An "up to κ" claim becomes one claim per κ ≠ 1 of the sweep up to its κ."""
+    out = []
+    for c in claims:
+        ks = [k for k in kappas if k != 1 and k <= c.kappa] if c.up_to else []
+        out.extend([replace(c, kappa=k) for k in ks] or [c])
+    return out
+
+
+def _stat(table: dict, rule: str, kappa: float, over: str) -> float | None:
+    row = table["rows"].get((rule, kappa))
+    return None if row is None or row["gaps"] is None else row["gaps"][over]
+
+
+def _spread(table: dict, over: str) -> float | None:
+    g = table["rows"][("baseline", 1.0)]["gaps"]
+    return None if g is None else g[over]
+
+
+def _mean_final(table: dict, rule: str, kappa: float) -> float | None:
+    row = table["rows"].get((rule, kappa))
+    vals = [v for v in (row or {}).get("finals", []) if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def judge(family: Family, claim: Claim, tables: dict, base: list, kappas: list) -> dict:
+    table = tables[claim.metric]
+    metric: Metric = table["metric"]
+    over = claim.over
+    out = {"claim": claim.text, "paper": claim.paper, "where": claim.where, "kind": claim.kind,
+           "metric": claim.metric, "kappa": claim.kappa, "statistic": STATISTIC[over],
+           "gap_with_rule": None, "gap_without_rule": None, "baseline_spread": _spread(table, over),
+           "note": claim.note}
+    k = claim.kappa
+    if claim.kind in ("rule_needed", "rule_closer", "same_either_way", "target_explains"):
+        if k not in kappas:
+            out.update(verdict="inconclusive", why=f"not measured: κ={k:g} was not in --kappas")
+            return out
+        gw, gwo, s = _stat(table, "with", k, over), _stat(table, "without", k, over), out["baseline_spread"]
+        out.update(gap_with_rule=gw, gap_without_rule=gwo)
+        if claim.kind == "target_explains":
+            target = tables[family.target_metric.name]
+            gt, st = _stat(target, "with", k, over), _spread(target, over)
+            out["target"] = {"metric": family.target_metric.name, "gap_with_rule": gt,
+                             "gap_without_rule": _stat(target, "without", k, over), "baseline_spread": st}
+            v, why = V.decide_target(gw, s, gt, st)
+        else:
+            v, why = V.decide(claim.kind, gw, gwo, s)
+            if claim.kind == "rule_needed" and None not in (gw, gwo, s):
+                out["meets_issue_goal"] = bool(gwo >= V.FACTOR * gw and gw <= s)
+        out.update(verdict=v, why=why)
+        if v != "reproduced":
+            out["diagnosis"] = diagnose(family, tables, k, over)
+    elif claim.kind == "with_better":
+        sign = 1.0 if metric.higher_is_better else -1.0
+        diffs = {}
+        for kk in kappas:
+            a, b = _mean_final(table, "with", kk), _mean_final(table, "without", kk)
+            diffs[kk] = None if a is None or b is None else sign * (a - b)
+        s = _spread(table, "end")
+        if kappas:
+            top = kappas[-1]
+            out.update(kappa=top, gap_with_rule=_stat(table, "with", top, "end"),
+                       gap_without_rule=_stat(table, "without", top, "end"), baseline_spread=s)
+        out["with_minus_without"] = {f"{kk:g}": d for kk, d in diffs.items()}
+        v, why = V.decide_with_better(diffs, s)
+        out.update(verdict=v, why=why)
+    elif claim.kind == "ema_above_target":
+        ema, target = tables[family.ema_metric.name], tables[family.target_metric.name]
+        sign = 1.0 if family.ema_metric.higher_is_better else -1.0
+        e = ema["rows"][("baseline", 1.0)]["finals"]
+        t = target["rows"][("baseline", 1.0)]["finals"]
+        diffs = [sign * (a - b) for a, b in zip(e, t, strict=True) if a is not None and b is not None]
+        out["ema_minus_target"] = diffs
+        v, why = V.decide_ema_above(diffs)
+        out.update(verdict=v, why=why)
+    else:
+        raise ValueError(f"{family.name}: unknown claim kind {claim.kind!r}")
+    return out
+
+
+def diagnose(family: Family, tables: dict, kappa: float, over: str) -> str:
+    """Why a claim fell short, from the numbers: noise, the optimizer rule, or the EMA itself."""
+    ema = tables[family.ema_metric.name]
+    gw, gwo, s = _stat(ema, "with", kappa, over), _stat(ema, "without", kappa, over), _spread(ema, over)
+    parts = []
+    if s is None or gw is None or gwo is None:
+        return "not enough runs to say"
+    if gwo <= V.FACTOR * s:
+        parts.append(f"noise: even without the rule the {family.ema_metric.name} gap ({_f(gwo)}) is within 2× the "
+                     f"baseline seeds' spread ({_f(s)}), so this preset cannot separate the settings")
+    t = family.target_metric
+    tt = tables[t.name]
+    tg, ts = _stat(tt, "with", kappa, over), _spread(tt, over)
+    if tg is not None and ts is not None:
+        strays = tg > V.FACTOR * ts
+        if t.depends_on_ema:
+            parts.append(f"{t.name} depends on the EMA too (gap with the rule {_f(tg)}, spread {_f(ts)}), so it "
+                         f"cannot separate an optimizer-rule failure from an EMA one")
+        elif strays:
+            parts.append(f"the optimizer rule: the target model's {t.name} strays too (gap with the rule {_f(tg)} > "
+                         f"2× its spread {_f(ts)})")
+        else:
+            parts.append(f"the target model's {t.name} tracks (gap {_f(tg)}, spread {_f(ts)}): the optimizer rule "
+                         f"holds, so the remaining gap is the EMA's")
+    return "; ".join(parts)
+
+
+def _f(v: float | None) -> str:
+    return "—" if v is None else ("∞" if math.isinf(v) else f"{v:.3g}")

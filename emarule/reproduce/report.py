@@ -1,0 +1,156 @@
+"""What a reproduction writes and prints: report.md, verdict.json and the verdict table. Torch-free."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from emarule.reproduce import verdict as V
+from emarule.rundir import atomic_write_text
+
+REPORT, VERDICT = "report.md", "verdict.json"
+STUDY_RULES = "Each study claim is judged by the rule written beside its check in `emarule/reproduce/studies.py`."
+
+
+def clean(x):
+    """JSON-safe: non-finite floats become null (an infinite gap is a run that stopped early)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [clean(v) for v in x]
+    return x
+
+
+def decision_rules() -> str:
+    doc = V.__doc__
+    return doc[doc.index("The statistics"):].strip()
+
+
+def settings_rows(measured: dict) -> list[dict]:
+    """One row per metric and setting: final value (mean ± std over seeds) and the two gap statistics."""
+    rows = []
+    for name, table in measured["tables"].items():
+        for (rule, k), row in table["rows"].items():
+            finals = [v for v in row["finals"] if v is not None]
+            m = sum(finals) / len(finals) if finals else None
+            sd = math.sqrt(sum((v - m) ** 2 for v in finals) / len(finals)) if len(finals) > 1 else None
+            g = row["gaps"] or {}
+            rows.append({"metric": name, "setting": "κ=1 baseline (its own spread)" if rule == "baseline" else rule,
+                         "kappa": k, "seeds": len(row["curves"]), "final_mean": m, "final_std": sd,
+                         "gap_run": g.get("run"), "gap_end": g.get("end"), "incomplete": g.get("incomplete", 0)})
+    return rows
+
+
+def payload(family, args: dict, claims: list, measured: dict | None, figures: list, timing: dict) -> dict:
+    return clean({
+        "family": family.name, "experiment": family.experiment, "section": family.section,
+        "preset": args.get("preset"), "seeds": args.get("seeds"), "kappas": list(args.get("kappas") or []),
+        "command": args["command"], "claims": [{k: v for k, v in c.items()} for c in claims],
+        "settings": settings_rows(measured) if measured else [],
+        "figures": figures, "timing": timing,
+        "decision_rule": decision_rules() if family.kind == "sweep" else STUDY_RULES,
+        "not_judged_here": [{"claim": c.text, "paper": c.paper, "why": c.note} for c in family.extra_claims],
+    })
+
+
+def _g(v) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float) and math.isinf(v):
+        return "∞"
+    return f"{v:.3g}"
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|")
+
+
+def _kappa(v) -> str:
+    return "—" if v is None else f"{v:g}"
+
+
+def markdown(data: dict, family) -> str:
+    t = data["timing"]
+    lines = [f"# Reproduction: {family.name} ({family.experiment}, {family.section})", "",
+             f"Command: `{data['command']}`", ""]
+    lines.append(f"Wall time of this invocation: {t['wall_s']:.0f} s"
+                 + (f"; the runs' own training time (as logged, reused runs included): {t['runs_wall_s']:.0f} s"
+                    if t.get("runs_wall_s") is not None else "")
+                 + f". Machine: {t['cpus']} CPU cores, load average {t['load_start']:.2f} at the start and "
+                 f"{t['load_end']:.2f} at the end; OMP_NUM_THREADS={t['omp_threads']}.")
+    if t.get("reused"):
+        lines.append(f"Runs reused from an earlier invocation (finished, or resumed from their checkpoint): "
+                     f"{t['reused']} of {t['runs']}.")
+    if data["figures"]:
+        lines += ["", "## Figures", ""] + [f"![{Path(f).name}]({f})" for f in data["figures"]]
+    lines += ["", "## Verdicts", "",
+              "| # | claim | paper | metric | κ | statistic | gap with rule | gap without rule | baseline spread | "
+              "verdict |", "|---:|---|---|---|---:|---|---:|---:|---:|---|"]
+    for i, c in enumerate(data["claims"], 1):
+        short = c["claim"] if len(c["claim"]) <= 90 else c["claim"][:87] + "…"
+        lines.append(f"| {i} | {_cell(short)} | {c['paper']} | {c['metric']} | {_kappa(c['kappa'])} | "
+                     f"{_cell(c['statistic'])} | "
+                     f"{_g(c['gap_with_rule'])} | {_g(c['gap_without_rule'])} | {_g(c['baseline_spread'])} | "
+                     f"**{c['verdict']}** |")
+    lines += ["", "## Claims", ""]
+    for i, c in enumerate(data["claims"], 1):
+        lines += [f"### {i}. {c['paper']}" + (f" ({c['where']})" if c.get("where") else ""), "",
+                  f"> {c['claim']}", "",
+                  f"- **Verdict: {c['verdict']}.** {c['why']}."]
+        if c.get("diagnosis"):
+            lines.append(f"- Why it falls short: {c['diagnosis']}.")
+        if c.get("target"):
+            tg = c["target"]
+            lines.append(f"- Target model ({tg['metric']}): gap with the rule {_g(tg['gap_with_rule'])}, without "
+                         f"{_g(tg['gap_without_rule'])}, baseline spread {_g(tg['baseline_spread'])}.")
+        if "meets_issue_goal" in c:
+            lines.append(f"- The stricter goal (without ≥ 2× with, and with ≤ 1× spread): "
+                         f"{'met' if c['meets_issue_goal'] else 'not met'}.")
+        if c.get("measured"):
+            lines.append(f"- Measured: `{json.dumps(c['measured'], ensure_ascii=False)}`")
+        if c.get("note"):
+            lines.append(f"- Our reading: {c['note']}.")
+        if c.get("figure"):
+            lines.append(f"- Figure: [{Path(c['figure']).name}]({c['figure']})")
+        lines += [f"- Command: `{data['command']}`", ""]
+    if data["settings"]:
+        lines += ["## Every setting", "",
+                  "Final value (mean ± std over seeds) and the gap statistics; the baseline's row holds its "
+                  "leave-one-out spread.", "",
+                  "| metric | setting | κ | seeds | final | ± std | mean \\|Δ\\| over the run | \\|Δ\\| at the end |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+        for r in data["settings"]:
+            lines.append(f"| {r['metric']} | {r['setting']} | {_kappa(r['kappa'])} | {r['seeds']} | "
+                         f"{_g(r['final_mean'])} | {_g(r['final_std'])} | {_g(r['gap_run'])} | {_g(r['gap_end'])} |")
+        lines.append("")
+    lines += ["## How a verdict is reached", "", data["decision_rule"], ""]
+    if data["not_judged_here"]:
+        lines += ["## Claims this preset cannot judge (full scale)", ""]
+        for c in data["not_judged_here"]:
+            lines.append(f"- {c['paper']}: \"{c['claim']}\" — {c['why']}.")
+        lines += ["", f"Full scale: {family.full_scale}.", ""]
+    return "\n".join(lines)
+
+
+def write(out: Path, family, data: dict) -> None:
+    atomic_write_text(Path(out) / VERDICT, json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    atomic_write_text(Path(out) / REPORT, markdown(data, family))
+
+
+def print_verdicts(console, data: dict) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"{data['family']}: the paper's claims, checked ({data['command']})", title_justify="left")
+    for c in ("#", "claim", "paper", "metric", "κ", "stat", "with", "without", "spread", "verdict"):
+        t.add_column(c, justify="right" if c in ("#", "κ", "with", "without", "spread") else "left")
+    style = {"reproduced": "green", "contradicted": "red", "inconclusive": "yellow"}
+    for i, c in enumerate(data["claims"], 1):
+        short = c["claim"] if len(c["claim"]) <= 60 else c["claim"][:57] + "…"
+        t.add_row(str(i), short, c["paper"], c["metric"], _kappa(c["kappa"]),
+                  "end" if "end" in c["statistic"] else ("run" if "run" in c["statistic"] else c["statistic"]),
+                  _g(c["gap_with_rule"]), _g(c["gap_without_rule"]), _g(c["baseline_spread"]),
+                  f"[{style[c['verdict']]}]{c['verdict']}[/]")
+    console.print(t)

@@ -1,0 +1,197 @@
+"""Gaps to the baseline, the baseline's own seed spread, and the decision rule. Torch-free.
+
+The statistics (README, "Reproduction: how a verdict is reached"), applied exactly as written:
+
+- **Baseline curve**: the mean over the κ=1 seeds on the first seed's evaluation grid
+  (`emarule.compare.mean_curve`), in epochs. Per-step training metrics are first smoothed by a
+  trailing mean over `Metric.smooth_epochs`, the same window for every run.
+- **Gap of a setting** (κ, with or without the rule): for each seed, the run's curve is
+  interpolated onto the baseline's grid (`emarule.compare.gap`); "run" is the mean |Δ| over the
+  whole run, "end" the |Δ| at the last grid point; both are averaged over seeds.
+- **Baseline spread**: the same two statistics for each baseline seed against the mean of the
+  OTHER baseline seeds (leave-one-out), averaged over seeds. Undefined with fewer than 2 seeds.
+- A run that stops before the baseline's end (it diverged) has an infinite gap.
+
+Decision rules (FACTOR = 2; g_with, g_without, spread are the claim's statistic, "run" or "end"):
+
+    rule_needed      reproduced   g_without ≥ 2·g_with and g_with ≤ 2·spread
+                     contradicted g_with ≥ g_without and max(g_with, g_without) > 2·spread
+    rule_closer      reproduced   g_without ≥ 2·g_with and g_without > 2·spread
+                     contradicted g_with ≥ g_without and max(g_with, g_without) > 2·spread
+    same_either_way  reproduced   g_with ≤ 2·spread and g_without ≤ 2·spread
+                     contradicted g_without > 2·spread and g_without > 2·g_with
+    target_explains  (needs an EMA gap: g_with > 2·spread, else inconclusive)
+                     reproduced   the target metric's g_with > 2 × its spread
+                     contradicted the target metric's g_with ≤ its spread
+    with_better      d_κ = final(with) − final(without), signed so that > 0 is better
+                     reproduced   d_κ > 0 at every κ run, and d_κ > 2·spread_end at one κ at least
+                     contradicted d_κ < −2·spread_end at some κ
+    ema_above_target d_i = final EMA metric − final target metric of baseline seed i (> 0 better)
+                     reproduced   d_i > 0 for every seed; contradicted d_i < 0 for every seed
+
+Anything else is "inconclusive"; so is every claim whose spread is undefined.
+"""
+
+from __future__ import annotations
+
+import math
+
+from emarule.compare import finite_number, gap, mean_curve
+
+FACTOR = 2.0
+VERDICTS = ("reproduced", "contradicted", "inconclusive")
+INCOMPLETE = 0.99  # a run whose curve ends before this share of the baseline's last epoch stopped early
+
+
+# --- curves -------------------------------------------------------------------------------------
+
+
+def smooth(curve: tuple[list, list], window: float) -> tuple[list, list]:
+    """Trailing mean over the points within `window` (in x units) before each point."""
+    xs, ys = curve
+    if window <= 0 or not xs:
+        return list(xs), list(ys)
+    out, lo, total = [], 0, 0.0
+    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        total += y
+        while xs[lo] < x - window - 1e-12:
+            total -= ys[lo]
+            lo += 1
+        out.append(total / (i - lo + 1))
+    return list(xs), out
+
+
+def run_curve(run, metric: str, window: float = 0.0) -> tuple[list, list]:
+    return smooth(run.curve(metric), window)
+
+
+# --- statistics ---------------------------------------------------------------------------------
+
+
+def _mean(v: list) -> float | None:
+    return sum(v) / len(v) if v else None
+
+
+def gaps(curves: list, base: tuple[list, list]) -> dict:
+    """Mean over seeds of each seed's mean |Δ| ("run") and |Δ| at the end ("end") against `base`."""
+    runs, ends, incomplete = [], [], 0
+    bx = base[0]
+    for c in curves:
+        g = gap(c, base)
+        if g["gap_mean"] is None or not c[0] or c[0][-1] < INCOMPLETE * bx[-1]:
+            incomplete += 1
+            runs.append(math.inf)
+            ends.append(math.inf)
+            continue
+        runs.append(g["gap_mean"])
+        ends.append(abs(g["gap_final"]))
+    return {"run": _mean(runs), "end": _mean(ends), "seeds": len(curves), "incomplete": incomplete,
+            "per_seed_run": runs, "per_seed_end": ends}
+
+
+def baseline_curve(curves: list) -> tuple[list, list, list]:
+    return mean_curve(curves)
+
+
+def spread(curves: list) -> dict | None:
+    """Leave-one-out: each baseline seed against the mean of the others, averaged. None below 2 seeds."""
+    curves = [c for c in curves if c[0]]
+    if len(curves) < 2:
+        return None
+    runs, ends = [], []
+    for i, c in enumerate(curves):
+        others = mean_curve(curves[:i] + curves[i + 1:])
+        g = gaps([c], (others[0], others[1]))
+        runs.append(g["run"])
+        ends.append(g["end"])
+    return {"run": _mean(runs), "end": _mean(ends), "seeds": len(curves)}
+
+
+def final(curve: tuple[list, list]) -> float | None:
+    return finite_number(curve[1][-1]) if curve[1] else None
+
+
+# --- decisions ----------------------------------------------------------------------------------
+
+
+def decide(kind: str, g_with: float | None, g_without: float | None, s: float | None) -> tuple[str, str]:
+    """(verdict, why) for the gap-based kinds, by the rules in the module docstring."""
+    if s is None:
+        return "inconclusive", "the baseline spread is undefined (fewer than 2 baseline seeds)"
+    if g_with is None or g_without is None:
+        return "inconclusive", "a setting was not run"
+    f, big = FACTOR, max(g_with, g_without)
+    r = f"gap with {_n(g_with)}, without {_n(g_without)}, baseline spread {_n(s)}"
+    if kind == "rule_needed":
+        if g_without >= f * g_with and g_with <= f * s:
+            return "reproduced", f"{r}: without ≥ 2× with, and with ≤ 2× spread"
+        if g_with >= g_without and big > f * s:
+            return "contradicted", f"{r}: the rule does not bring the curve closer, and the gaps exceed 2× spread"
+        if g_without >= f * g_with:
+            return "inconclusive", f"{r}: the rule closes most of the gap, but with > 2× spread"
+        return "inconclusive", f"{r}: without < 2× with"
+    if kind == "rule_closer":
+        if g_without >= f * g_with and g_without > f * s:
+            return "reproduced", f"{r}: without ≥ 2× with, and without > 2× spread"
+        if g_with >= g_without and big > f * s:
+            return "contradicted", f"{r}: the rule does not bring the curve closer, and the gaps exceed 2× spread"
+        return "inconclusive", f"{r}: neither rule applies"
+    if kind == "same_either_way":
+        if g_with <= f * s and g_without <= f * s:
+            return "reproduced", f"{r}: both within 2× spread"
+        if g_without > f * s and g_without > f * g_with:
+            return "contradicted", f"{r}: without > 2× spread and > 2× with"
+        return "inconclusive", f"{r}: neither rule applies"
+    raise ValueError(f"decide: unknown kind {kind!r}")
+
+
+def decide_target(g_ema_with: float | None, s_ema: float | None, g_target_with: float | None,
+                  s_target: float | None) -> tuple[str, str]:
+    """target_explains: an EMA gap with the rule is the optimizer rule's when the target strays too."""
+    if s_ema is None or s_target is None:
+        return "inconclusive", "the baseline spread is undefined (fewer than 2 baseline seeds)"
+    if g_ema_with is None or g_target_with is None:
+        return "inconclusive", "a setting was not run"
+    r = (f"EMA metric: gap with {_n(g_ema_with)}, spread {_n(s_ema)}; target metric: gap with "
+         f"{_n(g_target_with)}, spread {_n(s_target)}")
+    if g_ema_with <= FACTOR * s_ema:
+        return "inconclusive", f"{r}: no EMA gap with the rule to explain (≤ 2× spread)"
+    if g_target_with > FACTOR * s_target:
+        return "reproduced", f"{r}: the target model strays too (> 2× its spread)"
+    if g_target_with <= s_target:
+        return "contradicted", f"{r}: the target model tracks (≤ its spread) while the EMA strays"
+    return "inconclusive", f"{r}: the target's gap lies between 1× and 2× its spread"
+
+
+def decide_with_better(diffs: dict, s_end: float | None) -> tuple[str, str]:
+    """with_better: `diffs` maps κ → final(with) − final(without), signed so that > 0 is better."""
+    if s_end is None:
+        return "inconclusive", "the baseline spread is undefined (fewer than 2 baseline seeds)"
+    if not diffs or any(d is None for d in diffs.values()):
+        return "inconclusive", "a setting was not run"
+    r = ", ".join(f"κ={k:g}: {_n(d, signed=True)}" for k, d in sorted(diffs.items())) + f"; end spread {_n(s_end)}"
+    if any(d < -FACTOR * s_end for d in diffs.values()):
+        return "contradicted", f"with − without at the end {r}: without is better by > 2× spread somewhere"
+    if all(d > 0 for d in diffs.values()) and any(d > FACTOR * s_end for d in diffs.values()):
+        return "reproduced", f"with − without at the end {r}: better at every κ, by > 2× spread at one"
+    return "inconclusive", f"with − without at the end {r}"
+
+
+def decide_ema_above(diffs: list) -> tuple[str, str]:
+    """ema_above_target: `diffs` are final EMA − final target per baseline seed, > 0 better."""
+    if not diffs:
+        return "inconclusive", "no baseline run logged both metrics"
+    r = "EMA − target at the end, per baseline seed: " + ", ".join(_n(d, signed=True) for d in diffs)
+    if all(d > 0 for d in diffs):
+        return "reproduced", f"{r}: the EMA is better for every seed"
+    if all(d < 0 for d in diffs):
+        return "contradicted", f"{r}: the EMA is worse for every seed"
+    return "inconclusive", f"{r}: mixed"
+
+
+def _n(v: float | None, signed: bool = False) -> str:
+    if v is None:
+        return "—"
+    if math.isinf(v):
+        return "∞ (a run stopped early)"
+    return f"{v:+.3g}" if signed else f"{v:.3g}"

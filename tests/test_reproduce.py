@@ -1,0 +1,361 @@
+"""`emarule reproduce`: the verdict maths on curves built so that each verdict must come out, the
+study checks on records built the same way, the registry against the specs, bad input, and a tiny
+BYOL reproduction end to end (written, then reused)."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from emarule.cli import app
+from emarule.compare import load_runs
+from emarule.reproduce import claims as K
+from emarule.reproduce import measure as M
+from emarule.reproduce import studies as S
+from emarule.reproduce import verdict as V
+
+runner = CliRunner()
+T = [float(t) for t in range(11)]  # epochs 0..10
+
+
+def curve(f, xs=T):
+    return list(xs), [f(x) for x in xs]
+
+
+# --- statistics ---------------------------------------------------------------------------------
+
+
+def test_leave_one_out_spread_by_hand():
+    # Offsets −1, 0, +1: seed −1 against mean(0, 1) = 0.5 → 1.5; seed 0 against 0 → 0; seed 1 → 1.5.
+    seeds = [curve(lambda t, o=o: t + o) for o in (-1.0, 0.0, 1.0)]
+    s = V.spread(seeds)
+    assert s["run"] == pytest.approx(1.0) and s["end"] == pytest.approx(1.0) and s["seeds"] == 3
+    assert V.spread(seeds[:1]) is None  # one seed: no spread
+
+
+def test_gap_is_mean_over_seeds_of_mean_abs_difference():
+    base = curve(lambda t: t)
+    runs = [curve(lambda t: t + 0.5), curve(lambda t: t - 1.5 if t < 5 else t + 0.5)]
+    g = V.gaps(runs, base)
+    assert g["per_seed_run"][0] == pytest.approx(0.5)
+    assert g["per_seed_run"][1] == pytest.approx((5 * 1.5 + 6 * 0.5) / 11)
+    assert g["run"] == pytest.approx((0.5 + (5 * 1.5 + 6 * 0.5) / 11) / 2)
+    assert g["end"] == pytest.approx(0.5)
+
+
+def test_a_run_that_stops_early_has_an_infinite_gap():
+    g = V.gaps([curve(lambda t: t, T[:5])], curve(lambda t: t))
+    assert math.isinf(g["run"]) and g["incomplete"] == 1
+
+
+def test_trailing_smoothing():
+    xs, ys = V.smooth(([0.0, 0.5, 1.0, 1.5], [0.0, 2.0, 4.0, 6.0]), 0.5)
+    assert ys == [0.0, 1.0, 3.0, 5.0] and xs == [0.0, 0.5, 1.0, 1.5]
+    assert V.smooth(([0.0, 1.0], [1.0, 3.0]), 0.0)[1] == [1.0, 3.0]
+
+
+# --- decisions ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind,gw,gwo,s,expected", [
+    ("rule_needed", 1.0, 5.0, 1.0, "reproduced"),
+    ("rule_needed", 1.0, 5.0, 0.4, "inconclusive"),  # the rule helps but does not reach the baseline
+    ("rule_needed", 1.0, 1.5, 1.0, "inconclusive"),  # without is not 2× worse
+    ("rule_needed", 5.0, 4.0, 1.0, "contradicted"),  # the rule does not help, above the noise
+    ("rule_needed", 1.0, 0.9, 1.0, "inconclusive"),  # the rule does not help, but it is all noise
+    ("rule_closer", 3.0, 9.0, 1.0, "reproduced"),
+    ("rule_closer", 3.0, 9.0, 5.0, "inconclusive"),
+    ("rule_closer", 9.0, 3.0, 1.0, "contradicted"),
+    ("same_either_way", 1.0, 1.5, 1.0, "reproduced"),
+    ("same_either_way", 1.0, 5.0, 1.0, "contradicted"),
+    ("same_either_way", 4.0, 5.0, 1.0, "inconclusive"),
+])
+def test_decision_rules(kind, gw, gwo, s, expected):
+    assert V.decide(kind, gw, gwo, s)[0] == expected
+
+
+def test_undefined_spread_is_inconclusive():
+    assert V.decide("rule_needed", 0.0, 10.0, None)[0] == "inconclusive"
+    assert V.decide_target(5.0, None, 5.0, 1.0)[0] == "inconclusive"
+    assert V.decide_with_better({4.0: 10.0}, None)[0] == "inconclusive"
+
+
+GAP = st.one_of(st.just(0.0), st.floats(1e-6, 1e3))
+
+
+@settings(max_examples=200, deadline=None)
+@given(gw=GAP, gwo=GAP, s=st.floats(1e-6, 1e3), k=st.floats(1e-3, 1e3),
+       kind=st.sampled_from(["rule_needed", "rule_closer", "same_either_way"]))
+def test_decisions_are_unit_free_and_rule_needed_as_written(gw, gwo, s, k, kind):
+    v = V.decide(kind, gw, gwo, s)[0]
+    assert v in V.VERDICTS
+    assert V.decide(kind, gw * k, gwo * k, s * k)[0] == v or any(  # only float rounding at a boundary may differ
+        math.isclose(a, b, rel_tol=1e-9) for a, b in ((gwo, 2 * gw), (gw, 2 * s), (gw, gwo), (max(gw, gwo), 2 * s),
+                                                       (gwo, 2 * s)))
+    if kind == "rule_needed":
+        assert (v == "reproduced") == (gwo >= 2 * gw and gw <= 2 * s)
+        if v == "contradicted":
+            assert gw >= gwo
+
+
+@pytest.mark.parametrize("ema_gap,target_gap,expected", [
+    (5.0, 5.0, "reproduced"), (5.0, 0.5, "contradicted"), (5.0, 1.5, "inconclusive"), (1.0, 5.0, "inconclusive")])
+def test_target_explains(ema_gap, target_gap, expected):
+    assert V.decide_target(ema_gap, 1.0, target_gap, 1.0)[0] == expected
+
+
+def test_with_better_and_ema_above_target():
+    assert V.decide_with_better({2.0: 0.5, 4.0: 3.0}, 1.0)[0] == "reproduced"
+    assert V.decide_with_better({2.0: 0.5, 4.0: 1.0}, 1.0)[0] == "inconclusive"
+    assert V.decide_with_better({2.0: 0.5, 4.0: -3.0}, 1.0)[0] == "contradicted"
+    assert V.decide_ema_above([0.2, 0.3])[0] == "reproduced"
+    assert V.decide_ema_above([-0.2, -0.1])[0] == "contradicted"
+    assert V.decide_ema_above([0.2, -0.1])[0] == "inconclusive"
+
+
+# --- a family's claims on synthetic run directories ---------------------------------------------
+
+
+def write_run(root: Path, name, kappa, rule, seed, metrics: dict, experiment="polyak-r50"):
+    d = root / name
+    d.mkdir(parents=True)
+    h = {"experiment": experiment, "kappa": kappa, "ema_rule": rule is not None, "ema_rule_form": rule,
+         "seed": seed, "dataset_size": 100, "epoch_measure": 100, "hyperparameters": {
+             "batch_size": {"base": 10, "scaled": 10 * kappa},
+             "ema.momentum": {"base": 0.99, "scaled": 0.99 ** (kappa if rule else 1)}}}
+    (d / "hparams.json").write_text(json.dumps(h))
+    rows = [{"kind": "eval", "samples_seen": int(t * 100), "epoch": t, **{m: f(t) for m, f in metrics.items()}}
+            for t in T]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+def polyak_runs(root, ema_with, ema_without, target_with, noise=0.3):
+    """Baseline seeds ±noise around t (EMA) and t − 1 (target); κ=2 and κ=4 settings offset as given."""
+    dirs = []
+    for s, o in enumerate((-noise, 0.0, noise)):
+        dirs.append(write_run(root, f"k1-s{s}", 1.0, "exponential", s,
+                              {"ema_top1": lambda t, o=o: t + o, "top1": lambda t, o=o: t - 1 + o}))
+        for k in (2.0, 4.0):
+            dirs.append(write_run(root, f"k{k:g}-rule-s{s}", k, "exponential", s,
+                                  {"ema_top1": lambda t, o=o: t + o + ema_with, "top1": lambda t, o=o: t - 1 + o
+                                   + target_with}))
+            dirs.append(write_run(root, f"k{k:g}-norule-s{s}", k, None, s,
+                                  {"ema_top1": lambda t, o=o: t + o + ema_without,
+                                   "top1": lambda t, o=o: t - 1 + o + target_with}))
+    return load_runs(dirs)
+
+
+def verdicts(measured):
+    return {(c["kind"], c["kappa"], c["statistic"]): c["verdict"] for c in measured["claims"]}
+
+
+def test_polyak_claims_reproduced_when_the_rule_closes_the_gap(tmp_path):
+    m = M.measure(K.POLYAK, polyak_runs(tmp_path, ema_with=0.1, ema_without=-3.0, target_with=0.0))
+    v = verdicts(m)
+    assert v[("rule_needed", 2.0, M.STATISTIC["run"])] == "reproduced"
+    assert v[("rule_needed", 4.0, M.STATISTIC["end"])] == "reproduced"
+    assert v[("target_explains", 4.0, M.STATISTIC["run"])] == "inconclusive"  # no EMA gap to explain
+    assert v[("ema_above_target", 1.0, M.STATISTIC["end"])] == "reproduced"
+    spread = m["tables"]["ema_top1"]["rows"][("baseline", 1.0)]["gaps"]["run"]
+    assert spread == pytest.approx(0.3)  # offsets −0.3, 0, 0.3: (0.45 + 0 + 0.45) / 3
+    claim = next(c for c in m["claims"] if c["kind"] == "rule_needed" and c["kappa"] == 2.0)
+    # Per seed |−0.3 + 0.1|, |0.1|, |0.3 + 0.1| against the baseline mean; without: 3.3, 3, 2.7.
+    assert claim["gap_with_rule"] == pytest.approx(0.7 / 3) and claim["gap_without_rule"] == pytest.approx(3.0)
+
+
+def test_polyak_claims_contradicted_and_diagnosed(tmp_path):
+    # The rule makes it worse; the target model tracks, so the gap is the EMA's.
+    m = M.measure(K.POLYAK, polyak_runs(tmp_path, ema_with=-3.0, ema_without=-1.0, target_with=0.0))
+    v = verdicts(m)
+    assert v[("rule_needed", 2.0, M.STATISTIC["run"])] == "contradicted"
+    assert v[("target_explains", 4.0, M.STATISTIC["run"])] == "contradicted"
+    c = next(c for c in m["claims"] if c["kind"] == "rule_needed" and c["kappa"] == 2.0)
+    assert "the optimizer rule holds" in c["diagnosis"]
+    # Now the target strays as well: the optimizer rule is to blame.
+    m = M.measure(K.POLYAK, polyak_runs(tmp_path / "b", ema_with=-3.0, ema_without=-6.0, target_with=-3.0))
+    assert verdicts(m)[("target_explains", 4.0, M.STATISTIC["run"])] == "reproduced"
+    c = next(c for c in m["claims"] if c["kind"] == "rule_needed" and c["kappa"] == 2.0)
+    assert c["verdict"] == "inconclusive" and "optimizer rule: the target model" in c["diagnosis"]
+
+
+def test_up_to_claims_expand_per_kappa_and_unmeasured_kappas_say_so():
+    claims = M.expand(K.BYOL.claims, [1.0, 2.0, 4.0, 8.0])
+    assert [(c.kappa, c.over) for c in claims] == [(2.0, "run"), (4.0, "run"), (2.0, "end"), (4.0, "end")]
+    assert [c.kappa for c in M.expand(K.BYOL.claims, [1.0, 8.0])] == [4.0, 4.0]  # judged as not measured
+
+
+# --- studies ------------------------------------------------------------------------------------
+
+
+def parabola_records(ratio_at_256=0.95, slope_kink=1.0, order_ok=True, ratio_small=1.0, no_rule=0.5):
+    """Records shaped like `emarule run parabola` writes, for κ = 1…1024 and ρ_B ∈ {0.9999, 0.99}."""
+    recs = []
+    for rho in (0.9999, 0.99):
+        for conv in ("pre", "post"):
+            for j in range(11):
+                k = 2 ** j
+                rule = rho ** k
+                ratio = ratio_small if k < 256 else ratio_at_256 if conv == "pre" else 0.9
+                err_rule = 1e-5 * k * (10 if rho == 0.99 and order_ok else 0.1 if rho == 0.99 else 1)
+                err_target = 1e-5 * k * (slope_kink if k >= 256 else 1.0)
+                recs.append({"rho_base": rho, "dim": 1, "convention": conv, "kappa": k, "rho_rule": rule,
+                             "rho_star": 1 - ratio * (1 - rule), "err_rule": 0.0 if k == 1 else err_rule,
+                             "err_no_rule": 0.0 if k == 1 else no_rule, "err_star": 0.0 if k == 1 else err_rule / 1.5,
+                             "err_linear": None, "err_target": 0.0 if k == 1 else err_target})
+    return recs
+
+
+def test_parabola_checks_come_out_each_way():
+    assert S.parabola_rho_star_higher(parabola_records(0.95))["verdict"] == "reproduced"
+    assert S.parabola_rho_star_higher(parabola_records(1.05))["verdict"] == "contradicted"
+    assert S.parabola_match(parabola_records(), 8)["verdict"] == "reproduced"
+    assert S.parabola_match(parabola_records(), 3)["verdict"] == "inconclusive"  # not computed
+    assert S.parabola_target_onset(parabola_records(slope_kink=1.0))["verdict"] == "contradicted"
+    assert S.parabola_target_onset(parabola_records(slope_kink=8.0))["verdict"] == "reproduced"
+    assert S.parabola_lower_rho_worse(parabola_records(order_ok=True))["verdict"] == "reproduced"
+    assert S.parabola_lower_rho_worse(parabola_records(order_ok=False))["verdict"] == "contradicted"
+    assert S.parabola_tracks_rho_star(parabola_records(0.97))["verdict"] == "reproduced"
+    assert S.parabola_tracks_rho_star(parabola_records(0.9))["verdict"] == "inconclusive"  # off only at 256
+    assert S.parabola_tracks_rho_star(parabola_records(0.97, ratio_small=1.1))["verdict"] == "contradicted"
+    assert S.parabola_inflection(parabola_records())["verdict"] != "reproduced"  # a pure power law: no inflection
+    assert S.parabola_no_rule_large(parabola_records())["verdict"] == "reproduced"
+    assert S.parabola_no_rule_large(parabola_records(no_rule=0.15))["verdict"] == "inconclusive"  # 1.5× at 1024
+    assert S.parabola_no_rule_large(parabola_records(no_rule=0.05))["verdict"] == "contradicted"
+    assert S.parabola_dimensions(parabola_records())["verdict"] == "inconclusive"  # no D > 1
+
+
+def precision_results(fp16_std_top=1e-1, bf16=0.3):
+    recs = []
+    for run, diff, std in (("fp16", 0.05, None), ("bf16", bf16, 0.01), ("fp32_seed", 1e-3, 1e-4),
+                           ("fp32_reorder", 1e-7, 1e-8)):
+        for m in (0.9, 0.99, 0.999):
+            s = std if std is not None else (fp16_std_top if m == 0.999 else 1e-2)
+            recs.append({"run": run, "momentum": m, "ema_maxabsdiff": diff, "ema_maxabsdiff_std": s,
+                         "ema_maxabsdiff_relative": diff / 2})
+    return {"records": recs}
+
+
+def test_precision_checks_come_out_each_way():
+    assert S.precision_fp16_variance(precision_results(1e-1))["verdict"] == "reproduced"
+    assert S.precision_fp16_variance(precision_results(1e-3))["verdict"] == "contradicted"
+    assert S.precision_bf16_stable(precision_results(bf16=1e-3))["verdict"] == "reproduced"
+    assert S.precision_bf16_stable(precision_results(bf16=0.3))["verdict"] == "contradicted"
+    assert S.precision_fp32_stable(precision_results())["verdict"] == "reproduced"
+    assert S.precision_fp32_range()["verdict"] == "reproduced"
+
+
+# --- the registry -------------------------------------------------------------------------------
+
+
+def test_registry_matches_the_specs_and_the_checks():
+    from emarule import checks
+    from emarule.spec import load_spec
+
+    assert set(K.FAMILIES) == {"parabola", "precision", "polyak", "byol", "dino", "ctc-polyak", "ctc-pseudo-label"}
+    for f in K.FAMILIES.values():
+        spec = load_spec(f.experiment)
+        for c in f.claims:
+            if f.kind == "study":
+                assert c.kind in S.CHECKS, c
+            else:
+                assert c.kind in K.RULE_KINDS and c.metric in {m.name for m in f.metrics}, c
+                assert c.over in ("run", "end")
+        if f.kind == "sweep":
+            assert f.ema_metric.depends_on_ema and 1.0 in f.kappas
+            known = checks.TASK_METRICS.get(spec["task"])
+            for m in f.metrics:  # what the registry judges is what the task logs
+                bare = m.name[4:] if m.name.startswith("ema_") else m.name
+                assert known is None or bare in (*known, *checks.LOOP_METRICS), (f.name, m.name)
+
+
+# --- the command --------------------------------------------------------------------------------
+
+
+def one_line_error(res, needle):
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], res.output
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["nope"], "unknown family 'nope'"),
+    (["byol", "--preset", "huge"], "has no 'huge' preset"),
+    (["precision", "--seeds", "3"], "drop --seeds and --kappas"),
+    (["byol", "--kappas", "1,x"], "--kappas must be a number"),
+    (["byol", "--preset", "tiny", "--seeds", "0"], "--seeds must be ≥ 1"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, needle):
+    out = tmp_path / "out"
+    one_line_error(runner.invoke(app, ["reproduce", *args, "--out", str(out)]), needle)
+    assert not out.exists()
+
+
+def test_a_family_whose_task_is_not_runnable_says_so(tmp_path, monkeypatch):
+    import emarule.tasks
+
+    monkeypatch.setattr(emarule.tasks, "RUNNABLE_TASKS", ("parabola", "precision", "byol", "toy"))
+    monkeypatch.setitem(K.FAMILIES, "fake", K.Family("fake", "ctc-polyak", "§0", "sweep", (),
+                                                     ema_metric=K.CTC_POLYAK.ema_metric))
+    one_line_error(runner.invoke(app, ["reproduce", "fake", "--out", str(tmp_path / "o")]), "cannot run yet")
+
+
+def test_precision_study_reproduction_writes_and_reuses(tmp_path):
+    from emarule.reproduce.command import reproduce
+
+    from emarule.render import wide_console
+    from emarule.scaling import plan
+    from emarule.spec import load_spec
+
+    small = ["precision_study.features=8", "precision_study.samples=256", "precision_study.repeats=2",
+             "schedule.total_steps=40"]
+
+    def resolver(experiment, preset):
+        def resolve_run(k, ema, baseline):
+            s = load_spec(experiment, preset=preset, overrides=small)
+            return s, 1.0, "exponential", None, plan(s, 1.0)
+        return resolve_run
+
+    console = wide_console(quiet=True)
+    data = reproduce(console, "precision", preset=None, seeds=None, kappas=None, out=str(tmp_path), data=None,
+                     resolver=resolver)
+    assert [c["kind"] for c in data["claims"]] == [c.kind for c in K.PRECISION.claims]
+    assert all(c["verdict"] in V.VERDICTS for c in data["claims"])
+    assert (tmp_path / "report.md").is_file() and data["timing"]["reused"] == 0
+    again = reproduce(console, "precision", preset=None, seeds=None, kappas=None, out=str(tmp_path), data=None,
+                      resolver=resolver)
+    assert again["timing"]["reused"] == 1 and again["claims"] == data["claims"]
+
+
+def test_tiny_byol_reproduction_end_to_end_then_reused(tmp_path):
+    """CI smoke: a tiny κ sweep writes report.md, the figure and verdict.json in the issue's shape;
+    the second invocation reuses every finished run."""
+    import torch
+
+    torch.set_num_threads(1)
+    args = ["reproduce", "byol", "--preset", "tiny", "--seeds", "2", "--kappas", "1,2", "--out", str(tmp_path)]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    v = json.loads((tmp_path / "verdict.json").read_text())
+    assert v["family"] == "byol" and v["seeds"] == 2 and v["kappas"] == [1.0, 2.0]
+    assert len(v["claims"]) == 2  # "until 4096", judged at the only κ run: 2, over the run and at the end
+    for c in v["claims"]:
+        assert {"claim", "paper", "metric", "kappa", "gap_with_rule", "gap_without_rule", "baseline_spread",
+                "verdict"} <= set(c)
+        assert c["kappa"] == 2.0 and c["metric"] == "probe_top1" and c["verdict"] in V.VERDICTS
+        assert c["baseline_spread"] is not None and c["gap_with_rule"] is not None
+    assert {r["metric"] for r in v["settings"]} == {"probe_top1", "byol_loss"}
+    assert (tmp_path / "figures" / "byol.png").stat().st_size > 10_000
+    report = (tmp_path / "report.md").read_text()
+    assert "emarule reproduce byol --preset tiny --seeds 2 --kappas 1,2" in report and "**Verdict:" in report
+    assert v["timing"]["runs"] == 6 and v["timing"]["reused"] == 0
+    assert "verdict" in res.output and "report:" in res.output
+
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    again = json.loads((tmp_path / "verdict.json").read_text())
+    assert again["timing"]["reused"] == 6 and again["claims"] == v["claims"]
