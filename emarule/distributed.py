@@ -91,15 +91,17 @@ def teardown() -> None:
 
 
 def world_size() -> int:
-    return state().world_size
+    return _STATE.world_size if _STATE is not None else _env_int("WORLD_SIZE", 1)
 
 
 def rank() -> int:
-    return state().rank
+    # Outside training (before or after it: the CLI deciding who prints) the launcher's
+    # environment answers; asking must not join a process group that nothing would leave.
+    return _STATE.rank if _STATE is not None else _env_int("RANK", 0)
 
 
 def is_main() -> bool:
-    return state().is_main
+    return rank() == 0
 
 
 def device() -> torch.device:
