@@ -61,7 +61,7 @@ PROGRESSIVE = {
     "kind": text(choices=("constant", "step", "incremental", "smooth")),
     "epoch": num("step: epoch at which the batch jumps to κB", **NONNEG),
     "base_step": num("step: the jump as a point on the clock in base steps, instead of epoch", **NONNEG),
-    "from_kappa": num("step: κ before the jump (default 1)", **POSITIVE),
+    "from_kappa": num("step, incremental: κ before the first transition (default 1)", **POSITIVE),
     "start_epoch": num("smooth/incremental: first epoch of the ramp", **NONNEG),
     "end_epoch": num("smooth: epoch at which κB is reached", **NONNEG),
     "every_epochs": num("incremental: epochs between increments", **POSITIVE),
@@ -112,6 +112,8 @@ COMMON: dict[str, Any] = {
         "update_from": text("EMA tracks θ_t (pre, the paper's Definition) or θ_{t+1} (post, BYOL/DINO)",
                             choices=("pre", "post")),
         "start_steps": integer("EMA accumulation starts after this many base steps", **NONNEG),
+        "momentum_after_transition": momentum("Progressive Scaling: the main EMA's ρ after the first "
+                                              "transition, used as is (no rule); App. F's ablation"),
         "buffers": text("BatchNorm running statistics in the EMA: copied or averaged",
                         choices=("copy", "average")),
         "dtype": text("dtype the EMA weights are held in (the paper: float32 under bf16 autocast)",
@@ -210,7 +212,10 @@ TASKS: dict[str, dict[str, Any]] = {
         "model": {
             "arch": text(), "width": integer(lo=1), "init": text(), "patch_size": integer(lo=1),
             "stochastic_depth": num(lo=0.0, hi=1.0), "projector_hidden": integer(lo=1),
-            "projector_out": integer(lo=1), "predictor_hidden": integer(lo=1), "head_norm": text(),
+            "projector_out": integer(lo=1), "predictor_hidden": integer(lo=1),
+            "head_norm": text("projector and predictor norm", choices=("batchnorm", "layernorm", "none")),
+            "embed_dim": integer("ViT width (narrow ViTs of the cpu/tiny presets)", nullable=True, lo=1),
+            "depth": integer("ViT blocks", nullable=True, lo=1), "heads": integer("ViT heads", nullable=True, lo=1),
             "cifar_stem": flag("3x3 stem without max-pool for 32x32 inputs"),
         },
         "data": {
@@ -219,7 +224,8 @@ TASKS: dict[str, dict[str, Any]] = {
             "train_samples": integer("cap on the training set (cpu/tiny presets)", nullable=True, lo=1),
             "eval_samples": integer(nullable=True, lo=1),
         },
-        "probe": {"lr": num(**POSITIVE), "kind": text(choices=("pre-bn", "post-bn"))},
+        "probe": {"lr": num("the tracking probe's own Adam lr at batch.size (emarule/probe.py)", **POSITIVE),
+                  "kind": text(choices=("pre-bn",))},
     },
     "dino": {
         "model": {

@@ -150,3 +150,20 @@ def test_plan_json_shape(vit):
         assert set(hp[key]) >= {"base", "scaled", "rule"}
     assert hp["optimizer.betas"]["scaled"] == [0.4, 0.7]  # float noise rounded away
     assert [s["kappa"] for s in d["stages"]] == [1, 6]  # the spec's step at epoch 60
+
+
+def test_momentum_after_transition_is_the_literal_rho_of_every_later_stage(vit):
+    """App. F's ablation: the step to κ = 6 at epoch 60, then ρ as written, no rule applied."""
+    s = load_spec("byol-vit", overrides=["ema.momentum_after_transition=0.95"])
+    for rule in ("exponential", None):
+        p = plan(s, 6, rule)
+        (_, first), (_, after) = p.stages
+        assert first["ema.momentum"] == 0.99 and after["ema.momentum"] == 0.95
+        assert p.for_kappa(6)["ema.momentum"] == 0.95 and "as is" in after.values["ema.momentum"].rule
+    waterfall = plan(s, 6, progressive={"kind": "incremental", "start_epoch": 60, "delta_batch": 3072,
+                                        "every_epochs": 60, "from_kappa": 0.75})
+    rhos = [q["ema.momentum"] for _, q in waterfall.stages]
+    assert rhos[0] == pytest.approx(0.99**0.75) and set(rhos[1:]) == {0.95}
+    assert plan(vit, 6).stages[1][1]["ema.momentum"] == pytest.approx(0.99**6)  # unset: the rule
+    constant = plan(s, 6, progressive={"kind": "constant"})
+    assert constant["ema.momentum"] == pytest.approx(0.99**6) and "no effect" in " ".join(constant.warnings)

@@ -76,3 +76,16 @@ def test_every_stage_rederived_from_base_values():
     # the same stage without the EMA rule keeps ρ_B
     q = plan(s, 8, None, {"kind": "step", "epoch": 30})
     assert q.stages[1][1]["ema.momentum"] == 0.992
+
+
+def test_incremental_from_kappa_is_the_papers_waterfall():
+    """App. F: from 3072 = 0.75 × 4096, +3072 every 60 epochs, to 24,576 at epoch 420."""
+    prog = parse("incremental:60,3072,60,0.75")
+    assert prog["from_kappa"] == 0.75
+    b = BatchSchedule(prog, 4096, 6, 480)
+    assert [b.batch_at(e) for e in (0, 59, 60, 120, 419, 420, 479)] == [3072, 3072, 6144, 9216, 21504, 24576, 24576]
+    assert [s.kappa for s in b.stages()] == [0.75, 1.5, 2.25, 3.0, 3.75, 4.5, 5.25, 6.0]
+    with pytest.raises(UserError, match="from_kappa"):
+        BatchSchedule({**prog, "from_kappa": 7}, 4096, 6, 480)
+    with pytest.raises(UserError, match="--progressive"):
+        parse("incremental:60,3072,60,0.75,2")

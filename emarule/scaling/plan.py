@@ -259,6 +259,24 @@ def kappa_from(spec: dict, kappa: float | None, batch_size: float | None) -> flo
     return rules.check_kappa(1.0 if kappa is None else kappa)
 
 
+def _momentum_after_transition(spec: dict, final: Plan) -> None:
+    """`ema.momentum_after_transition`: the main EMA's ρ in every stage after the first, as written.
+
+    App. F (Fig. "BYOL ViT-B/16 ... for different momenta ρ") steps from B = 4096 to 24,576 at
+    epoch 60 and trains on "without EMA scaling" for each ρ in {0.8 … 0.999}: the value is the
+    literal ρ used at the new batch, not a base value to scale again, whatever the EMA rule.
+    """
+    rho = _get(spec, "ema.momentum_after_transition")
+    if rho is None or _get(spec, "ema.momentum") is None:
+        return
+    rules.check_unit_interval("ema.momentum_after_transition", rho)
+    s = Scaled(rho, rho, "momentum", "ema.momentum_after_transition: used as is after the first transition")
+    for _, p in final.stages[1:]:
+        p.values["ema.momentum"] = s
+    if final.stages[1:]:
+        final.values["ema.momentum"] = s  # the final plan is the last stage's (Plan.for_kappa)
+
+
 def plan(spec: dict, kappa: float, ema_rule: str | None = "exponential",
          progressive: dict | None = None) -> Plan:
     """`scale` at the final κ, plus one plan per stage when Progressive Scaling is on."""
@@ -275,8 +293,12 @@ def plan(spec: dict, kappa: float, ema_rule: str | None = "exponential",
                               _get(spec, "schedule.total_steps"))
         final.progressive = dict(prog)
         final.stages = [(s, scale(spec, s.kappa, ema_rule)) for s in sched.stages()]
+        _momentum_after_transition(spec, final)
         for _, p in final.stages:
             final.warnings.extend(w for w in p.warnings if w not in final.warnings)
+    elif _get(spec, "ema.momentum_after_transition") is not None:
+        final.warnings.append("ema.momentum_after_transition has no effect without Progressive Scaling "
+                              "(no transition); add --progressive")
     if not math.isfinite(final["batch_size"]):
         raise ScalingError("batch size overflowed; use a smaller κ")
     return final

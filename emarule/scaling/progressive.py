@@ -9,9 +9,12 @@ from the base values for each epoch's κ. Four kinds, all reaching the run's fin
                 counted in steps (speech: 8 → 16 at 29k reference steps). `from_kappa` (default
                 1) sets the batch before the step: from_kappa × B.
 - incremental:  B before `start_epoch`, then +`delta_batch` every `every_epochs`, capped at κB.
+                `from_kappa` sets the batch before `start_epoch` here too: App. F's "waterfall"
+                starts at 3072 = 0.75 × 4096 and adds 3072 every 60 epochs up to 24,576.
 - smooth:       B before `start_epoch`, κB from `end_epoch`, linear in epochs between.
 
-On the command line: `constant`, `step:E`, `smooth:E1-E2`, `incremental:START,DELTA_B,EVERY`.
+On the command line: `constant`, `step:E`, `smooth:E1-E2`, `incremental:START,DELTA_B,EVERY` or
+`incremental:START,DELTA_B,EVERY,FROM_KAPPA`.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ class Stage:
 def parse(text: str) -> dict:
     """`step:10` → {"kind": "step", "epoch": 10.0}, and so on (see the module docstring)."""
     kind, _, arg = text.strip().partition(":")
-    usage = "use constant, step:E, smooth:E1-E2 or incremental:START,DELTA_B,EVERY"
+    usage = "use constant, step:E, smooth:E1-E2 or incremental:START,DELTA_B,EVERY[,FROM_KAPPA]"
     try:
         if kind == "constant" and not arg:
             return {"kind": "constant"}
@@ -44,9 +47,13 @@ def parse(text: str) -> dict:
             a, b = arg.split("-")
             return _checked(text, {"kind": "smooth", "start_epoch": float(a), "end_epoch": float(b)})
         if kind == "incremental":
-            a, d, n = arg.split(",")
-            return _checked(text, {"kind": "incremental", "start_epoch": float(a), "delta_batch": float(d),
-                                   "every_epochs": float(n)})
+            a, d, n, *k0 = arg.split(",")
+            out = {"kind": "incremental", "start_epoch": float(a), "delta_batch": float(d), "every_epochs": float(n)}
+            if len(k0) > 1:
+                raise ValueError
+            if k0:
+                out["from_kappa"] = float(k0[0])
+            return _checked(text, out)
     except ValueError:
         pass
     raise UserError(f"--progressive {text!r}: cannot parse; {usage}")
@@ -56,7 +63,7 @@ def _checked(text: str, spec: dict) -> dict:
     """Epochs are ≥ 0 and finite; increments and their period are > 0 (the spec's own section is
     held to the same by the schema)."""
     for key, value in spec.items():
-        positive = key in ("delta_batch", "every_epochs")
+        positive = key in ("delta_batch", "every_epochs", "from_kappa")
         if key != "kind" and (not math.isfinite(value) or value < 0 or (positive and value == 0)):
             need = "a finite number > 0" if positive else "a finite number ≥ 0"
             raise UserError(f"--progressive {text!r}: {key} must be {need}, got {value:g}")
@@ -107,6 +114,7 @@ class BatchSchedule:
                 raise UserError("progressive smooth: end_epoch must be after start_epoch")
         else:
             self._need("start_epoch", "delta_batch", "every_epochs")
+            self._check_from_kappa()
         last = max(float(self.spec.get(k) or 0) for k in ("epoch", "start_epoch", "end_epoch"))
         if last >= self.epochs:
             raise UserError(f"progressive {kind}: epoch {last:g} is not before the end of training "
@@ -123,7 +131,8 @@ class BatchSchedule:
     def _check_from_kappa(self) -> None:
         k0 = self.spec.get("from_kappa")
         if k0 is not None and not 0 < k0 <= self.kappa:
-            raise UserError(f"progressive step: from_kappa must be in (0, κ={self.kappa:g}], got {k0:g}")
+            raise UserError(f"progressive {self.spec['kind']}: from_kappa must be in (0, κ={self.kappa:g}], "
+                            f"got {k0:g}")
 
     def batch_at(self, t: float) -> float:
         """Batch size (in the spec's batch unit) at time `t` on the schedule's axis.
@@ -150,9 +159,10 @@ class BatchSchedule:
                 return final
             return float(round(self.base + (final - self.base) * (e - e1) / (e2 - e1)))
         # incremental
+        first = self.base * float(s.get("from_kappa") or 1.0)
         if e < s["start_epoch"]:
-            return self.base
-        grown = self.base + s["delta_batch"] * (math.floor((e - s["start_epoch"]) / s["every_epochs"]) + 1)
+            return first
+        grown = first + s["delta_batch"] * (math.floor((e - s["start_epoch"]) / s["every_epochs"]) + 1)
         return min(grown, final)
 
     def kappa_at(self, epoch: float) -> float:

@@ -2,15 +2,17 @@
 
 The parts handed to the shared loop (`emarule.train.train`):
 
-- `model` = `BYOL`: the online network (`online` = backbone + projector), the `predictor`, and
-  the tracking `probe` (pre-BN linear probe). All are trained by the run's one optimizer.
+- `model` = `BYOL`: the online network (`online` = backbone + projector) and the `predictor`,
+  trained by the run's optimizer, and the tracking `probe` (`emarule.probe.TrackingProbe`: a
+  pre-BN linear probe with its own Adam, stepped in `on_step`, outside the run's optimizer).
 - `ema_source` = `model.online`: the loop keeps its EMA (the teacher ζ, updated from θ_{t+1} as
   the spec's `ema.update_from: post` says) and passes it to `loss` as the teacher.
 - `loss`: the paper's Definition (BYOL Update),
       L = ½ cos[q(z(x1)), StopGrad(z_ζ(x2))] + ½ cos[q(z(x2)), StopGrad(z_ζ(x1))],
-  cos(a, b) = 1 − a·b / (|a||b|), plus the probe's cross-entropy on the StopGrad teacher
-  representation (Definition: Tracking Probe, "a probe for the teacher"). The teacher computes
-  with batch statistics, as BYOL's target network does, without touching its running statistics.
+  cos(a, b) = 1 − a·b / (|a||b|). The probe's cross-entropy on the StopGrad teacher
+  representation of both views (Definition: Tracking Probe, "a probe for the teacher") is
+  computed alongside and trains only the probe. The teacher computes with batch statistics, as
+  BYOL's target network does, without touching its running statistics.
 - one evaluation, `probe_top1`: the probe's top-1 on the test split through the teacher (eval
   mode), at the cadence `eval.every_epochs`.
 
@@ -31,8 +33,9 @@ from torch import nn
 
 from emarule.context import RunContext
 from emarule.errors import UserError
+from emarule.probe import TrackingProbe, probe_evaluation
 from emarule.spec import get
-from emarule.tasks.parts import Evaluation, TaskParts
+from emarule.tasks.parts import TaskParts
 from emarule.vision import models as M
 from emarule.vision.data import TwoViewSet, load_sources
 
@@ -51,15 +54,13 @@ class Online(nn.Module):
 
 
 class BYOL(nn.Module):
-    def __init__(self, backbone: nn.Module, proj_hidden: int, proj_out: int, pred_hidden: int, num_classes: int,
-                 head_norm: str = "batchnorm", probe_kind: str = "pre-bn"):
+    def __init__(self, backbone: nn.Module, proj_hidden: int, proj_out: int, pred_hidden: int,
+                 probe: TrackingProbe, head_norm: str = "batchnorm"):
         super().__init__()
         feat = backbone.num_features
         self.online = Online(backbone, M.mlp(feat, proj_hidden, proj_out, head_norm))
         self.predictor = M.mlp(proj_out, pred_hidden, proj_out, head_norm)
-        if probe_kind != "pre-bn":
-            raise UserError(f"probe.kind {probe_kind!r}: only the pre-bn linear probe (the paper's) is implemented")
-        self.probe = M.LinearProbe(feat, num_classes)
+        self.probe = probe  # buffers only: the run's optimizer and the EMA never see it
         self.num_features = feat
 
 
@@ -103,48 +104,12 @@ def make_loss():
             th1, t1 = teacher(x1)
             th2, t2 = teacher(x2)
         l_byol = byol_loss(p1, p2, t1, t2)
-        # Tracking probe on the StopGrad teacher representation of both views.
-        logits = model.probe(torch.cat([th1, th2]).detach().float())
-        target = torch.cat([y, y])
-        l_probe = F.cross_entropy(logits, target)
-        total = l_byol + l_probe  # the probe's parameters see only l_probe (StopGrad input)
-        with torch.no_grad():
-            acc = (logits.argmax(1) == target).float().mean().item() * 100.0
-        return total, {"byol_loss": l_byol.item(), "probe_loss": l_probe.item(), "probe_train_top1": acc}
+        # The tracking probe on the StopGrad teacher representation of both views: its gradient
+        # goes to `on_step` as a tensor metric, never into this loss.
+        metrics = model.probe.train_metrics(torch.cat([th1, th2]), torch.cat([y, y]))
+        return l_byol, {"byol_loss": l_byol.item(), **metrics}
 
     return loss
-
-
-class EvalImages:
-    """The test split's evaluation views and labels; small splits (digits, CIFAR-10) prepared once."""
-
-    def __init__(self, source, image_size: int):
-        self.source, self.size = source, image_size
-        self.cache = [None] * len(source) if len(source) <= 20000 else None
-
-    def __len__(self) -> int:
-        return len(self.source)
-
-    def __getitem__(self, i: int):
-        if self.cache is not None and self.cache[i] is not None:
-            return self.cache[i]
-        item = (self.source.eval_view(i, self.size), self.source.label(i))
-        if self.cache is not None:
-            self.cache[i] = item
-        return item
-
-
-def probe_evaluation(model: BYOL, test, image_size: int, every_epochs: float, every_base_steps=None) -> Evaluation:
-    """Top-1 of the tracking probe on the teacher's representation: it measures the teacher."""
-
-    def score(teacher: nn.Module, batch, now):
-        x, y = batch
-        h, _ = teacher(x)
-        return {"correct": (model.probe(h.float()).argmax(1) == y).sum(), "count": len(y)}
-
-    return Evaluation(data=EvalImages(test, image_size), score=score, models="teacher",
-                      finish=lambda s: {"probe_top1": 100.0 * s["correct"] / max(1.0, s["count"])},
-                      every_epochs=every_epochs, every_base_steps=every_base_steps)
 
 
 def build(ctx: RunContext) -> TaskParts:
@@ -162,20 +127,17 @@ def build(ctx: RunContext) -> TaskParts:
     # Same initial weights for every κ and rule at a given seed (the loop seeds the rest).
     torch.manual_seed(ctx.seed)
     init = get(s, "model.init", "kaiming_uniform")
+    dims = {"embed_dim": get(s, "model.embed_dim"), "depth": get(s, "model.depth"), "num_heads": get(s, "model.heads")}
     bb = M.backbone(arch, width=get(s, "model.width"), cifar_stem=bool(get(s, "model.cifar_stem", False)),
                     image_size=image_size, patch_size=get(s, "model.patch_size"),
-                    stochastic_depth=get(s, "model.stochastic_depth", 0.0), init=init)
+                    stochastic_depth=get(s, "model.stochastic_depth", 0.0), init=init, vit_dims=dims)
+    if get(s, "probe.kind", "pre-bn") != "pre-bn":
+        raise UserError(f"probe.kind {get(s, 'probe.kind')!r}: only the pre-bn linear probe (the paper's) is "
+                        f"implemented; drop probe.kind")
+    probe = TrackingProbe.from_spec(s, bb.num_features, num_classes, len(train_src))
     model = BYOL(bb, int(get(s, "model.projector_hidden", 4096)), int(get(s, "model.projector_out", 256)),
-                 int(get(s, "model.predictor_hidden", 4096)), num_classes, get(s, "model.head_norm", "batchnorm"),
-                 get(s, "probe.kind", "pre-bn"))
-    # The probe shares the run's optimizer as an auxiliary group: learning rate probe.lr (its
-    # ratio to optimizer.lr, both base values, so it scales with κ by the same rule), no weight
-    # decay, outside gradient clipping — it must not slow down the BYOL update it tracks.
-    base_lr = get(s, "optimizer.lr") or 0.0
-    probe_lr = get(s, "probe.lr")
-    ratio = float(probe_lr / base_lr) if (probe_lr and base_lr) else 1.0
-    probe_names = {f"probe.{n}" for n, _ in model.probe.named_parameters()}
-    # Projector and predictor get the recipe's init too (the probe keeps torch's default).
+                 int(get(s, "model.predictor_hidden", 4096)), probe, get(s, "model.head_norm", "batchnorm"))
+    # Projector and predictor get the recipe's init too.
     M.init_weights(model.online.projector, init)
     M.init_weights(model.predictor, init)
 
@@ -194,15 +156,15 @@ def build(ctx: RunContext) -> TaskParts:
         "test_size": len(test_src),
         "image_size": image_size,
         "augmentation": augmentation,
-        "probe": "pre-bn linear probe on the StopGrad teacher representation",
-        "probe_lr_ratio": ratio,
-        "loss": "½cos(q(z1), sg z'2) + ½cos(q(z2), sg z'1) + probe cross-entropy",
+        "head_norm": get(s, "model.head_norm", "batchnorm"),
+        "probe": probe.describe(),
+        "loss": "½cos(q(z1), sg z'2) + ½cos(q(z2), sg z'1); the probe's cross-entropy trains the probe only",
     }
-    evaluation = probe_evaluation(model, test_src, image_size, float(get(s, "eval.every_epochs") or 1.0),
-                                  get(s, "eval.every_base_steps"))
+    evaluation = probe_evaluation(probe, lambda teacher, x: teacher(x)[0], test_src, image_size,
+                                  float(get(s, "eval.every_epochs") or 1.0), get(s, "eval.every_base_steps"))
     return TaskParts(model=model, ema_source=model.online, train_set=train_set, loss=make_loss(),
-                     evaluations=[evaluation], progress_metric="byol_loss", no_decay=no_decay, info=info,
-                     aux_params=probe_names, aux_lr_ratio=ratio)
+                     evaluations=[evaluation], on_step=probe.step, progress_metric="byol_loss",
+                     no_decay=no_decay, info=info)
 
 
 def run(ctx: RunContext) -> dict:

@@ -2,7 +2,9 @@
 
 - ``resnet18`` / ``resnet34``: our ResNet with a `width` (base channels, 64 in He et al.) and,
   with `cifar_stem`, the 32×32 adaptation: a 3×3 stride-1 stem and no max-pool.
-- ``resnet50``: torchvision's ResNet-50 (ImageNet stem), classifier removed (2048 features).
+- ``resnet50``: torchvision's ResNet-50 (ImageNet stem), classifier removed (2048 features); with a
+  `width` other than 64 or `cifar_stem`, our ResNet with the same bottleneck blocks (3, 4, 6, 3)
+  and 32 × width features (the narrow ResNet-50 of byol-r50-lars's cpu/tiny presets).
 - ``vit_*``: timm's Vision Transformers (e.g. ``vit_base_patch16_224``), classifier removed,
   stochastic depth from `model.stochastic_depth`, timm's trunc-normal(0.02) initialization.
 - ``mlp``: Linear → BatchNorm1d → ReLU → Linear, BYOL's projector and predictor.
@@ -35,10 +37,33 @@ class BasicBlock(nn.Module):
         return self.relu(out + self.shortcut(x))
 
 
-class ResNet(nn.Module):
-    """ResNet-18/34 (basic blocks) returning the pooled features (8 × width)."""
+class Bottleneck(nn.Module):
+    """ResNet-50's block: 1×1 → 3×3 (the stride, as torchvision's v1.5) → 1×1, `cout` = 4 × inner."""
 
-    def __init__(self, blocks=(2, 2, 2, 2), width: int = 64, cifar_stem: bool = True, in_channels: int = 3):
+    expansion = 4
+
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        mid = cout // self.expansion
+        self.body = nn.Sequential(
+            nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(inplace=True),
+            nn.Conv2d(mid, mid, 3, stride, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(inplace=True),
+            nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout))
+        self.relu = nn.ReLU(inplace=True)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        return self.relu(self.body(x) + self.shortcut(x))
+
+
+class ResNet(nn.Module):
+    """ResNet-18/34 (basic blocks, 8 × width features) or ResNet-50 (bottlenecks, 32 × width),
+    returning the pooled features."""
+
+    def __init__(self, blocks=(2, 2, 2, 2), width: int = 64, cifar_stem: bool = True, in_channels: int = 3,
+                 block: type = BasicBlock):
         super().__init__()
         if cifar_stem:
             self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width),
@@ -48,9 +73,9 @@ class ResNet(nn.Module):
                                       nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1))
         layers, cin = [], width
         for stage, n in enumerate(blocks):
-            cout = width * 2**stage
+            cout = width * 2**stage * getattr(block, "expansion", 1)
             for b in range(n):
-                layers.append(BasicBlock(cin, cout, 2 if (stage > 0 and b == 0) else 1))
+                layers.append(block(cin, cout, 2 if (stage > 0 and b == 0) else 1))
                 cin = cout
         self.layers = nn.Sequential(*layers)
         self.pool = nn.AdaptiveAvgPool2d(1)
@@ -125,16 +150,23 @@ def init_weights(module: nn.Module, init: str | None) -> None:
 
 
 def backbone(arch: str, *, width: int | None = None, cifar_stem: bool = False, image_size: int = 224,
-             patch_size: int | None = None, stochastic_depth: float = 0.0, init: str | None = None) -> nn.Module:
-    """A feature extractor with `.num_features`: pooled features, no classifier."""
+             patch_size: int | None = None, stochastic_depth: float = 0.0, init: str | None = None,
+             vit_dims: dict | None = None, dynamic_img_size: bool = False) -> nn.Module:
+    """A feature extractor with `.num_features`: pooled features, no classifier.
+
+    ViTs only: `vit_dims` overrides timm's embed_dim / depth / num_heads (narrow ViTs for the
+    cpu presets); `dynamic_img_size` accepts inputs of other sizes than `image_size`, with the
+    position embedding interpolated (DINO's 96 px local crops next to 224 px global crops)."""
     if arch in ("resnet18", "resnet34"):
         blocks = (2, 2, 2, 2) if arch == "resnet18" else (3, 4, 6, 3)
         net = ResNet(blocks, width or 64, cifar_stem)
         init_weights(net, init)
         return net
     if arch == "resnet50":
-        if cifar_stem or (width not in (None, 64)):
-            raise UserError("resnet50 is torchvision's ImageNet model: drop model.cifar_stem and model.width")
+        if cifar_stem or (width not in (None, 64)):  # a narrow or small-image ResNet-50
+            net = ResNet((3, 4, 6, 3), width or 64, cifar_stem, block=Bottleneck)
+            init_weights(net, init)
+            return net
         from torchvision.models import resnet50
 
         net = resnet50(weights=None)
@@ -148,6 +180,9 @@ def backbone(arch: str, *, width: int | None = None, cifar_stem: bool = False, i
         kw = dict(pretrained=False, num_classes=0, drop_path_rate=float(stochastic_depth or 0.0), img_size=image_size)
         if patch_size is not None:
             kw["patch_size"] = patch_size
+        kw.update({k: int(v) for k, v in (vit_dims or {}).items() if v is not None})
+        if dynamic_img_size:
+            kw["dynamic_img_size"] = True
         try:
             net = timm.create_model(arch, **kw)
         except (RuntimeError, ValueError, TypeError) as e:
