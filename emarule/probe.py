@@ -22,16 +22,19 @@ The mechanism, the same for every task (BYOL, DINO):
   EMA Scaling Rule), so they average the same amount of data at every κ.
 - It is no parameter of the run's optimizer: it never shares a learning rate, a scaling rule, a
   clipping budget or a gradient norm with the network it measures. Each micro-batch returns the
-  probe's gradient and feature moments as tensor metrics (`probe/grad`, `probe/mean`, `probe/sq`);
+  probe's gradient and feature moments as tensor metrics (`probe_grad/*`, `probe_stat/*`);
   the loop averages them over the global batch (micro-batches and ranks included), and `step`
   applies them once per optimizer step, identically on every rank (`TaskParts.on_step`).
-- Weights, Adam moments, step count and running statistics are buffers of this module, which sits
-  inside the task's model (not in `ema_source`): they move to the device, are broadcast and
-  checkpointed with the model and resume exactly; the run's optimizer and the EMAs never see them.
+- The probe's module (`probe.module`: BatchNorm without affine terms, then Linear) sits inside the
+  task's model, its parameters frozen (`requires_grad=False`): it moves to the device, is
+  broadcast and checkpointed with the model, and the run's optimizer, clipping and EMAs skip it.
+  Its Adam moments and step count are the task's state (`TaskParts.state`), so a run resumes
+  exactly.
 
-Use in a task: put the `TrackingProbe` in the model; in `loss`, merge
-`probe.train_metrics(features, labels)` into the returned metrics; in `on_step`, call
-`probe.step(now, reduced)`; evaluate with `probe_evaluation(...)` (`probe_top1`, teacher only).
+Use in a task: put `probe.module` in the model; in `loss`, merge `probe.train_metrics(features,
+labels)` into the returned metrics; in `on_step`, call `probe.step(now, reduced)`; hand `probe` (or
+an object whose state includes `probe.state_dict()`) to `TaskParts.state`; evaluate with
+`probe_evaluation(probe.module, ...)` (`probe_top1`, the teacher only).
 """
 
 from __future__ import annotations
@@ -49,34 +52,47 @@ from emarule.tasks.parts import Evaluation
 BETAS = (0.9, 0.999)  # Adam's defaults, at the base batch
 EPS = 1e-8
 BN_RHO = 0.9  # torch BatchNorm's running-statistics momentum (1 − 0.1) at the base batch
-BN_EPS = 1e-5
+GRADS = ("probe_grad/weight", "probe_grad/bias")
 
 
-def adam_rule(kappa: float, lr: float) -> tuple[float, float, float, float]:
-    """(lr, β1, β2, ε) of the probe's Adam at κ: the Adam Scaling Rule, β clamped at 0."""
+def adam_hyperparameters(base_lr: float, kappa: float) -> tuple[float, float, float, float]:
+    """(lr, β1, β2, ε) of the probe's Adam at κ: the Adam Scaling Rule, each β clamped at 0."""
     b1, b2 = (max(0.0, 1.0 - kappa * (1.0 - b)) for b in BETAS)
-    return lr * math.sqrt(kappa), b1, b2, EPS / math.sqrt(kappa)
+    return base_lr * math.sqrt(kappa), b1, b2, EPS / math.sqrt(kappa)
 
 
-class TrackingProbe(nn.Module):
-    """Pre-BN linear probe: BatchNorm without affine terms, then [W | b]; trained by its own Adam.
+class ProbeModule(nn.Module):
+    """The pre-BN linear probe: BatchNorm1d without affine terms, then Linear (a linear map at
+    evaluation). Its parameters are frozen for the run's optimizer; `TrackingProbe` trains them."""
 
-    `lr` is `probe.lr` (Adam, at the base batch); `shape(epoch)` is the run's learning-rate
-    schedule divided by its peak (1 throughout when None).
-    """
-
-    def __init__(self, features: int, num_classes: int, lr: float, shape: Callable[[float], float] | None = None):
+    def __init__(self, features: int, num_classes: int):
         super().__init__()
-        bound = 1.0 / math.sqrt(features)  # nn.Linear's default initialization
-        self.register_buffer("theta", torch.empty(num_classes, features + 1).uniform_(-bound, bound))
-        self.register_buffer("exp_avg", torch.zeros(num_classes, features + 1))
-        self.register_buffer("exp_avg_sq", torch.zeros(num_classes, features + 1))
-        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
-        self.register_buffer("running_mean", torch.zeros(features))
-        self.register_buffer("running_var", torch.ones(features))
-        self.base_lr = float(lr)
+        self.bn = nn.BatchNorm1d(features, affine=False)
+        self.fc = nn.Linear(features, num_classes)
+        for p in self.fc.parameters():
+            p.requires_grad_(False)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.bn(h))
+
+    def predict(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits normalized with the running statistics, whatever the module's mode."""
+        x = (h.float() - self.bn.running_mean) / torch.sqrt(self.bn.running_var + self.bn.eps)
+        return self.fc(x)
+
+
+class TrackingProbe:
+    """A `ProbeModule` and its own Adam (module docstring). `base_lr` is `probe.lr`, an Adam
+    learning rate at the base batch; `shape(epoch)` is the run's learning-rate schedule over its
+    peak (1 throughout when None)."""
+
+    def __init__(self, features: int, num_classes: int, base_lr: float, shape: Callable[[float], float] | None = None):
+        self.module = ProbeModule(features, num_classes)
+        self.base_lr = float(base_lr)
         self.shape = shape or (lambda epoch: 1.0)
-        self.features, self.num_classes = features, num_classes
+        self.steps = 0
+        self.exp_avg: dict = {}
+        self.exp_avg_sq: dict = {}
 
     @classmethod
     def from_spec(cls, spec: dict, features: int, num_classes: int, dataset_size: float) -> "TrackingProbe":
@@ -84,66 +100,70 @@ class TrackingProbe(nn.Module):
         sched = schedules.from_spec(spec, dataset_size)
         return cls(features, num_classes, float(get(spec, "probe.lr")), lambda e: sched.shape(e, 1.0))
 
-    @property
-    def module(self) -> "TrackingProbe":
-        """The module to hold in the task's model (the probe itself)."""
-        return self
-
     def describe(self) -> str:
-        return (f"pre-BN linear probe on the StopGrad teacher representation ({self.features} → "
-                f"{self.num_classes}), its own Adam: lr √κ·{self.base_lr:g} × the run's schedule shape, "
-                f"β̂ = 1 − κ(1 − β), outside the run's optimizer (emarule/probe.py)")
-
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return x @ self.theta[:, :-1].T + self.theta[:, -1]
+        fc = self.module.fc
+        return (f"pre-BN linear probe on the StopGrad teacher representation ({fc.in_features} → "
+                f"{fc.out_features}), its own Adam outside the run's optimizer: lr √κ·{self.base_lr:g} × the "
+                f"run's schedule shape, β̂ = 1 − κ(1 − β) (emarule/probe.py)")
 
     def train_metrics(self, h: torch.Tensor, y: torch.Tensor) -> dict:
         """The probe's loss on one micro-batch of teacher features `h` (no gradient reaches them),
-        and its gradient and feature moments as tensor metrics for `step`.
+        and, as tensor metrics for `step`, its gradient and the features' first two moments.
 
         BatchNorm in training mode normalizes with this micro-batch's statistics, as the model's
         own unsynchronized BatchNorm layers do. The cross-entropy's gradient is written out:
-        d/dlogits = (softmax − onehot) / n, and d/d[W | b] = its transpose times [x̂ | 1].
+        d/dlogits = (softmax − onehot) / n, then d/dW = d/dlogitsᵀ x̂ and d/db = Σ d/dlogits.
         """
+        fc = self.module.fc
         with torch.no_grad(), torch.autocast(device_type=h.device.type, enabled=False):
             x = h.detach().float()
             mean, sq = x.mean(0), (x * x).mean(0)
-            xn = (x - mean) / torch.sqrt((sq - mean * mean).clamp_min(0.0) + BN_EPS)
-            logits = self._logits(xn)
+            xn = (x - mean) / torch.sqrt((sq - mean * mean).clamp_min(0.0) + self.module.bn.eps)
+            logits = fc(xn)
             loss = torch.nn.functional.cross_entropy(logits, y)
             d = torch.softmax(logits, 1)
             d[torch.arange(len(y), device=y.device), y] -= 1.0
             d /= len(y)
-            grad = torch.cat([d.T @ xn, d.sum(0)[:, None]], 1)
             top1 = (logits.argmax(1) == y).float().mean()
         return {"probe_loss": loss.item(), "probe_train_top1": 100.0 * top1.item(),
-                "probe/grad": grad, "probe/mean": mean, "probe/sq": sq}
+                "probe_grad/weight": d.T @ xn, "probe_grad/bias": d.sum(0),
+                "probe_stat/mean": mean, "probe_stat/sq": sq}
 
     def lr(self, epoch: float, kappa: float) -> float:
-        return adam_rule(kappa, self.base_lr)[0] * self.shape(epoch)
+        return adam_hyperparameters(self.base_lr, kappa)[0] * self.shape(epoch)
 
     @torch.no_grad()
     def step(self, now, reduced: dict) -> None:
-        """One Adam step from the global batch's mean gradient; the running statistics."""
-        _, b1, b2, eps = adam_rule(now.kappa, self.base_lr)
-        g = reduced["probe/grad"].to(self.theta.dtype)
+        """One Adam step from the global batch's mean gradient (`reduced`, as `on_step` gets it),
+        and the BatchNorm running statistics from the global batch's moments."""
+        _, b1, b2, eps = adam_hyperparameters(self.base_lr, now.kappa)
+        lr = self.lr(now.epoch, now.kappa)
         self.steps += 1
-        t = int(self.steps)
-        self.exp_avg.mul_(b1).add_(g, alpha=1.0 - b1)
-        self.exp_avg_sq.mul_(b2).addcmul_(g, g, value=1.0 - b2)
-        # bias corrections with the β in force, as torch's Adam computes them
-        denom = (self.exp_avg_sq / (1.0 - b2**t)).sqrt_().add_(eps)
-        self.theta.addcdiv_(self.exp_avg, denom, value=-self.lr(now.epoch, now.kappa) / (1.0 - b1**t))
-        mean = reduced["probe/mean"].to(self.running_mean.dtype)
-        var = (reduced["probe/sq"].to(self.running_var.dtype) - mean * mean).clamp_min(0.0)
-        keep = BN_RHO**now.kappa
-        self.running_mean.mul_(keep).add_(mean, alpha=1.0 - keep)
-        self.running_var.mul_(keep).add_(var, alpha=1.0 - keep)
+        t = self.steps
+        fc = self.module.fc
+        for name, p in zip(GRADS, (fc.weight, fc.bias), strict=True):
+            g = reduced[name].to(p.dtype)
+            m = self.exp_avg.setdefault(name, torch.zeros_like(p))
+            v = self.exp_avg_sq.setdefault(name, torch.zeros_like(p))
+            m.mul_(b1).add_(g, alpha=1.0 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
+            # bias corrections with the β in force, as torch's Adam computes them
+            p.addcdiv_(m, (v / (1.0 - b2**t)).sqrt_().add_(eps), value=-lr / (1.0 - b1**t))
+        if "probe_stat/mean" in reduced:
+            bn = self.module.bn
+            mean = reduced["probe_stat/mean"].to(bn.running_mean.dtype)
+            var = (reduced["probe_stat/sq"].to(bn.running_var.dtype) - mean * mean).clamp_min(0.0)
+            keep = BN_RHO**now.kappa  # the EMA Scaling Rule: the same data averaged at every κ
+            bn.running_mean.mul_(keep).add_(mean, alpha=1.0 - keep)
+            bn.running_var.mul_(keep).add_(var, alpha=1.0 - keep)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        """Logits at evaluation, normalized with the running statistics (a linear map)."""
-        x = h.float()
-        return self._logits((x - self.running_mean) / torch.sqrt(self.running_var + BN_EPS))
+    def state_dict(self) -> dict:
+        return {"steps": self.steps, "exp_avg": dict(self.exp_avg), "exp_avg_sq": dict(self.exp_avg_sq)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps = int(state["steps"])
+        self.exp_avg = {k: v.clone() for k, v in state["exp_avg"].items()}
+        self.exp_avg_sq = {k: v.clone() for k, v in state["exp_avg_sq"].items()}
 
 
 class EvalImages:
@@ -165,7 +185,7 @@ class EvalImages:
         return item
 
 
-def probe_evaluation(probe: TrackingProbe, represent: Callable, source, image_size: int,
+def probe_evaluation(module: ProbeModule, represent: Callable, source, image_size: int,
                      every_epochs: float | None = 1.0, every_base_steps: float | None = None,
                      batch_size: int = 256) -> Evaluation:
     """`probe_top1` on `source`'s evaluation views: the teacher's representation
@@ -176,7 +196,7 @@ def probe_evaluation(probe: TrackingProbe, represent: Callable, source, image_si
         x, y = batch
         h = represent(teacher, x)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            correct = (probe(h.float()).argmax(1) == y).sum()
+            correct = (module.predict(h).argmax(1) == y).sum()
         return {"correct": correct, "count": len(y)}
 
     return Evaluation(data=EvalImages(source, image_size), score=score, models="teacher", batch_size=batch_size,

@@ -56,7 +56,8 @@ def test_byol_model_heads_probe_and_no_decay():
     assert parts.ema_source is m.online
     assert [type(x).__name__ for x in m.online.projector] == ["Linear", "BatchNorm1d", "ReLU", "Linear"]
     assert [type(x).__name__ for x in m.predictor] == ["Linear", "BatchNorm1d", "ReLU", "Linear"]
-    assert m.probe.theta.shape == (10, 33) and not list(m.probe.parameters())  # buffers only
+    assert m.probe.bn.affine is False and m.probe.fc.weight.shape == (10, 32)
+    assert not any(p.requires_grad for p in m.probe.parameters())  # trained by its own Adam
     h, z = m.online(torch.randn(4, 3, 8, 8))
     assert h.shape == (4, 32) and z.shape == (4, 16) and m.predictor(z).shape == (4, 16)
     names = dict(m.named_parameters())
@@ -115,18 +116,18 @@ def test_loss_stops_gradient_at_teacher_and_keeps_its_statistics():
     bn = teacher.backbone.stem[1]
     stats = (bn.running_mean.clone(), bn.running_var.clone())
     batch = torch.utils.data.default_collate([parts.train_set[i] for i in range(8)])
-    theta = m.probe.theta.clone()
+    theta = m.probe.fc.weight.clone()
     loss, metrics = parts.loss(m, teacher, batch, None)
     loss.backward()
     assert {k for k, v in metrics.items() if not isinstance(v, torch.Tensor)} == {
         "byol_loss", "probe_loss", "probe_train_top1"}
-    assert {"probe/grad", "probe/mean", "probe/sq"} <= set(metrics)  # for the probe's own step
+    assert {"probe_grad/weight", "probe_grad/bias", "probe_stat/mean"} <= set(metrics)  # for its own step
     assert 0.0 <= metrics["byol_loss"] <= 2.0 and loss.item() == pytest.approx(metrics["byol_loss"])
     assert all(p.grad is None for p in teacher.parameters())
     assert torch.equal(bn.running_mean, stats[0]) and torch.equal(bn.running_var, stats[1])
     assert teacher.training is False  # its mode is given back
     assert m.predictor[0].weight.grad is not None
-    assert torch.equal(m.probe.theta, theta)  # the probe moves only in on_step
+    assert torch.equal(m.probe.fc.weight, theta)  # the probe moves only in on_step
 
 
 def test_probe_is_outside_the_run_optimizer():
@@ -138,8 +139,8 @@ def test_probe_is_outside_the_run_optimizer():
     spec = load_spec("byol-r18", preset="tiny")
     opt = optimizers.build(spec, parts.model, parts.no_decay, scale(spec, 4))
     in_opt = {id(p) for g in opt.param_groups for p in g["params"]}
-    assert len(in_opt) == sum(1 for _ in parts.model.parameters())
-    assert not any(id(b) in in_opt for b in parts.model.probe.buffers())
+    assert len(in_opt) == sum(1 for p in parts.model.parameters() if p.requires_grad)
+    assert not any(id(p) in in_opt for p in parts.model.probe.parameters())
 
 
 def test_gradient_clipping_leaves_the_aux_group_out():

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from emarule.probe import TrackingProbe, adam_rule
+from emarule.probe import TrackingProbe, adam_hyperparameters
 from emarule.tasks.parts import Now
 
 
@@ -31,43 +31,49 @@ def collapsed_features(n=1408, d=64, classes=10, seed=0):
 
 def test_gradient_is_the_cross_entropy_gradient_of_the_pre_bn_probe():
     torch.manual_seed(0)
-    probe = TrackingProbe(5, 3, lr=0.01)
+    probe = TrackingProbe(5, 3, base_lr=0.01)
     h, y = torch.randn(16, 5) * 3 + 1, torch.randint(0, 3, (16,))
     m = probe.train_metrics(h, y)
-    theta = probe.theta.clone().requires_grad_(True)
+    w, b = (p.clone().requires_grad_(True) for p in (probe.module.fc.weight, probe.module.fc.bias))
     xn = torch.nn.functional.batch_norm(h, None, None, training=True, eps=1e-5)
-    loss = torch.nn.functional.cross_entropy(xn @ theta[:, :-1].T + theta[:, -1], y)
+    loss = torch.nn.functional.cross_entropy(xn @ w.T + b, y)
     loss.backward()
     assert m["probe_loss"] == pytest.approx(loss.item(), rel=1e-5)
-    assert torch.allclose(m["probe/grad"], theta.grad, atol=1e-6)
-    assert torch.allclose(m["probe/mean"], h.mean(0)) and torch.allclose(m["probe/sq"], (h * h).mean(0))
+    assert torch.allclose(m["probe_grad/weight"], w.grad, atol=1e-6)
+    assert torch.allclose(m["probe_grad/bias"], b.grad, atol=1e-6)
+    assert torch.allclose(m["probe_stat/mean"], h.mean(0)) and torch.allclose(m["probe_stat/sq"], (h * h).mean(0))
 
 
 def test_adam_rule_and_its_clamp():
-    lr, b1, b2, eps = adam_rule(4, 0.01)
+    lr, b1, b2, eps = adam_hyperparameters(0.01, 4)
     assert (lr, b1, b2, eps) == pytest.approx((0.02, 0.6, 0.996, 5e-9))
-    assert adam_rule(12, 0.01)[1] == 0.0  # β1 = 1 − 12·0.1 < 0: clamped, no momentum
+    assert adam_hyperparameters(0.01, 12)[1] == 0.0  # β1 = 1 − 12·0.1 < 0: clamped, no momentum
 
 
 def test_step_moves_only_with_the_reduced_gradient_and_tracks_statistics():
     torch.manual_seed(0)
-    probe = TrackingProbe(4, 2, lr=0.1)
-    before = probe.theta.clone()
+    probe = TrackingProbe(4, 2, base_lr=0.1)
+    w, bn = probe.module.fc.weight, probe.module.bn
+    before = w.clone()
+    assert not any(p.requires_grad for p in probe.module.parameters())  # the run's optimizer skips it
     h, y = torch.randn(32, 4) * 2 + 3, torch.randint(0, 2, (32,))
     probe.train_metrics(h, y)
-    assert torch.equal(probe.theta, before)  # computing the loss changes nothing
+    assert torch.equal(w, before) and torch.equal(bn.running_mean, torch.zeros(4))  # the loss changes nothing
     probe.step(now(kappa=2), tensors(probe.train_metrics(h, y)))
-    assert not torch.equal(probe.theta, before) and int(probe.steps) == 1
+    assert not torch.equal(w, before) and probe.state_dict()["steps"] == 1
     keep = 0.9**2  # running statistics under the EMA Scaling Rule
-    assert torch.allclose(probe.running_mean, (1 - keep) * h.mean(0), atol=1e-6)
-    assert torch.allclose(probe.running_var, keep + (1 - keep) * h.var(0, unbiased=False), atol=1e-5)
+    assert torch.allclose(bn.running_mean, (1 - keep) * h.mean(0), atol=1e-6)
+    assert torch.allclose(bn.running_var, keep + (1 - keep) * h.var(0, unbiased=False), atol=1e-5)
+    again = TrackingProbe(4, 2, base_lr=0.1)
+    again.load_state_dict(probe.state_dict())
+    assert torch.equal(again.exp_avg["probe_grad/weight"], probe.exp_avg["probe_grad/weight"])
 
 
 def train_probe(kappa, update, epochs=6):
     """Train on collapsed features with the global batch 64κ; `update(probe, reduced, kappa, epoch)`."""
     x, y = collapsed_features()
     torch.manual_seed(1)
-    probe = TrackingProbe(x.shape[1], 10, lr=0.01)
+    probe = TrackingProbe(x.shape[1], 10, base_lr=0.01)
     b, losses = 64 * kappa, []
     for e in range(epochs):
         perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(e))
@@ -82,8 +88,11 @@ def old_sgd_rule(velocity):
     """The probe before the fix: heavy-ball SGD in the run's optimizer at κ × lr (SGD rule)."""
 
     def update(probe, reduced, kappa, epoch):
-        velocity.mul_(0.9).add_(reduced["probe/grad"])
-        probe.theta.sub_(0.3 * kappa * velocity)
+        fc = probe.module.fc
+        g = torch.cat([reduced["probe_grad/weight"], reduced["probe_grad/bias"][:, None]], 1)
+        velocity.mul_(0.9).add_(g)
+        fc.weight.sub_(0.3 * kappa * velocity[:, :-1])
+        fc.bias.sub_(0.3 * kappa * velocity[:, -1])
 
     return update
 
@@ -107,7 +116,7 @@ def test_probe_stays_stable_at_kappa_8_where_the_sgd_rule_probe_diverges():
     x, y = collapsed_features(seed=5)  # held-out draws of the same classes
 
     def top1(p):
-        return (p(x).argmax(1) == y).float().mean().item()
+        return (p.module.predict(x).argmax(1) == y).float().mean().item()
 
     # Both read the features; κ = 8 more slowly per epoch (12 steps here against 132 at κ = 1).
     assert top1(p1) > 0.8 and top1(p8) > 0.3

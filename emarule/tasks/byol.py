@@ -60,7 +60,7 @@ class BYOL(nn.Module):
         feat = backbone.num_features
         self.online = Online(backbone, M.mlp(feat, proj_hidden, proj_out, head_norm))
         self.predictor = M.mlp(proj_out, pred_hidden, proj_out, head_norm)
-        self.probe = probe  # buffers only: the run's optimizer and the EMA never see it
+        self.probe = probe.module  # frozen here: trained by its own Adam (emarule.probe)
         self.num_features = feat
 
 
@@ -93,7 +93,7 @@ def batch_statistics(module: nn.Module):
         module.train(was)
 
 
-def make_loss():
+def make_loss(probe: TrackingProbe):
     def loss(model: BYOL, teacher: nn.Module, batch, now=None):
         x1, x2, y = batch
         # Each view through the online network separately (BatchNorm per view, as in BYOL).
@@ -106,7 +106,7 @@ def make_loss():
         l_byol = byol_loss(p1, p2, t1, t2)
         # The tracking probe on the StopGrad teacher representation of both views: its gradient
         # goes to `on_step` as a tensor metric, never into this loss.
-        metrics = model.probe.train_metrics(torch.cat([th1, th2]), torch.cat([y, y]))
+        metrics = probe.train_metrics(torch.cat([th1, th2]), torch.cat([y, y]))
         return l_byol, {"byol_loss": l_byol.item(), **metrics}
 
     return loss
@@ -142,7 +142,7 @@ def build(ctx: RunContext) -> TaskParts:
     M.init_weights(model.predictor, init)
 
     no_decay = M.no_weight_decay_names(model) if get(s, "optimizer.weight_decay_skip_bias", False) else set()
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     info = {
         "task": "byol",
         "arch": arch,
@@ -160,10 +160,10 @@ def build(ctx: RunContext) -> TaskParts:
         "probe": probe.describe(),
         "loss": "½cos(q(z1), sg z'2) + ½cos(q(z2), sg z'1); the probe's cross-entropy trains the probe only",
     }
-    evaluation = probe_evaluation(probe, lambda teacher, x: teacher(x)[0], test_src, image_size,
+    evaluation = probe_evaluation(probe.module, lambda teacher, x: teacher(x)[0], test_src, image_size,
                                   float(get(s, "eval.every_epochs") or 1.0), get(s, "eval.every_base_steps"))
-    return TaskParts(model=model, ema_source=model.online, train_set=train_set, loss=make_loss(),
-                     evaluations=[evaluation], on_step=probe.step, progress_metric="byol_loss",
+    return TaskParts(model=model, ema_source=model.online, train_set=train_set, loss=make_loss(probe),
+                     evaluations=[evaluation], on_step=probe.step, state=probe, progress_metric="byol_loss",
                      no_decay=no_decay, info=info)
 
 
