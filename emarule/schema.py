@@ -181,10 +181,21 @@ TASKS: dict[str, dict[str, Any]] = {
             "seed": integer(),
         },
     },
-    "polyak": {
-        "model": {"arch": text(), "num_classes": integer(lo=1), "init": text(), "width": integer(lo=1)},
-        "data": {"image_size": integer(lo=1), "augmentation": text(), "label_smoothing": num(lo=0.0, hi=1.0),
-                 "path": text(nullable=True)},
+    "polyak": {  # emarule/tasks/polyak.py
+        "model": {"arch": text("a timm ResNetv2 (resnetv2_50)"), "num_classes": integer(lo=1),
+                  "init": text(choices=("kaiming_normal_relu", "default")),
+                  "width": integer("stem channels; stages 4·width … 32·width (64: the full model)", lo=1),
+                  "layers": Field((list,), items=integer(lo=1), length=4, doc="blocks per stage"),
+                  "stem": text("imagenet (7×7 conv, max-pool) or small (3×3 stride-2 conv)",
+                               choices=("imagenet", "small")),
+                  "output_stride": integer("32 (the paper's); 16 dilates the last stage", choices=(8, 16, 32))},
+        "data": {"source": text(choices=("imagenet", "textures")), "image_size": integer(lo=1),
+                 "augmentation": text(choices=("imagenet", "translate")), "label_smoothing": num(lo=0.0, hi=1.0),
+                 "path": text(nullable=True),
+                 "train_samples": integer("textures: training images", nullable=True, lo=1),
+                 "eval_samples": integer("textures: validation images", nullable=True, lo=1),
+                 "noise": num("textures: white noise std relative to the texture's", **NONNEG),
+                 "seed": integer("textures: the data set's seed (the same images for every run seed)", **NONNEG)},
     },
     "ctc": {
         "model": {

@@ -1,0 +1,134 @@
+"""Polyak-Ruppert averaging of a supervised ResNetv2 (§3.2 Fig. 2, App. E.2 and E.3).
+
+The parts handed to the shared loop (`emarule.train.train`):
+
+- `model`: timm's pre-activation ResNet (`emarule.vision.resnetv2`), BatchNorm, trained with the
+  label-smoothed cross-entropy. The loop keeps its EMA ζ (the Polyak-Ruppert average) in float32,
+  from θ_t when the spec says `ema.update_from: pre` (the paper's Definition) and with the BatchNorm
+  running statistics copied or averaged as `ema.buffers` says. Nothing feeds the EMA back into
+  training: `teacher` is None.
+- `loss`: cross-entropy with `data.label_smoothing`, in float32 on the logits; it also reports the
+  training top-1 and ρ_BN, read from the model's BatchNorm layers (1 − torch's momentum: the
+  paper's convention, 0.9 in the recipe, ρ_BN^κ with `norm.bn_scale`).
+- one evaluation of the target and the EMA on the validation split: `top1` / `ema_top1` (percent)
+  and `val_loss` / `ema_val_loss` (cross-entropy without smoothing), every `eval.every_epochs`.
+
+Data (`data.source`): ImageNet folders from `--data DIR`, or generated textures
+(`emarule.vision.textures`) for the `cpu` and `tiny` presets; see `emarule.vision.supervised`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from emarule.context import RunContext
+from emarule.errors import UserError
+from emarule.seeding import mix
+from emarule.spec import get
+from emarule.tasks.parts import Evaluation, TaskParts
+from emarule.vision import resnetv2 as R
+from emarule.vision import supervised as S
+from emarule.vision.models import no_weight_decay_names
+from emarule.vision.textures import textures
+
+SOURCES = ("imagenet", "textures")
+
+
+def load_sources(ctx: RunContext):
+    s = ctx.spec
+    source, size = get(s, "data.source", "imagenet"), int(get(s, "data.image_size", 224))
+    if source == "imagenet":
+        root = ctx.data if ctx.data is not None else (Path(get(s, "data.path")) if get(s, "data.path") else None)
+        return S.imagenet(root, size)
+    if source == "textures":
+        if ctx.data is not None:
+            raise UserError(f"--data: {ctx.experiment} with data.source textures generates its images; drop --data, "
+                            f"or set data.source=imagenet")
+        n_train, n_eval = get(s, "data.train_samples") or 4096, get(s, "data.eval_samples") or 1024
+        noise, seed = float(get(s, "data.noise", 1.0)), int(get(s, "data.seed", 0))
+        return textures(True, n_train, size, noise, seed), textures(False, n_eval, size, noise, seed)
+    raise UserError(f"data.source {source!r}: use {' or '.join(SOURCES)}")
+
+
+def bn_rho(model: torch.nn.Module) -> float | None:
+    """ρ_BN in force (the paper's convention: 1 − torch's BatchNorm momentum)."""
+    bns = R.batchnorms(model)
+    return None if not bns or bns[0].momentum is None else 1.0 - float(bns[0].momentum)
+
+
+def make_loss(label_smoothing: float):
+    def loss(model, teacher, batch, now):
+        x, y = batch
+        logits = model(x).float()
+        value = F.cross_entropy(logits, y, label_smoothing=label_smoothing)
+        with torch.no_grad():
+            top1 = (logits.argmax(1) == y).float().mean().item() * 100.0
+        metrics = {"train_top1": top1}
+        rho = bn_rho(model)
+        if rho is not None:
+            metrics["bn_momentum"] = rho
+        return value, metrics
+
+    return loss
+
+
+def score(net, batch, now) -> dict:
+    x, y = batch
+    logits = net(x).float()
+    return {"correct": (logits.argmax(1) == y).sum(), "count": len(y),
+            "loss_sum": F.cross_entropy(logits, y, reduction="sum")}
+
+
+def finish(sums: dict) -> dict:
+    n = max(1.0, sums["count"])
+    return {"top1": 100.0 * sums["correct"] / n, "val_loss": sums["loss_sum"] / n}
+
+
+def build(ctx: RunContext) -> TaskParts:
+    s = ctx.spec
+    size = int(get(s, "data.image_size", 224))
+    train_src, val_src = load_sources(ctx)
+    num_classes = int(get(s, "model.num_classes", 1000))
+    if train_src.num_classes > num_classes:
+        raise UserError(f"the data set has {train_src.num_classes} classes but model.num_classes is {num_classes}; "
+                        f"--set model.num_classes={train_src.num_classes}")
+    # The same initial weights for every κ and rule at a given seed (the loop seeds the rest).
+    torch.manual_seed(mix(ctx.seed, 0x50A))
+    arch = get(s, "model.arch", "resnetv2_50")
+    model = R.resnetv2(arch, num_classes, width=get(s, "model.width"), layers=get(s, "model.layers"),
+                       stem=get(s, "model.stem", "imagenet"), output_stride=int(get(s, "model.output_stride", 32)),
+                       init=get(s, "model.init", "kaiming_normal_relu"))
+    augmentation = get(s, "data.augmentation", "imagenet")
+    train_set = S.TrainViews(train_src, augmentation, size, ctx.seed)
+    no_decay = no_weight_decay_names(model) if get(s, "optimizer.weight_decay_skip_bias", False) else set()
+    evaluation = Evaluation(data=S.EvalViews(val_src, size), score=score, finish=finish,
+                            every_epochs=float(get(s, "eval.every_epochs") or 1.0),
+                            every_base_steps=get(s, "eval.every_base_steps"))
+    info = {
+        "task": "polyak",
+        "arch": arch,
+        "width": get(s, "model.width"),
+        "layers": get(s, "model.layers"),
+        "stem": get(s, "model.stem", "imagenet"),
+        "output_stride": int(get(s, "model.output_stride", 32)),
+        "parameters": R.parameter_count(model),
+        "num_classes": num_classes,
+        "dataset": train_src.name,
+        "train_size": len(train_src),
+        "val_size": len(val_src),
+        "image_size": size,
+        "augmentation": augmentation,
+        "loss": f"cross-entropy, label smoothing {get(s, 'data.label_smoothing', 0.0)}",
+        "ema_buffers": get(s, "ema.buffers", "copy"),
+    }
+    return TaskParts(model=model, train_set=train_set, loss=make_loss(float(get(s, "data.label_smoothing", 0.0))),
+                     teacher=None, evaluations=[evaluation], no_decay=no_decay, info=info)
+
+
+def run(ctx: RunContext) -> dict:
+    from emarule.train import train
+
+    return train(ctx, build(ctx))

@@ -1,0 +1,159 @@
+"""Supervised image classification data: one augmented view per training item, and evaluation views.
+
+- `TrainViews`: item i at epoch e is (image, label) with the view drawn from a generator seeded by
+  (seed, e, i) (`emarule.vision.augment.generator_for`), so that it does not depend on the world
+  size, the micro-batching or the DataLoader's workers.
+  - ``imagenet`` (the standard stack, as timm's and torchvision's ResNet recipes): random resized
+    crop (scale 0.08–1, ratio 3/4–4/3, torchvision's box sampler) to `image_size`, horizontal flip
+    with p = 0.5.
+  - ``translate``: a random `image_size` crop without resizing, and the flip (generated textures,
+    whose class a rescale would change).
+- `EvalViews`: resize the shorter side to `image_size / 0.875` (256 for 224) and centre-crop
+  `image_size`; small splits are prepared once.
+- `imagenet(root)`: `DIR/train/<class>/*.JPEG` and `DIR/val/<class>/*.JPEG`, read with PIL and never
+  downloaded; a missing or malformed directory is one `UserError` naming that layout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from emarule.errors import UserError
+from emarule.vision import augment as A
+from emarule.vision.data import IMAGENET_LAYOUT, ImageFolderSource
+
+AUGMENTATIONS = ("imagenet", "translate")
+CROP_SCALE, CROP_RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
+EVAL_CROP = 0.875  # 224 of 256
+CACHE_LIMIT = 20000  # evaluation splits up to this size are prepared once
+
+
+def eval_resize(size: int) -> int:
+    return int(round(size / EVAL_CROP))
+
+
+def is_folder(source) -> bool:
+    return isinstance(source, ImageFolderSource)
+
+
+def pil_image(source: ImageFolderSource, i: int):
+    return source.ds.loader(source.ds.samples[i][0])  # RGB
+
+
+def pil_to_float(img) -> torch.Tensor:
+    from torchvision.transforms.functional import pil_to_tensor
+
+    return pil_to_tensor(img).float().div_(255.0)
+
+
+def three_channels(x: torch.Tensor) -> torch.Tensor:
+    return x.expand(3, -1, -1).contiguous() if x.shape[0] == 1 else x
+
+
+def train_view(source, i: int, size: int, augmentation: str, g: torch.Generator) -> torch.Tensor:
+    """One augmented view, float C×size×size in [0, 1] (or the source's own range), not normalised."""
+    d = A._Draws(g)
+    if is_folder(source):
+        from PIL import Image
+
+        img = pil_image(source, i)
+        top, left, ch, cw = A.crop_box(img.height, img.width, CROP_SCALE, CROP_RATIO, d)
+        # crop and resize in one resampling, as torchvision's RandomResizedCrop does on PIL images
+        x = pil_to_float(img.resize((size, size), Image.BILINEAR, box=(left, top, left + cw, top + ch)))
+    else:
+        img = A.to_float(source.image(i))
+        h, w = img.shape[-2:]
+        if augmentation == "imagenet":
+            top, left, ch, cw = A.crop_box(h, w, CROP_SCALE, CROP_RATIO, d)
+            x = A.resize(img[:, top:top + ch, left:left + cw], size)
+        else:
+            if h < size or w < size:
+                raise UserError(f"data.augmentation translate crops {size} px from images of {h}×{w}; "
+                                f"use imagenet, or a smaller data.image_size")
+            top, left = min(int(d.u() * (h - size + 1)), h - size), min(int(d.u() * (w - size + 1)), w - size)
+            x = img[:, top:top + size, left:left + size]
+    if d.u() < 0.5:
+        x = x.flip(-1)
+    return three_channels(x)
+
+
+def eval_view(source, i: int, size: int) -> torch.Tensor:
+    """Shorter side to size / 0.875, centre crop of size (float, not normalised)."""
+    short = eval_resize(size)
+    if is_folder(source):
+        from PIL import Image
+
+        img = pil_image(source, i)
+        w, h = img.size
+        nh, nw = (short, max(short, round(w * short / h))) if h <= w else (max(short, round(h * short / w)), short)
+        x = pil_to_float(img.resize((nw, nh), Image.BILINEAR))
+    else:
+        x = A.to_float(source.image(i))
+        h, w = x.shape[-2:]
+        nh, nw = (short, max(short, round(w * short / h))) if h <= w else (max(short, round(h * short / w)), short)
+        if (nh, nw) != (h, w):
+            x = F.interpolate(x[None], size=(nh, nw), mode="bilinear", align_corners=False,
+                              antialias=nh < h)[0]
+    top, left = (nh - size) // 2, (nw - size) // 2
+    return three_channels(x[:, top:top + size, left:left + size])
+
+
+class TrainViews:
+    """The training set: item i at epoch e is (view, label), a pure function of (seed, e, i)."""
+
+    def __init__(self, source, augmentation: str, image_size: int, seed: int):
+        if augmentation not in AUGMENTATIONS:
+            raise UserError(f"data.augmentation {augmentation!r}: use {' or '.join(AUGMENTATIONS)}")
+        self.source, self.augmentation, self.size, self.seed, self.epoch = source, augmentation, image_size, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, i: int):
+        i = int(i)
+        g = A.generator_for(self.seed, self.epoch, i)
+        x = train_view(self.source, i, self.size, self.augmentation, g)
+        return A.normalize(x, self.source.mean, self.source.std), self.source.label(i)
+
+
+class EvalViews:
+    """The validation split's views and labels."""
+
+    def __init__(self, source, image_size: int):
+        self.source, self.size = source, image_size
+        self.cache = [None] * len(source) if len(source) <= CACHE_LIMIT and not is_folder(source) else None
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, i: int):
+        if self.cache is not None and self.cache[i] is not None:
+            return self.cache[i]
+        x = A.normalize(eval_view(self.source, i, self.size), self.source.mean, self.source.std)
+        item = (x, self.source.label(i))
+        if self.cache is not None:
+            self.cache[i] = item
+        return item
+
+
+def imagenet(root: Path | None, image_size: int) -> tuple[ImageFolderSource, ImageFolderSource]:
+    """(train, val) ImageFolder sources whose class folders agree, or a one-line UserError."""
+    if root is None:
+        raise UserError("ImageNet is read from a local directory: pass --data DIR with " + IMAGENET_LAYOUT)
+    root = Path(root).expanduser()
+    for split in ("train", "val"):  # both checked before scanning 1.28M training files
+        if not (root / split).is_dir():
+            raise UserError(f"ImageNet not found: {root / split} is not a directory; "
+                            f"pass --data DIR with {IMAGENET_LAYOUT}")
+    train, val = ImageFolderSource(root, "train", image_size), ImageFolderSource(root, "val", image_size)
+    if train.ds.classes != val.ds.classes:
+        only = sorted(set(train.ds.classes) ^ set(val.ds.classes))
+        raise UserError(f"ImageNet at {root}: train/ and val/ hold different class folders ({', '.join(only[:3])}"
+                        f"{' …' if len(only) > 3 else ''}); expected {IMAGENET_LAYOUT} with the same classes")
+    return train, val
