@@ -122,6 +122,13 @@ def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, r
 
     loaded = load_runs([Path(d["run"]) for d in done])
     measured = measure.measure(family, loaded)
+    if family.ema_metric.name == "probe_top1":  # does the tracking probe measure the teacher?
+        from emarule.reproduce.probe_check import probe_check
+
+        measured["probe_check"] = check_probe = probe_check(loaded)
+        for c in measured["claims"]:
+            if c["metric"] == "probe_top1" and check_probe:
+                c["probe_check"] = check_probe["summary"]
     fig = figures.plot(family, measured, loaded, root / "figures" / f"{family.name}.png",
                        f"{family.experiment} ({family.section}), preset {args['preset']}: mean ± std over "
                        f"{args['seeds']} seed(s)")

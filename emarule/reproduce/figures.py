@@ -69,8 +69,10 @@ def plot(family, measured: dict, runs: list, out: Path, title: str) -> Path:
             xs, mean, std = mean_curve(row["curves"])
             if not xs:
                 continue
-            rho = next((r.ema_momentum for r in runs if r.kappa == k and r.rule_label == rule), None)
-            label = f"κ={k:g} {LABELS.get(rule, rule)}" + (f", ρ={rho:.4g}" if rho is not None else "")
+            first = next((r for r in runs if r.kappa == k and r.rule_label == rule), None)
+            rho = first.ema_momentum if first else None
+            label = (f"κ={k:g} {LABELS.get(rule, rule)}" + (f", ρ={rho:.4g}" if rho is not None else "")
+                     + (f", progressive {first.progressive}" if first and first.progressive else ""))
             ax.plot([x * scale for x in xs], mean, color=color, lw=1.5, label=f"{label} (n={len(row['curves'])})")
             _band(ax, [x * scale for x in xs], mean, std, color, 0.18)
         smooth = f" (trailing mean over {metric.smooth_epochs:g} epoch)" if metric.smooth_epochs else ""

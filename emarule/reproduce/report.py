@@ -50,6 +50,7 @@ def payload(family, args: dict, claims: list, measured: dict | None, figures: li
         "preset": args.get("preset"), "seeds": args.get("seeds"), "kappas": list(args.get("kappas") or []),
         "command": args["command"], "claims": [{k: v for k, v in c.items()} for c in claims],
         "settings": settings_rows(measured) if measured else [],
+        "probe_check": (measured or {}).get("probe_check") or None,
         "figures": figures, "timing": timing,
         "decision_rule": decision_rules() if family.kind == "sweep" else STUDY_RULES,
         "not_judged_here": [{"claim": c.text, "paper": c.paper, "why": c.note} for c in family.extra_claims],
@@ -64,8 +65,18 @@ def _g(v) -> str:
     return f"{v:.3g}"
 
 
+def _short(text: str, n: int) -> str:
+    return text if len(text) <= n else text[:n - 1] + "…"
+
+
 def _cell(text: str) -> str:
     return str(text).replace("|", "\\|")
+
+
+def _pm(st: dict | None) -> str:
+    if not st or st.get("mean") is None:
+        return "—"
+    return f"{st['mean']:.1f}" + (f" ± {st['std']:.1f}" if st.get("std") is not None else "")
 
 
 def _kappa(v) -> str:
@@ -86,15 +97,19 @@ def markdown(data: dict, family) -> str:
                      f"{t['reused']} of {t['runs']}.")
     if data["figures"]:
         lines += ["", "## Figures", ""] + [f"![{Path(f).name}]({f})" for f in data["figures"]]
-    lines += ["", "## Verdicts", "",
-              "| # | claim | paper | metric | κ | statistic | gap with rule | gap without rule | baseline spread | "
-              "verdict |", "|---:|---|---|---|---:|---|---:|---:|---:|---|"]
-    for i, c in enumerate(data["claims"], 1):
-        short = c["claim"] if len(c["claim"]) <= 90 else c["claim"][:87] + "…"
-        lines.append(f"| {i} | {_cell(short)} | {c['paper']} | {c['metric']} | {_kappa(c['kappa'])} | "
-                     f"{_cell(c['statistic'])} | "
-                     f"{_g(c['gap_with_rule'])} | {_g(c['gap_without_rule'])} | {_g(c['baseline_spread'])} | "
-                     f"**{c['verdict']}** |")
+    lines += ["", "## Verdicts", ""]
+    if family.kind == "study":
+        lines += ["| # | claim | paper | our number | verdict |", "|---:|---|---|---|---|"]
+        for i, c in enumerate(data["claims"], 1):
+            lines.append(f"| {i} | {_cell(_short(c['claim'], 90))} | {c['paper']} | {_cell(c['why'])} | "
+                         f"**{c['verdict']}** |")
+    else:
+        lines += ["| # | claim | paper | metric | κ | statistic | gap with rule | gap without rule | baseline spread | "
+                  "verdict |", "|---:|---|---|---|---:|---|---:|---:|---:|---|"]
+        for i, c in enumerate(data["claims"], 1):
+            lines.append(f"| {i} | {_cell(_short(c['claim'], 90))} | {c['paper']} | {c['metric']} | "
+                         f"{_kappa(c['kappa'])} | {_cell(c['statistic'])} | {_g(c['gap_with_rule'])} | "
+                         f"{_g(c['gap_without_rule'])} | {_g(c['baseline_spread'])} | **{c['verdict']}** |")
     lines += ["", "## Claims", ""]
     for i, c in enumerate(data["claims"], 1):
         lines += [f"### {i}. {c['paper']}" + (f" ({c['where']})" if c.get("where") else ""), "",
@@ -102,6 +117,8 @@ def markdown(data: dict, family) -> str:
                   f"- **Verdict: {c['verdict']}.** {c['why']}."]
         if c.get("diagnosis"):
             lines.append(f"- Why it falls short: {c['diagnosis']}.")
+        if c.get("probe_check"):
+            lines.append(f"- Does the tracking probe measure the teacher? {c['probe_check']}.")
         if c.get("target"):
             tg = c["target"]
             lines.append(f"- Target model ({tg['metric']}): gap with the rule {_g(tg['gap_with_rule'])}, without "
@@ -126,6 +143,18 @@ def markdown(data: dict, family) -> str:
             lines.append(f"| {r['metric']} | {r['setting']} | {_kappa(r['kappa'])} | {r['seeds']} | "
                          f"{_g(r['final_mean'])} | {_g(r['final_std'])} | {_g(r['gap_run'])} | {_g(r['gap_end'])} |")
         lines.append("")
+    if data.get("probe_check"):
+        pc = data["probe_check"]
+        lines += ["## Does the tracking probe measure the teacher?", "",
+                  "Each run's final teacher (the EMA in its checkpoint), probed offline: multinomial logistic "
+                  "regression on its standardized train-split features, fitted to convergence, scored on the test "
+                  "split (`emarule/reproduce/probe_check.py`); the baseline seeds' teachers at initialization as "
+                  "the reference.", "",
+                  "| setting | tracking probe (last reading) | offline probe, final teacher | offline probe, "
+                  "teacher at init |", "|---|---:|---:|---:|"]
+        for k, v in pc["settings"].items():
+            lines.append(f"| {k} | {_pm(v.get('tracking'))} | {_pm(v.get('offline'))} | {_pm(v.get('init'))} |")
+        lines += ["", f"{pc['summary']}.", ""]
     lines += ["## How a verdict is reached", "", data["decision_rule"], ""]
     if data["not_judged_here"]:
         lines += ["## Claims this preset cannot judge (full scale)", ""]
@@ -141,16 +170,22 @@ def write(out: Path, family, data: dict) -> None:
 
 
 def print_verdicts(console, data: dict) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     t = Table(title=f"{data['family']}: the paper's claims, checked ({data['command']})", title_justify="left")
-    for c in ("#", "claim", "paper", "metric", "κ", "stat", "with", "without", "spread", "verdict"):
+    study = not data["settings"]
+    cols = ("#", "claim", "paper", "our number", "verdict") if study else (
+        "#", "claim", "paper", "metric", "κ", "stat", "with", "without", "spread", "verdict")
+    for c in cols:
         t.add_column(c, justify="right" if c in ("#", "κ", "with", "without", "spread") else "left")
     style = {"reproduced": "green", "contradicted": "red", "inconclusive": "yellow"}
     for i, c in enumerate(data["claims"], 1):
-        short = c["claim"] if len(c["claim"]) <= 60 else c["claim"][:57] + "…"
-        t.add_row(str(i), short, c["paper"], c["metric"], _kappa(c["kappa"]),
-                  "end" if "end" in c["statistic"] else ("run" if "run" in c["statistic"] else c["statistic"]),
-                  _g(c["gap_with_rule"]), _g(c["gap_without_rule"]), _g(c["baseline_spread"]),
-                  f"[{style[c['verdict']]}]{c['verdict']}[/]")
+        verdict = f"[{style[c['verdict']]}]{c['verdict']}[/]"
+        if study:
+            t.add_row(str(i), escape(_short(c["claim"], 50)), c["paper"], escape(_short(c["why"], 110)), verdict)
+        else:
+            t.add_row(str(i), escape(_short(c["claim"], 60)), c["paper"], c["metric"], _kappa(c["kappa"]),
+                      "end" if "end" in c["statistic"] else "run", _g(c["gap_with_rule"]),
+                      _g(c["gap_without_rule"]), _g(c["baseline_spread"]), verdict)
     console.print(t)

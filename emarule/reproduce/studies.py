@@ -330,6 +330,11 @@ MEASURES = {
 }
 
 
+STATISTICS = {k: "exact E ζ (D=1); Monte Carlo hold-out (D>1)" for k in MEASURES if k.startswith("parabola")}
+STATISTICS |= {k: "mean and std over repeats" for k in MEASURES if k.startswith("precision")}
+STATISTICS["precision_fp32_range"] = "computed (emarule limits)"
+
+
 def judge_study(family, results) -> list[dict]:
     out = []
     for c in family.claims:
@@ -337,6 +342,6 @@ def judge_study(family, results) -> list[dict]:
         res = check(results, c.kappa) if c.kappa is not None else check(results)
         metric = MEASURES[c.kind]
         out.append({"claim": c.text, "paper": c.paper, "where": c.where, "kind": c.kind, "metric": metric,
-                    "kappa": c.kappa, "statistic": "exact" if family.name == "parabola" else "over repeats",
+                    "kappa": c.kappa, "statistic": STATISTICS.get(c.kind, family.name),
                     "note": c.note, **res})
     return out

@@ -107,6 +107,15 @@ def spread(curves: list) -> dict | None:
     return {"run": _mean(runs), "end": _mean(ends), "seeds": len(curves)}
 
 
+def loo_spread(values: list) -> float | None:
+    """The spread of scalars as the baseline's: each against the mean of the others, |Δ| averaged."""
+    vals = [v for v in values if v is not None]
+    if len(vals) < 2:
+        return None
+    total = sum(vals)
+    return sum(abs(v - (total - v) / (len(vals) - 1)) for v in vals) / len(vals)
+
+
 def final(curve: tuple[list, list]) -> float | None:
     return finite_number(curve[1][-1]) if curve[1] else None
 

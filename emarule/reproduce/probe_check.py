@@ -1,0 +1,173 @@
+"""Does the tracking probe measure the teacher? An offline linear probe of each run's final teacher.
+
+The tracking probe (`emarule.probe`) learns alongside the run, so at κ = 4 it gets a quarter of the
+steps; a gap in `probe_top1` could be the probe's lag rather than the teacher's quality. This
+check takes the final teacher of a finished run (the EMA in its checkpoint), computes its
+representation of the train and test evaluation views — the same `represent(teacher, x)` the
+tracking probe reads, captured through the task's own evaluation — and fits a multinomial logistic
+regression on standardized train features to convergence (scikit-learn, L-BFGS). Its test top-1 is
+`offline_probe_top1`: a measure of the final teacher alone, the same for every κ.
+
+Cached as offline_probe.json in the run directory (keyed by the checkpoint's step), so a reused
+reproduction does not recompute it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+from pathlib import Path
+
+import torch
+
+from emarule.rundir import CHECKPOINT, HPARAMS, atomic_write_text
+
+CACHE, CACHE_INIT = "offline_probe.json", "offline_probe_init.json"
+
+
+@contextlib.contextmanager
+def captured_features(store: list):
+    """The probe's `predict` records its input (the teacher's representation) and predicts nothing."""
+    from emarule import probe as P
+
+    original = P.ProbeModule.predict
+
+    def record(self, h):
+        store.append(h.detach().float().cpu())
+        return torch.zeros(len(h), 1)
+
+    P.ProbeModule.predict = record
+    try:
+        yield
+    finally:
+        P.ProbeModule.predict = original
+
+
+def _features(evaluation, teacher, data) -> tuple[torch.Tensor, torch.Tensor]:
+    feats, labels = [], []
+    with torch.no_grad(), captured_features(feats):
+        for start in range(0, len(data), 256):
+            items = [data[i] for i in range(start, min(start + 256, len(data)))]
+            x = torch.stack([torch.as_tensor(a) for a, _ in items])
+            y = torch.as_tensor([int(b) for _, b in items])
+            evaluation.score(teacher, (x, y), None)
+            labels.append(y)
+    return torch.cat(feats), torch.cat(labels)
+
+
+def offline_probe(run_dir: Path, at_init: bool = False) -> dict | None:
+    """{"offline_probe_top1", "step", ...} for a finished self-supervised run, or None when the task
+    has no tracking probe. `at_init`: the same probe on the run's teacher as initialized (step 0),
+    the reference a trained teacher should beat."""
+    run_dir = Path(run_dir)
+    ck_path = run_dir / CHECKPOINT
+    if not ck_path.is_file():
+        return None
+    ck = torch.load(ck_path, map_location="cpu", weights_only=False)
+    step = 0 if at_init else int(ck["clock"]["step"])
+    cache = run_dir / (CACHE_INIT if at_init else CACHE)
+    if cache.is_file():
+        got = json.loads(cache.read_text())
+        if got.get("step") == step:
+            return got
+    from emarule.context import RunContext
+    from emarule.probe import EvalImages
+    from emarule.scaling import plan
+    from emarule.tasks import byol, dino
+
+    h = json.loads((run_dir / HPARAMS).read_text())
+    spec = h["spec"]
+    builders = {"byol": byol.build, "dino": dino.build}
+    if spec.get("task") not in builders:
+        return None
+    rule = (h.get("ema_rule_form") or "exponential") if h.get("ema_rule") else None
+    ctx = RunContext(spec=spec, kappa=float(h["kappa"]), ema_rule=rule, plan=plan(spec, float(h["kappa"]), rule),
+                     out=run_dir, seed=int(h.get("seed") or 0), preset=h.get("preset"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        parts = builders[spec["task"]](ctx)
+        evaluation = next(e for e in parts.evaluations if e.models == "teacher")
+        teacher = copy.deepcopy(parts.ema_source if parts.ema_source is not None else parts.model)
+        if not at_init:  # the task built the initial weights from the run's seed
+            teacher.load_state_dict(ck["emas"]["ema"]["module"])
+        teacher.eval()
+        train = EvalImages(parts.train_set.source, evaluation.data.size)
+        xtr, ytr = _features(evaluation, teacher, train)
+        xte, yte = _features(evaluation, teacher, evaluation.data)
+    finally:
+        torch.set_num_threads(threads)
+    top1 = fit_and_score(xtr.numpy(), ytr.numpy(), xte.numpy(), yte.numpy())
+    out = {"offline_probe_top1": top1, "step": step, "train_size": len(ytr), "test_size": len(yte),
+           "features": int(xtr.shape[1]), "tracking_probe_top1": (ck.get("final_metrics") or {}).get("probe_top1"),
+           "method": "multinomial logistic regression (L-BFGS, C=1) on standardized frozen teacher features"}
+    atomic_write_text(cache, json.dumps(out, indent=1) + "\n")
+    return out
+
+
+def fit_and_score(xtr, ytr, xte, yte) -> float:
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    scaler = StandardScaler().fit(xtr)
+    clf = LogisticRegression(max_iter=5000).fit(scaler.transform(xtr), ytr)
+    return float(100.0 * (clf.predict(scaler.transform(xte)) == yte).mean())
+
+
+def probe_check(runs: list) -> dict:
+    """The offline probe of every run's final teacher, and of the baseline teachers at initialization,
+    beside the tracking probe's last reading; grouped by setting."""
+    from emarule.reproduce.verdict import loo_spread
+
+    rows: dict = {}
+    for r in runs:
+        got = offline_probe(r.path)
+        if got is None:
+            continue
+        key = "baseline" if r.is_baseline else f"κ={r.kappa:g} {r.rule_label}"
+        row = rows.setdefault(key, {"offline": [], "tracking": [], "init": []})
+        row["offline"].append(got["offline_probe_top1"])
+        row["tracking"].append(got["tracking_probe_top1"])
+        if r.is_baseline:
+            row["init"].append(offline_probe(r.path, at_init=True)["offline_probe_top1"])
+    if "baseline" not in rows:
+        return {}
+    out = {"settings": {k: {name: _stats(v) for name, v in row.items() if v} for k, row in rows.items()},
+           "offline_baseline_spread": loo_spread(rows["baseline"]["offline"])}
+    out["summary"] = summary(out)
+    return out
+
+
+def _stats(values: list) -> dict:
+    vals = [v for v in values if v is not None]
+    m = sum(vals) / len(vals) if vals else None
+    sd = (sum((v - m) ** 2 for v in vals) / len(vals)) ** 0.5 if len(vals) > 1 else None
+    return {"mean": m, "std": sd, "values": vals}
+
+
+def summary(check: dict) -> str:
+    s = check["settings"]
+    base = s["baseline"]
+    parts = [f"a converged linear probe of the final teachers reads {_pm(base['offline'])} (baseline)"]
+    parts += [f"{_pm(v['offline'])} ({k})" for k, v in s.items() if k != "baseline"]
+    text = ", ".join(parts) + f"; the teachers at initialization read {_pm(base['init'])}; the tracking probe read "
+    text += ", ".join(f"{_pm(v['tracking'])} ({k})" for k, v in s.items())
+    notes = []
+    if base["init"]["mean"] >= base["offline"]["mean"]:
+        notes.append("the trained teachers are no more linearly separable than at initialization, so on this data a "
+                     "linear probe cannot measure what the teacher learned")
+    spread = check["offline_baseline_spread"]
+    if spread is not None:
+        close = [k for k, v in s.items() if k != "baseline"
+                 and abs(v["offline"]["mean"] - base["offline"]["mean"]) <= 2 * spread]
+        if close:
+            notes.append(f"by the converged probe {', '.join(close)} end within 2× the baseline seeds' spread "
+                         f"({spread:.3g}) of the baseline")
+    return text + ("; " + "; ".join(notes) if notes else "")
+
+
+def _pm(st: dict) -> str:
+    if st.get("mean") is None:
+        return "—"
+    return f"{st['mean']:.1f}" + (f" ± {st['std']:.1f}" if st.get("std") is not None else "")
