@@ -66,6 +66,25 @@ def test_byol_model_heads_probe_and_no_decay():
     assert parts.info["train_size"] == 128 and parts.info["test_size"] == 64 and parts.info["dataset"] == "digits"
 
 
+def test_head_norm_selects_batchnorm_or_layernorm_heads():
+    for norm, kind in (("batchnorm", "BatchNorm1d"), ("layernorm", "LayerNorm")):
+        m = parts_for("byol-vit", "tiny", [f"model.head_norm={norm}"]).model
+        assert [type(x).__name__ for x in m.online.projector] == ["Linear", kind, "ReLU", "Linear"]
+        assert type(m.predictor[1]).__name__ == kind
+        assert not any(isinstance(x, torch.nn.BatchNorm2d) for x in m.online.backbone.modules())  # LayerNorm ViT
+    with pytest.raises(UserError, match="head_norm"):
+        load_spec("byol-vit", preset="tiny", overrides=["model.head_norm=groupnorm"])
+
+
+def test_narrow_presets_build_a_narrow_vit_and_a_bottleneck_resnet50():
+    vit = parts_for("byol-vit", "cpu").model.online.backbone
+    assert vit.embed_dim == 64 and len(vit.blocks) == 4 and vit.patch_embed.patch_size == (4, 4)
+    assert vit.patch_embed.num_patches == 16
+    r50 = parts_for("byol-r50-lars", "cpu").model.online.backbone
+    assert r50.num_features == 256 and len(r50.layers) == 16  # (3, 4, 6, 3) bottlenecks, 32 × width 8
+    assert type(r50.layers[0]).__name__ == "Bottleneck"
+
+
 def test_full_size_vit_and_resnet50_build(tmp_path):
     """The byol-vit and byol-r50-lars recipes build at full size (synthetic images stand in for ImageNet)."""
     torch.set_num_threads(1)

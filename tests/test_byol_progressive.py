@@ -64,6 +64,9 @@ def test_waterfall_and_the_momentum_after_the_transition(tmp_path):
     rho = per_epoch(train, "ema_momentum")
     assert rho[0] == {round(0.97**0.5, 10)} and all(rho[e] == {0.9} for e in (1, 2, 3))
     assert json.loads((out / "hparams.json").read_text())["progressive"]["from_kappa"] == 0.5
+    ck = torch.load(out / "checkpoint.pt", weights_only=False)  # the probe resumes: weights and Adam state
+    assert ck["task_state"]["steps"] == ck["clock"]["step"] and "probe.fc.weight" in ck["model"]
+    assert ck["task_state"]["exp_avg"]["probe_grad/weight"].shape == ck["model"]["probe.fc.weight"].shape
 
 
 def test_r50_lars_tiny_smooth_ramp_and_layernorm_heads(tmp_path):
