@@ -52,6 +52,11 @@ def test_a_run_that_stops_early_has_an_infinite_gap():
     assert math.isinf(g["run"]) and g["incomplete"] == 1
 
 
+def test_leave_one_out_spread_of_scalars():
+    assert V.loo_spread([1.0, 2.0, 3.0]) == pytest.approx((1.5 + 0 + 1.5) / 3)
+    assert V.loo_spread([5.0]) is None and V.loo_spread([4.0, 4.0]) == 0
+
+
 def test_trailing_smoothing():
     xs, ys = V.smooth(([0.0, 0.5, 1.0, 1.5], [0.0, 2.0, 4.0, 6.0]), 0.5)
     assert ys == [0.0, 1.0, 3.0, 5.0] and xs == [0.0, 0.5, 1.0, 1.5]
@@ -353,6 +358,10 @@ def test_tiny_byol_reproduction_end_to_end_then_reused(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "emarule reproduce byol --preset tiny --seeds 2 --kappas 1,2" in report and "**Verdict:" in report
     assert v["timing"]["runs"] == 6 and v["timing"]["reused"] == 0
+    check = v["probe_check"]["settings"]  # the offline probe of every final teacher, beside the tracking probe
+    assert set(check) == {"baseline", "κ=2 with", "κ=2 without"}
+    assert all(0 <= x <= 100 for row in check.values() for x in row["offline"]["values"])
+    assert len(check["baseline"]["init"]["values"]) == 2 and "Does the tracking probe measure" in report
     assert "verdict" in res.output and "report:" in res.output
 
     res = runner.invoke(app, args)

@@ -62,6 +62,9 @@ class Family:
     ema_metric: Metric | None = None  # the EMA-dependent metric (left panel)
     target_metric: Metric | None = None  # the target model's (right panel)
     x_axis: str = "epochs"  # or "reference steps" (samples or seconds seen / base batch)
+    # The goal, checked on the EMA metric over the run at this κ: without ≥ 2× with, and
+    # with ≤ 1× the baseline spread.
+    goal_kappa: float = 4.0
     full_scale: str = ""  # how the paper-scale version runs
     extra_claims: tuple = field(default_factory=tuple)  # claims that need full scale: listed, not judged
 
@@ -174,7 +177,7 @@ POLYAK = Family(
 )
 
 DINO = Family(
-    name="dino", experiment="dino-vit", section="App. F.8", kind="sweep", kappas=(1.0, 2.0, 4.0),
+    name="dino", experiment="dino-vit", section="App. F.8", kind="sweep", kappas=(1.0, 2.0, 4.0), goal_kappa=2.0,
     ema_metric=PROBE,
     target_metric=Metric("dino_loss", "DINO loss of the student (train)", False, True, smooth_epochs=0.5),
     claims=(

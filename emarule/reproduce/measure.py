@@ -49,7 +49,25 @@ def measure(family: Family, runs: list) -> dict:
     tables = {m.name: metric_table(m, base, settings) for m in family.metrics}
     kappas = sorted({k for k, _ in settings})
     claims = [judge(family, c, tables, base, kappas) for c in expand(family.claims, kappas)]
-    return {"tables": tables, "claims": claims, "kappas": kappas, "baseline_seeds": len(base)}
+    return {"tables": tables, "claims": claims, "kappas": kappas, "baseline_seeds": len(base),
+            "goal": goal(family, tables, kappas)}
+
+
+def goal(family: Family, tables: dict, kappas: list) -> dict:
+    """The issue's goal on the EMA metric over the run at `family.goal_kappa`."""
+    k, table = family.goal_kappa, tables[family.ema_metric.name]
+    out = {"kappa": k, "metric": family.ema_metric.name, "statistic": STATISTIC["run"]}
+    if k not in kappas:
+        return out | {"met": None, "why": f"not measured: κ={k:g} was not in --kappas"}
+    gw, gwo, s = _stat(table, "with", k, "run"), _stat(table, "without", k, "run"), _spread(table, "run")
+    out |= {"gap_with_rule": gw, "gap_without_rule": gwo, "baseline_spread": s}
+    if None in (gw, gwo, s):
+        return out | {"met": None, "why": "the baseline spread is undefined (fewer than 2 baseline seeds)"}
+    a, b = bool(gwo >= V.FACTOR * gw), bool(gw <= s)
+    out |= {"met": a and b, "without_at_least_2x_with": a, "with_within_spread": b}
+    if not (a and b):
+        out["diagnosis"] = diagnose(family, tables, k, "run")
+    return out
 
 
 def expand(claims, kappas: list) -> list[Claim]:

@@ -51,6 +51,7 @@ def payload(family, args: dict, claims: list, measured: dict | None, figures: li
         "command": args["command"], "claims": [{k: v for k, v in c.items()} for c in claims],
         "settings": settings_rows(measured) if measured else [],
         "probe_check": (measured or {}).get("probe_check") or None,
+        "goal": (measured or {}).get("goal"),
         "figures": figures, "timing": timing,
         "decision_rule": decision_rules() if family.kind == "sweep" else STUDY_RULES,
         "not_judged_here": [{"claim": c.text, "paper": c.paper, "why": c.note} for c in family.extra_claims],
@@ -110,6 +111,20 @@ def markdown(data: dict, family) -> str:
             lines.append(f"| {i} | {_cell(_short(c['claim'], 90))} | {c['paper']} | {c['metric']} | "
                          f"{_kappa(c['kappa'])} | {_cell(c['statistic'])} | {_g(c['gap_with_rule'])} | "
                          f"{_g(c['gap_without_rule'])} | {_g(c['baseline_spread'])} | **{c['verdict']}** |")
+    g = data.get("goal")
+    if g:
+        lines += ["", "## The issue's goal", "",
+                  f"At κ={_kappa(g['kappa'])}, {g['metric']}, {g['statistic']}: the no-rule gap at least twice the "
+                  f"with-rule gap, and the with-rule gap within the baseline's seed spread (1×)."]
+        if g.get("met") is None:
+            lines.append(f"Not judged: {g['why']}.")
+        else:
+            lines.append(f"Gap with the rule {_g(g['gap_with_rule'])}, without {_g(g['gap_without_rule'])}, baseline "
+                         f"spread {_g(g['baseline_spread'])}: **{'met' if g['met'] else 'not met'}**"
+                         + (f" (without ≥ 2× with: {'yes' if g['without_at_least_2x_with'] else 'no'}; with ≤ "
+                            f"spread: {'yes' if g['with_within_spread'] else 'no'})." if not g["met"] else "."))
+            if g.get("diagnosis"):
+                lines.append(f"Why: {g['diagnosis']}.")
     lines += ["", "## Claims", ""]
     for i, c in enumerate(data["claims"], 1):
         lines += [f"### {i}. {c['paper']}" + (f" ({c['where']})" if c.get("where") else ""), "",
@@ -189,3 +204,8 @@ def print_verdicts(console, data: dict) -> None:
                       "end" if "end" in c["statistic"] else "run", _g(c["gap_with_rule"]),
                       _g(c["gap_without_rule"]), _g(c["baseline_spread"]), verdict)
     console.print(t)
+    g = data.get("goal")
+    if g and g.get("met") is not None:
+        console.print(f"goal at κ={_kappa(g['kappa'])} ({g['metric']}, over the run): gap with the rule "
+                      f"{_g(g['gap_with_rule'])}, without {_g(g['gap_without_rule'])}, baseline spread "
+                      f"{_g(g['baseline_spread'])}: {'met' if g['met'] else 'not met'}", highlight=False)
