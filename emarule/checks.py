@@ -19,7 +19,7 @@ from emarule.schema import TASKS, get
 
 # data.source values that ship with the package or are generated: there is nothing for --data to
 # point at. The one list of them (the schema lists every source a task accepts).
-BUNDLED_DATA = frozenset({"digits", "synthetic"})
+BUNDLED_DATA = frozenset({"digits", "synthetic", "textures"})
 
 # Tasks that sweep κ (or ρ) themselves and write their own figures and tables, with no
 # metrics.jsonl: a κ sweep of them means nothing.
@@ -30,6 +30,7 @@ STUDIES = frozenset({"parabola", "precision"})
 # A task missing here is not checked; tests/test_sweep.py holds the list to what a run logs.
 TASK_METRICS = {
     "byol": ("byol_loss", "probe_loss", "probe_train_top1", "probe_top1"),
+    "polyak": ("train_top1", "bn_momentum", "top1", "val_loss"),
     "toy": ("mse", "val_mse"),
 }
 LOOP_METRICS = ("loss", "grad_norm")

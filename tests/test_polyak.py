@@ -9,6 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from emarule import checks
 from emarule.cli import app
 from emarule.context import RunContext
 from emarule.errors import UserError
@@ -242,6 +243,9 @@ def test_tiny_run_at_kappa_2_logs_top1_ema_top1_and_both_momenta(tmp_path):
         assert 0 <= r["top1"] <= 100 and 0 <= r["ema_top1"] <= 100
     hp = json.loads((out / "hparams.json").read_text())
     assert hp["task"]["dataset"] == "textures" and hp["spec"]["ema"]["update_from"] == "pre"
+    # `sweep --metric` is checked against checks.TASK_METRICS before training: it must hold what a run logs
+    logged = {k.removeprefix("ema_") for r in train + evals for k in r}
+    assert {*checks.LOOP_METRICS, *checks.TASK_METRICS["polyak"]} <= logged
 
 
 def test_bn_scale_ablation_shows_in_the_log(tmp_path):
