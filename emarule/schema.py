@@ -208,6 +208,16 @@ TASKS: dict[str, dict[str, Any]] = {
             "labeled": text(), "unlabeled": Field((list,), items=text()), "path": text(nullable=True),
             "sample_rate": integer(lo=1), "n_mels": integer(lo=1), "window_ms": num(**POSITIVE),
             "stride_ms": num(**POSITIVE), "seconds_per_device": num(**POSITIVE), "devices": integer(lo=1),
+            "source": text("LibriSpeech from --data, or the generated corpus", choices=("librispeech", "synthetic")),
+            "eval_splits": Field((list,), items=text(), doc="evaluation splits; the first is the main one (wer)"),
+            "pl_eval_utterances": integer("unlabeled utterances whose pseudo-labels are scored (pl_wer)", lo=1),
+        },
+        "corpus": {  # the generated corpus (data.source: synthetic), emarule/speech/corpus.py
+            "seed": integer(), "speakers": integer("speakers per split", lo=1),
+            "labeled": integer("utterances of the labeled split", lo=1),
+            "unlabeled": integer("utterances of each unlabeled split", **NONNEG),
+            "eval": integer("utterances of each evaluation split", lo=1),
+            "dir": text("cache folder (default $EMARULE_CACHE or ~/.cache/emarule)", nullable=True),
         },
         "specaug": {
             "start_steps": integer(**NONNEG), "freq_masks": integer(**NONNEG), "freq_param": integer(**NONNEG),
@@ -217,6 +227,10 @@ TASKS: dict[str, dict[str, Any]] = {
             "pretrain_steps": integer(**NONNEG), "labeled_ratio": integer(lo=1), "unlabeled_ratio": integer(lo=1),
             "dropout_after": num(lo=0.0, hi=1.0), "layer_drop_after": num(lo=0.0, hi=1.0),
             "transcription": text(choices=("hard",)),
+            "start": text("when pseudo-labeling starts: after pretrain_steps, when the dev WER reaches the baseline's, "
+                          "or auto (steps for κ ≤ 2, wer above)", choices=("auto", "steps", "wer")),
+            "start_wer": num("the baseline's dev WER (%) at its start of pseudo-labeling", nullable=True, **NONNEG),
+            "start_wer_from": text("a κ=1 run directory to read that WER from", nullable=True),
         },
     },
     "byol": {

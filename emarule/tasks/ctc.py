@@ -1,0 +1,254 @@
+"""Speech recognition with a CTC transformer (§3.2, §3.3, App. G): `ctc-polyak` and `ctc-pseudo-label`.
+
+The parts handed to the shared loop (`emarule.train.train`):
+
+- `model`: `emarule.speech.model.CTCTransformer` (conv stride 3, post-LN encoder, CAPE, linear to 29 tokens).
+- `train_set`: slots measured in seconds (`batch.unit: seconds`, `duration`); the engine packs dynamic
+  batches of κB seconds with padding counted. `emarule.speech.data` explains the slots.
+- `loss`: CTC summed over utterances (no length normalization, as the paper) divided by the micro-batch's
+  seconds of audio — the engine's contract for seconds batches. SpecAugment from `specaug.start_steps`
+  base steps, masks drawn from (seed, epoch, slot). With pseudo-labeling on, the teacher (the main EMA,
+  in eval mode: no dropout, layer drop or CAPE augmentation) transcribes the clean unlabeled audio
+  greedily (hard transcription) and the student learns those transcripts on augmented audio.
+- evaluations: greedy WER (jiwer) on each `data.eval_splits` split for the target and every EMA
+  (`wer`, `ema_wer`, `ema_wer/0.9999`, `wer/test-clean`, ...), and with pseudo-labeling `pl_wer`: the
+  teacher's transcripts of held unlabeled utterances against their truth (pseudo-label quality).
+- `on_step`/`state`: the pseudo-labeling phase (`emarule.speech.pseudo_label`): its start, the EMA's start
+  moving with it, and dropout and layer drop lowered to 0.1.
+
+Data (`data.source`): LibriSpeech from `--data ROOT`, or `synthetic`, the generated corpus
+(`emarule.speech.corpus`) written in LibriSpeech's layout and read by the same loader.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from emarule.context import RunContext, default_run_name
+from emarule.errors import UserError
+from emarule.seeding import mix
+from emarule.spec import get
+from emarule.speech import corpus, pseudo_label, tokens, wer
+from emarule.speech.data import EvalSet, TrainSlots, collate_eval, collate_train
+from emarule.speech.features import LogMel
+from emarule.speech.librispeech import SpeechSet, list_split
+from emarule.speech.model import CTCTransformer
+from emarule.speech.specaugment import SpecAugment
+from emarule.tasks.parts import MAIN_EMA, Evaluation, TaskParts
+
+EVAL_SPLITS = ["dev-clean", "dev-other", "test-clean", "test-other"]
+CACHE_HOURS = 3.0  # keep features in memory for sets up to this much audio
+
+
+# --- data ---------------------------------------------------------------------------------------
+
+
+def data_root(ctx: RunContext) -> Path:
+    s = ctx.spec
+    labeled = get(s, "data.labeled", "train-clean-100")
+    unlabeled = (get(s, "data.unlabeled") or []) if get(s, "pseudo_label") else []
+    splits = get(s, "data.eval_splits") or EVAL_SPLITS
+    if get(s, "data.source", "librispeech") == "synthetic":
+        n_eval = int(get(s, "corpus.eval", 100))
+        wanted = {labeled: int(get(s, "corpus.labeled", 400)),
+                  **{u: int(get(s, "corpus.unlabeled", 0)) for u in unlabeled}, **{e: n_eval for e in splits}}
+        req = corpus.CorpusRequest(seed=int(get(s, "corpus.seed", 0)), utterances=wanted,
+                                   speakers=int(get(s, "corpus.speakers", 8)))
+        d = get(s, "corpus.dir")
+        return corpus.ensure(req, Path(d).expanduser() if d else None)
+    root = ctx.data if ctx.data is not None else (Path(get(s, "data.path")) if get(s, "data.path") else None)
+    if root is None:
+        raise UserError(f"{ctx.experiment} reads LibriSpeech: pass --data ROOT (ROOT/{labeled}/<speaker>/<chapter>/"
+                        f"*.flac, nothing is downloaded), or use --preset cpu for the generated corpus")
+    if not Path(root).is_dir():
+        raise UserError(f"--data {root}: not a directory; point it at the folder holding {labeled}/")
+    return Path(root)
+
+
+def speech_set(root: Path, split: str, featurizer: LogMel, sample_rate: int, limit: int | None = None) -> SpeechSet:
+    utts = list_split(root, split, sample_rate, limit)
+    return SpeechSet(utts, featurizer, cache=sum(u.seconds for u in utts) <= CACHE_HOURS * 3600)
+
+
+# --- loss ---------------------------------------------------------------------------------------
+
+
+def specaug_masks(shape, frames, index, epoch: int, seed: int, sa: SpecAugment) -> torch.Tensor:
+    """(B, T, n_mels) multiplicative masks, each a pure function of (seed, epoch, slot index)."""
+    ones = torch.ones(shape[1], shape[2])
+    out = []
+    for n, i in zip(frames.tolist(), index.tolist(), strict=True):
+        gen = torch.Generator().manual_seed(mix(seed, epoch, i, 0x5EC))
+        out.append(sa(ones, int(n), gen))
+    return torch.stack(out)
+
+
+@torch.no_grad()
+def transcribe(teacher, feats: torch.Tensor, frames: torch.Tensor) -> list[list[int]]:
+    """Hard transcriptions (repeats merged, blanks dropped) by the teacher in eval mode."""
+    was = teacher.training
+    teacher.eval()
+    try:
+        log_probs, lengths = teacher(feats, frames)
+    finally:
+        teacher.train(was)
+    best = log_probs.argmax(-1).cpu()
+    return [tokens.collapse(best[b, :int(n)].tolist()) for b, n in enumerate(lengths.cpu())]
+
+
+def make_loss(sa: SpecAugment, sa_start: float, seed: int, phase: pseudo_label.Phase | None):
+    def loss(model, teacher, batch, now):
+        pl = phase is not None and phase.pseudo_labeling
+        view = batch["main"] if pl or "stand_in" not in batch else batch["stand_in"]
+        feats, frames, seconds = view["feats"], view["frames"], view["seconds"]
+        targets, target_lengths = view["targets"], view["target_lengths"]
+        unlabeled = batch["unlabeled"]
+        if pl and bool(unlabeled.any()):
+            hard = transcribe(teacher, feats[unlabeled], frames[unlabeled])
+            own = iter(torch.split(targets.cpu(), target_lengths.cpu().tolist()))
+            hard.reverse()
+            rows = [torch.tensor(hard.pop(), dtype=torch.long) if u else next(own) for u in unlabeled.tolist()]
+            targets = torch.cat(rows).to(feats.device)
+            target_lengths = torch.tensor([len(r) for r in rows], device=feats.device)
+        if now.base_step >= sa_start:
+            feats = feats * specaug_masks(feats.shape, frames, batch["index"], int(batch["epoch"]), seed,
+                                          sa).to(feats.device, feats.dtype)
+        log_probs, lengths = model(feats, frames)
+        ctc = F.ctc_loss(log_probs.transpose(0, 1), targets, lengths, target_lengths, blank=tokens.BLANK,
+                         reduction="sum", zero_infinity=True)
+        value = ctc / seconds.sum().to(ctc.dtype)
+        metrics = {"ctc_loss": value.item()}
+        if phase is not None:  # every micro-batch logs the same keys: the loop reduces them in one vector
+            metrics["phase"] = float(pl)
+            unl_s = float(seconds[unlabeled].sum()) if pl else 0.0
+            metrics["unlabeled_share"] = unl_s / float(seconds.sum())
+        return value, metrics
+
+    return loss
+
+
+# --- evaluations --------------------------------------------------------------------------------
+
+
+def wer_evaluation(data: EvalSet, split: str, name: str, every_base_steps, target: dict, phase=None,
+                   models: str = "all", only_when_pseudo_labeling: bool = False) -> Evaluation:
+    """Greedy-decoding WER in percent; on the main split it also hands the target's WER to `phase`."""
+
+    def score(net, batch, now):
+        if only_when_pseudo_labeling and not (phase is not None and phase.pseudo_labeling):
+            return {}
+        log_probs, lengths = net(batch["feats"], batch["frames"])
+        errors, words = wer.counts(batch["texts"], tokens.greedy(log_probs, lengths))
+        out = {"errors": errors, "words": words}
+        if phase is not None and not split and models == "all":
+            out["target"] = float(net is target["model"])
+        return out
+
+    def finish(sums):
+        if not sums:
+            return {}
+        value = wer.percent(sums["errors"], sums["words"])
+        if sums.get("target"):
+            phase.last_dev_wer = value
+        return {name: value}
+
+    return Evaluation(data=data, score=score, finish=finish, split=split, models=models,
+                      every_epochs=None if every_base_steps else 1.0, every_base_steps=every_base_steps,
+                      batch_size=32, collate=collate_eval)
+
+
+# --- assembly -----------------------------------------------------------------------------------
+
+
+def build(ctx: RunContext) -> TaskParts:
+    s = ctx.spec
+    if int(get(s, "model.vocab", tokens.VOCAB)) != tokens.VOCAB:
+        raise UserError(f"model.vocab must be {tokens.VOCAB}: 26 letters, apostrophe, word boundary and the CTC blank")
+    sample_rate = int(get(s, "data.sample_rate", 16000))
+    featurizer = LogMel(sample_rate, int(get(s, "data.n_mels", 80)), float(get(s, "data.window_ms", 25)),
+                        float(get(s, "data.stride_ms", 10)))
+    root = data_root(ctx)
+    labeled = speech_set(root, get(s, "data.labeled", "train-clean-100"), featurizer, sample_rate)
+    pl_spec = get(s, "pseudo_label")
+    phase = unlabeled = None
+    if pl_spec:
+        parts = [speech_set(root, u, featurizer, sample_rate) for u in get(s, "data.unlabeled") or []]
+        if not parts:
+            raise UserError(f"{ctx.experiment}: pseudo-labeling needs data.unlabeled splits")
+        unlabeled = SpeechSet([u for p in parts for u in p.utts], featurizer, cache=all(p.cache is not None
+                                                                                         for p in parts))
+        pretrain = float(pl_spec.get("pretrain_steps", 20000))
+        ema_start = float(get(s, "ema.start_steps", 0) or 0)
+        sibling = ctx.out.parent / default_run_name(1.0, "exponential", ctx.seed, None, s.get("preset"))
+        mode, threshold, source = pseudo_label.choose(pl_spec, ctx.kappa, ctx.out, sibling, pretrain)
+        phase = pseudo_label.Phase(mode, pretrain, max(0.0, pretrain - ema_start), threshold)
+        if mode == "wer" and not ctx.quiet:
+            print(f"pseudo-labeling starts when the dev WER reaches {threshold:.4g}% (from {source})",
+                  file=sys.stderr)
+    train_set = TrainSlots(labeled, unlabeled, int(get(s, "pseudo_label.labeled_ratio", 1)),
+                           int(get(s, "pseudo_label.unlabeled_ratio", 3)))
+
+    torch.manual_seed(mix(ctx.seed, 0xC7C))  # the same initial weights for every κ and rule at a seed
+    m = s["model"]
+    model = CTCTransformer(featurizer.fbank.shape[1], tokens.VOCAB, int(m["dim"]), int(m["layers"]), int(m["heads"]),
+                           int(m["mlp_dim"]), float(m["dropout"]), float(m["layer_drop"]),
+                           int(m.get("conv_kernel", 7)), int(m.get("conv_stride", 3)),
+                           float(get(s, "data.stride_ms", 10)) / 1000, m.get("positional", "cape"))
+    if phase is not None:
+        phase.on_start = lambda: model.set_dropout(float(pl_spec.get("dropout_after", 0.1)),
+                                                   float(pl_spec.get("layer_drop_after", 0.1)))
+
+    target = {"model": model}
+    every = get(s, "eval.every_base_steps")
+    splits = get(s, "data.eval_splits") or EVAL_SPLITS
+    evaluations = [wer_evaluation(EvalSet(speech_set(root, sp, featurizer, sample_rate)), "" if i == 0 else sp,
+                                  "wer", every, target, phase)
+                   for i, sp in enumerate(splits)]
+    if phase is not None:
+        held = SpeechSet(unlabeled.utts[:int(get(s, "data.pl_eval_utterances", 200))], featurizer,
+                         cache=unlabeled.cache is not None)
+        evaluations.append(wer_evaluation(EvalSet(held), "", "pl_wer", every, target, phase, models="teacher",
+                                          only_when_pseudo_labeling=True))
+
+    sa = SpecAugment(int(get(s, "specaug.freq_masks", 2)), int(get(s, "specaug.freq_param", 30)),
+                     int(get(s, "specaug.time_masks", 10)), int(get(s, "specaug.time_param", 50)),
+                     float(get(s, "specaug.time_ratio", 0.1)))
+
+    def on_step(now, reduced):
+        if phase is None:
+            return
+        if phase.mode == "wer" and phase.ema_started_at is None:
+            if phase.threshold_reached():  # the EMA starts now; pseudo-labeling `ema_lead` base steps later
+                phase.ema_started_at = now.base_step
+                for e in now.emas.values():
+                    e.start_samples = now.seen
+            else:
+                for e in now.emas.values():
+                    e.start_samples = math.inf
+        if phase.due(now.base_step):
+            phase.start(now.base_step)
+
+    seconds = sum(train_set.seconds(i) for i in range(len(train_set)))
+    info = {"task": "ctc", "model": f"CTC transformer {m['layers']}×{m['dim']} (post-LN, CAPE)",
+            "parameters": sum(p.numel() for p in model.parameters()), "data_root": str(root),
+            "labeled_utterances": len(labeled), "train_slots": len(train_set), "train_hours": seconds / 3600,
+            "labeled_repeats": train_set.repeats, "eval_splits": list(splits)}
+    if phase is not None:
+        info.update({"unlabeled_utterances": len(unlabeled), "pseudo_label_start": phase.mode,
+                     "start_wer_threshold": phase.threshold})
+    return TaskParts(model=model, train_set=train_set, loss=make_loss(sa, float(get(s, "specaug.start_steps", 0)),
+                                                                      ctx.seed, phase),
+                     teacher=MAIN_EMA if phase is not None else None, evaluations=evaluations, on_step=on_step,
+                     state=phase, duration=train_set.seconds, progress_metric="ctc_loss", collate=collate_train,
+                     info=info)
+
+
+def run(ctx: RunContext) -> dict:
+    from emarule.train import train
+
+    return train(ctx, build(ctx))
