@@ -31,6 +31,7 @@ STUDIES = frozenset({"parabola", "precision"})
 TASK_METRICS = {
     "byol": ("byol_loss", "probe_loss", "probe_train_top1", "probe_top1"),
     "polyak": ("train_top1", "bn_momentum", "top1", "val_loss"),
+    "ctc": ("ctc_loss", "wer", "pl_wer", "phase", "unlabeled_share"),
     "toy": ("mse", "val_mse"),
 }
 LOOP_METRICS = ("loss", "grad_norm")

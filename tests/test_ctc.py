@@ -9,6 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from emarule import checks
 from emarule.cli import app
 from emarule.context import RunContext
 from emarule.errors import UserError
@@ -66,6 +67,9 @@ def test_pseudo_label_tiny_starts_on_time_and_logs_pl_wer(tmp_path):
     assert any("wer" in r and "pl_wer" not in r for r in evals)
     ck = torch.load(out / "checkpoint.pt", weights_only=False)
     assert ck["task_state"]["pseudo_labeling"] and ck["task_state"]["started_at"] >= 4.0
+    # `sweep --metric` is checked against checks.TASK_METRICS before training: it must be what a run logs
+    logged = {k for r in train + evals for k in r}
+    assert {*checks.LOOP_METRICS, *checks.TASK_METRICS["ctc"]} <= logged
 
 
 def test_phase_modes_threshold_and_resume_reapplies_dropout():
