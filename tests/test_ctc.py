@@ -72,6 +72,16 @@ def test_pseudo_label_tiny_starts_on_time_and_logs_pl_wer(tmp_path):
     assert {*checks.LOOP_METRICS, *checks.TASK_METRICS["ctc"]} <= logged
 
 
+def test_pseudo_labels_replace_only_the_unlabeled_rows():
+    targets = torch.tensor([5, 6, 7, 8, 9])  # rows: [5, 6], unlabeled, [7, 8, 9], unlabeled
+    lengths = torch.tensor([2, 0, 3, 0])
+    unlabeled = torch.tensor([False, True, False, True])
+    t, n = ctc.with_pseudo_labels(targets, lengths, unlabeled, [[11], [12, 13, 14, 15]])
+    assert t.tolist() == [5, 6, 11, 7, 8, 9, 12, 13, 14, 15] and n.tolist() == [2, 1, 3, 4]
+    t, n = ctc.with_pseudo_labels(targets[:2], lengths[:2], unlabeled[:2], [[]])  # an empty transcript
+    assert t.tolist() == [5, 6] and n.tolist() == [2, 0]
+
+
 def test_phase_modes_threshold_and_resume_reapplies_dropout():
     steps = pseudo_label.Phase("steps", 20000, 1000, None)
     assert not steps.due(19999.5) and steps.due(20000)

@@ -101,6 +101,15 @@ def transcribe(teacher, feats: torch.Tensor, frames: torch.Tensor) -> list[list[
     return [tokens.collapse(best[b, :int(n)].tolist()) for b, n in enumerate(lengths.cpu())]
 
 
+def with_pseudo_labels(targets: torch.Tensor, lengths: torch.Tensor, unlabeled: torch.Tensor,
+                       hard: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's CTC targets with each unlabeled row's (empty) transcript replaced by its pseudo-label."""
+    own = torch.split(targets.cpu(), lengths.cpu().tolist())  # one chunk per row, empty for unlabeled rows
+    labels = iter(hard)
+    rows = [torch.tensor(next(labels), dtype=torch.long) if u else own[k] for k, u in enumerate(unlabeled.tolist())]
+    return torch.cat(rows).to(targets.device), torch.tensor([len(r) for r in rows], device=lengths.device)
+
+
 def make_loss(sa: SpecAugment, sa_start: float, seed: int, phase: pseudo_label.Phase | None):
     def loss(model, teacher, batch, now):
         pl = phase is not None and phase.pseudo_labeling
@@ -110,11 +119,7 @@ def make_loss(sa: SpecAugment, sa_start: float, seed: int, phase: pseudo_label.P
         unlabeled = batch["unlabeled"]
         if pl and bool(unlabeled.any()):
             hard = transcribe(teacher, feats[unlabeled], frames[unlabeled])
-            own = iter(torch.split(targets.cpu(), target_lengths.cpu().tolist()))
-            hard.reverse()
-            rows = [torch.tensor(hard.pop(), dtype=torch.long) if u else next(own) for u in unlabeled.tolist()]
-            targets = torch.cat(rows).to(feats.device)
-            target_lengths = torch.tensor([len(r) for r in rows], device=feats.device)
+            targets, target_lengths = with_pseudo_labels(targets, target_lengths, unlabeled, hard)
         if now.base_step >= sa_start:
             feats = feats * specaug_masks(feats.shape, frames, batch["index"], int(batch["epoch"]), seed,
                                           sa).to(feats.device, feats.dtype)
