@@ -252,22 +252,32 @@ TASKS: dict[str, dict[str, Any]] = {
         "probe": {"lr": num("the tracking probe's own Adam lr at batch.size (emarule/probe.py)", **POSITIVE),
                   "kind": text(choices=("pre-bn",))},
     },
-    "dino": {
+    "dino": {  # emarule/tasks/dino.py
         "model": {
             "arch": text(), "patch_size": integer(lo=1), "init": text(), "out_dim": integer(lo=1),
             "head_hidden": integer(lo=1), "bottleneck": integer(lo=1), "stochastic_depth": num(lo=0.0, hi=1.0),
+            "head_layers": integer("Linear layers of the head's MLP", lo=1),
+            "norm_last_layer": flag("last layer's row norms fixed at 1 (DINO's default)"),
+            "embed_dim": integer("ViT width (narrow ViTs of the cpu/tiny presets)", nullable=True, lo=1),
+            "depth": integer("ViT blocks", nullable=True, lo=1), "heads": integer("ViT heads", nullable=True, lo=1),
         },
         "data": {
-            "image_size": integer(lo=1), "augmentation": text(), "path": text(nullable=True),
+            "image_size": integer("global crop size", lo=1), "augmentation": text(), "path": text(nullable=True),
             "global_crops": integer(lo=1), "local_crops": integer(**NONNEG), "local_size": integer(lo=1),
-            "num_classes": integer(lo=1),
+            "global_scale": numlist("area fraction range of a global crop", item=num(lo=0.0, hi=1.0), length=2),
+            "local_scale": numlist("area fraction range of a local crop", item=num(lo=0.0, hi=1.0), length=2),
+            "num_classes": integer(lo=1), "source": text(choices=("cifar10", "imagenet", "digits", "synthetic")),
+            "train_samples": integer("cap on the training set (cpu/tiny presets)", nullable=True, lo=1),
+            "eval_samples": integer(nullable=True, lo=1),
         },
         "dino": {
             "center_momentum": momentum("center EMA ρ_c, unscaled in the paper"),
             "center_scale": flag("apply the EMA Scaling Rule to ρ_c"),
             "student_temp": num(**POSITIVE), "teacher_temp": num(**POSITIVE),
-            "warmup_teacher_temp": num(**POSITIVE), "warmup_teacher_temp_epochs": num(**NONNEG),
+            "warmup_teacher_temp": num(**POSITIVE), "warmup_teacher_temp_epochs": integer(**NONNEG),
+            "freeze_last_layer_epochs": num("the head's last layer is not trained before this epoch", **NONNEG),
         },
+        "probe": {"lr": num(**POSITIVE), "kind": text(choices=("pre-bn",))},
     },
 }
 

@@ -11,17 +11,18 @@ from emarule.errors import UserError
 
 # The runnable task names, known without importing torch (`emarule list`, the CLI's checks).
 # `_tasks()` maps exactly these names; a test holds the two together.
-RUNNABLE_TASKS = ("parabola", "precision", "byol", "polyak", "ctc", "toy")
+RUNNABLE_TASKS = ("parabola", "precision", "byol", "dino", "polyak", "ctc", "toy")
 
 
 def _tasks() -> dict:
     # Imported here, on use: `emarule run` is the only command that may load torch.
-    from emarule.tasks import byol, ctc, parabola, polyak, precision, toy
+    from emarule.tasks import byol, ctc, dino, parabola, polyak, precision, toy
 
     return {
         "parabola": parabola.run,  # §3.1, App. E.1
         "precision": precision.run,  # App. numerical stability
         "byol": byol.run,  # §3.4, App. F (byol-r18, byol-vit, byol-r50-lars)
+        "dino": dino.run,  # App. F.8 (dino-vit)
         "polyak": polyak.run,  # §3.2, App. E.2–E.3 (polyak-r50)
         "ctc": ctc.run,  # §3.2, §3.3, App. G (ctc-polyak, ctc-pseudo-label)
         "toy": toy.run,  # the engine's test task (no experiments/*.yaml)

@@ -1,0 +1,83 @@
+"""DINO's multi-crop training set: two global crops for teacher and student, local crops for the student.
+
+Item i at epoch e is `(globals, locals, label)`: `globals` is G×3×S×S (S = `data.image_size`),
+`locals` is L×3×s×s (s = `data.local_size`; 0×3×s×s without local crops), each crop normalized
+with the source's mean and std. Every draw comes from one generator seeded by (seed, e, i)
+(`emarule.vision.augment.generator_for`), consumed crop after crop in a fixed order, so an item is
+the same on any rank, world size or micro-batch split, and a new epoch gives new crops.
+
+Stacks (`data.augmentation`), each (global 1, global 2, local):
+
+- ``dino``: DINO's `DataAugmentationDINO` (Caron et al. 2021, facebookresearch/dino main_dino.py):
+  random resized crop (global scale `data.global_scale`, default (0.4, 1); local
+  `data.local_scale`, default (0.05, 0.4)), horizontal flip (p=0.5), color jitter (0.4, 0.4, 0.2,
+  0.1; p=0.8), grayscale (p=0.2), Gaussian blur σ∈[0.1, 2] with p = 1.0 / 0.1 / 0.5, solarization
+  p = 0 / 0.2 / 0. The crops are resized bilinearly with antialiasing (DINO: bicubic) and blurred
+  with a kernel of about 10 % of the crop (DINO: PIL's radius); both are our approximations.
+- ``dino_digits``: the same without the flip (a flipped digit is another digit) and without the
+  blur (it wipes out an 8×8 digit, as `byol_digits` drops it), for the scikit-learn digits of the
+  `cpu`/`tiny` presets; the crop scales still come from the spec.
+- ``none``: resize and normalize only (tests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from emarule.errors import UserError
+from emarule.vision import augment as A
+from emarule.vision.data import Source
+
+_G1 = A.ViewAug(blur_p=1.0, solarize_p=0.0)
+_G2 = A.ViewAug(blur_p=0.1, solarize_p=0.2)
+_LOCAL = A.ViewAug(blur_p=0.5, solarize_p=0.0)
+
+STACKS: dict[str, tuple[A.ViewAug, A.ViewAug, A.ViewAug]] = {
+    "dino": (_G1, _G2, _LOCAL),
+    "dino_digits": tuple(replace(v, flip_p=0.0, blur_p=0.0) for v in (_G1, _G2, _LOCAL)),
+    "none": (A.STACKS["none"][0],) * 3,
+}
+
+DINO_GLOBAL_SCALE = (0.4, 1.0)  # main_dino.py --global_crops_scale
+DINO_LOCAL_SCALE = (0.05, 0.4)  # main_dino.py --local_crops_scale
+
+
+class MultiCropSet:
+    """Map-style training set of multi-crop items, a pure function of (seed, epoch, index)."""
+
+    def __init__(self, source: Source, augmentation: str, global_size: int, local_size: int, seed: int,
+                 global_crops: int = 2, local_crops: int = 8, global_scale=DINO_GLOBAL_SCALE,
+                 local_scale=DINO_LOCAL_SCALE):
+        if augmentation not in STACKS:
+            raise UserError(f"data.augmentation {augmentation!r}: use one of {', '.join(sorted(STACKS))}")
+        for name, (lo, hi) in (("data.global_scale", global_scale), ("data.local_scale", local_scale)):
+            if not 0.0 < lo <= hi <= 1.0:
+                raise UserError(f"{name} [{lo}, {hi}]: a crop's area fraction needs 0 < low ≤ high ≤ 1")
+        g1, g2, loc = STACKS[augmentation]
+        crop = augmentation != "none"
+        gs, ls = tuple(global_scale), tuple(local_scale)
+        # Global crops alternate DINO's two global transforms (blur 1.0, then blur 0.1 + solarize).
+        self.global_augs = [replace(g1 if k % 2 == 0 else g2, crop_scale=gs, crop=crop) for k in range(global_crops)]
+        self.local_aug = replace(loc, crop_scale=ls, crop=crop)
+        self.source, self.seed, self.epoch = source, int(seed), 0
+        self.global_size, self.local_size, self.local_crops = int(global_size), int(local_size), int(local_crops)
+        self.augmentation = augmentation
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, i: int):
+        i = int(i)
+        g = A.generator_for(self.seed, self.epoch, i)
+        img = self.source.image(i)
+        m, s = self.source.mean, self.source.std
+        globals_ = [A.normalize(A.apply_view(img, aug, self.global_size, g), m, s) for aug in self.global_augs]
+        locals_ = [A.normalize(A.apply_view(img, self.local_aug, self.local_size, g), m, s)
+                   for _ in range(self.local_crops)]
+        loc = torch.stack(locals_) if locals_ else torch.zeros(0, 3, self.local_size, self.local_size)
+        return torch.stack(globals_), loc, self.source.label(i)
