@@ -304,7 +304,7 @@ def precision_fp32_range(results: dict | None = None) -> dict:
     measured = {"kappa_update": lim.kappa_update, "kappa_max": lim.kappa_max, "batch_min": lo, "batch_max": hi,
                 "paper": {"kappa_max": "≈ 4K", "batch_max": "≈ 8M"}}
     why = (f"`emarule limits --momentum 0.996 --batch-size 4096`: meaningful for batches {lo:.3g} … {hi:.3g} "
-           f"(κ up to {lim.kappa_max:.0f}; the paper: κ ≈ 4K, B ≈ 8M, though 4K × 4096 is 16.8M)")
+           f"(κ up to {lim.kappa_max:.0f}; the paper: κ ≈ 4K, B ≈ 8M)")
     if lo < 1 and hi >= 1e6:
         return _result("reproduced", why, measured)
     return _result("contradicted", why, measured)
