@@ -36,7 +36,8 @@ NOT_METRICS = {"kind", "samples_seen", "seconds_seen", "epoch", "step", "kappa",
 
 def is_metric(key: str) -> bool:
     return key.split("/", 1)[0] not in NOT_METRICS
-PREFERRED = ("probe_top1", "top1", "val_top1", "test_top1", "loss")
+# The EMA-dependent metric first: the paper's figures compare what the EMA rule acts on.
+PREFERRED = ("probe_top1", "ema_top1", "ema_wer", "top1", "wer", "val_top1", "test_top1", "loss")
 
 COLORS = {"with": "tab:blue", "without": "tab:red", "linear": "tab:purple"}
 PROGRESSIVE_COLORS = ("tab:green", "tab:orange", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")

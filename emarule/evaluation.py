@@ -58,14 +58,18 @@ def eval_mode(*modules: torch.nn.Module):
 
 
 @torch.no_grad()
-def score(ev: Evaluation, net: torch.nn.Module, now: Now, device: torch.device, autocast) -> dict[str, float]:
+def score(ev: Evaluation, net: torch.nn.Module, now: Now, device: torch.device, autocast,
+          workers: int = 0) -> dict[str, float]:
     """Sums over this rank's shard, then over ranks (one collective), then `finish`."""
     from torch.utils.data import DataLoader, default_collate
 
     world, rank = distributed.world_size(), distributed.rank()
     shard = list(range(rank, len(ev.data), world))
+    # The same worker processes and pinned memory as training: decoding a validation split of
+    # JPEGs in the training process would take as long as an epoch on a GPU.
     loader = DataLoader(torch.utils.data.Subset(ev.data, shard), batch_size=ev.batch_size,
-                        collate_fn=ev.collate or default_collate)
+                        collate_fn=ev.collate or default_collate, num_workers=workers if shard else 0,
+                        pin_memory=device.type == "cuda")
     sums: dict[str, torch.Tensor] = {}
     for batch in loader:
         with autocast():
@@ -80,12 +84,13 @@ def score(ev: Evaluation, net: torch.nn.Module, now: Now, device: torch.device, 
     return {k: float(v) for k, v in ev.finish(dict(zip(keys, vec.tolist(), strict=True))).items()}
 
 
-def run(due: list[Evaluation], model, source, emas: dict, teacher: str | None, now: Now, device, autocast) -> dict:
+def run(due: list[Evaluation], model, source, emas: dict, teacher: str | None, now: Now, device, autocast,
+        workers: int = 0) -> dict:
     """Every due evaluation on every model it covers; the target and EMAs in eval mode throughout."""
     metrics: dict[str, float] = {}
     with eval_mode(model, *(e.module for e in emas.values())):
         for ev in due:
             for ema, net in nets(ev, source, emas, teacher):
-                for k, v in score(ev, net, now, device, autocast).items():
+                for k, v in score(ev, net, now, device, autocast, workers).items():
                     metrics[metric_name(k, ema, ev.split)] = v
     return metrics

@@ -503,7 +503,7 @@ def evaluate_due(run: Run, log: MetricsLog, at_end: bool) -> None:
     if not due:
         return
     ev = evaluation.run([e[0] for e in due], run.model, run.source, run.emas, run.parts.teacher, run.now(),
-                        run.d.device, run.autocast)
+                        run.d.device, run.autocast, run.workers)
     for e in due:
         e[2] = evaluation.next_due(epoch, e[1])
     run.final, run.last_eval_at = {**run.final, **ev}, run.clock.seen
