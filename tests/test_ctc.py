@@ -105,9 +105,9 @@ def test_choose_start_rule_and_baseline_threshold(tmp_path):
     base = tmp_path / "k1"
     base.mkdir()
     (base / "hparams.json").write_text(json.dumps({"kappa": 1.0, "spec": {"batch": {"size": 10.0}}}))
-    evals = [{"kind": "eval", "seconds_seen": 10.0 * s, "wer": w} for s, w in ((10, 80.0), (20, 50.0), (30, 40.0))]
+    evals = [{"kind": "eval", "seconds_seen": 10.0 * s, "wer": w} for s, w in ((10, 80.0), (20.3, 50.0), (30, 40.0))]
     (base / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in evals) + "\n")
-    assert pseudo_label.baseline_wer(base, 20) == 50.0  # its WER at its own start (base step 20)
+    assert pseudo_label.baseline_wer(base, 20) == 50.0  # its WER at its own start (the step past base step 20)
     assert pseudo_label.choose({}, 2.0, None, base, 20) == ("steps", None, None)  # κ ≤ 2: steps
     assert pseudo_label.choose({}, 4.0, tmp_path / "k4", base, 20)[:2] == ("wer", 50.0)  # the sibling baseline
     assert pseudo_label.choose({"start_wer": 12.5}, 8.0, None, None, 20)[:2] == ("wer", 12.5)
@@ -115,8 +115,8 @@ def test_choose_start_rule_and_baseline_threshold(tmp_path):
     assert pseudo_label.choose({}, 4.0, None, tmp_path / "nothing", 20)[0] == "steps"
     with pytest.raises(UserError, match="needs a threshold"):
         pseudo_label.choose({"start": "wer"}, 4.0, None, None, 20)
-    with pytest.raises(UserError, match="no dev WER logged by base step 5"):
-        pseudo_label.baseline_wer(base, 5)
+    with pytest.raises(UserError, match="no dev WER logged from base step 35 on"):
+        pseudo_label.baseline_wer(base, 35)
 
 
 def test_pseudo_label_kappa4_takes_the_threshold_from_the_baseline_beside_it(tmp_path):

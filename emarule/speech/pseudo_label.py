@@ -67,8 +67,8 @@ class Phase:
 
 
 def baseline_wer(run: Path, pretrain_steps: float) -> float:
-    """The target's main dev WER of a κ=1 run at its start of pseudo-labeling: the last evaluation at or
-    before `pretrain_steps` base steps."""
+    """The target's main dev WER of a κ=1 run at its start of pseudo-labeling: its first evaluation at or
+    after `pretrain_steps` base steps (evaluations every k base steps, k dividing pretrain_steps, hit it)."""
     run = Path(run)
     try:
         hp = json.loads((run / HPARAMS).read_text())
@@ -80,12 +80,13 @@ def baseline_wer(run: Path, pretrain_steps: float) -> float:
     if not math.isclose(float(hp.get("kappa", 1.0)), 1.0):
         raise UserError(f"pseudo_label.start_wer_from {run}: a κ={hp.get('kappa')} run; the threshold comes from "
                         f"the κ=1 baseline")
+    # its start is the first step past pretrain_steps base steps, and an evaluation due then runs at that step
     evals = [r for r in rows if r.get("kind") == "eval" and "wer" in r and "seconds_seen" in r
-             and r["seconds_seen"] / base <= pretrain_steps + 1e-6]
+             and r["seconds_seen"] / base >= pretrain_steps - 1e-6]
     if not evals:
-        raise UserError(f"pseudo_label.start_wer_from {run}: no dev WER logged by base step {pretrain_steps:g}; "
-                        f"let the baseline run past its pre-training or give pseudo_label.start_wer")
-    return float(evals[-1]["wer"])
+        raise UserError(f"pseudo_label.start_wer_from {run}: no dev WER logged from base step {pretrain_steps:g} "
+                        f"on; let the baseline run past its pre-training or give pseudo_label.start_wer")
+    return float(min(evals, key=lambda r: r["seconds_seen"])["wer"])
 
 
 def choose(spec_pl: dict, kappa: float, out: Path | None, sibling: Path | None, pretrain_steps: float):
