@@ -171,3 +171,39 @@ def test_full_size_model_trains_on_a_tiny_librispeech_tree(tmp_path):
     with torch.no_grad():
         sums = ev.score(model, ev.collate([ev.data[0]]), now)
     assert sums["words"] == 1 and ev.finish(sums)["wer"] >= 0
+
+
+def test_pseudo_label_run_stopped_after_the_start_resumes_exactly(tmp_path):
+    """SIGTERM once pseudo-labeling is on, then --resume: the same weights, EMA and phase as a run never stopped."""
+    import os
+    import signal
+
+    from emarule.train import train
+
+    torch.set_num_threads(1)
+    spec = load_spec("ctc-pseudo-label", preset="tiny")
+
+    def context(name, resume=False):
+        return RunContext(spec=spec, kappa=1.0, ema_rule="exponential", plan=plan(spec, 1.0), out=tmp_path / name,
+                          quiet=True, resume=resume)
+
+    train(context("whole"), ctc.build(context("whole")))
+    parts = ctc.build(context("cut"))
+    inner = parts.on_step
+
+    def on_step(now, reduced):
+        inner(now, reduced)
+        if now.step == 7:
+            assert parts.state.pseudo_labeling
+            os.kill(os.getpid(), signal.SIGTERM)  # the loop checkpoints at the next step and exits
+
+    parts.on_step = on_step
+    with pytest.raises(SystemExit):
+        train(context("cut"), parts)
+    train(context("cut", resume=True), ctc.build(context("cut", resume=True)))
+    a, b = (torch.load(tmp_path / n / "checkpoint.pt", weights_only=False) for n in ("whole", "cut"))
+    assert a["clock"] == b["clock"] and a["task_state"] == b["task_state"]
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    for k in a["emas"]["ema"]["module"]:
+        assert torch.equal(a["emas"]["ema"]["module"][k], b["emas"]["ema"]["module"][k]), k
