@@ -120,6 +120,7 @@ def test_with_better_and_ema_above_target():
     assert V.decide_ema_above([0.2, 0.3])[0] == "reproduced"
     assert V.decide_ema_above([-0.2, -0.1])[0] == "contradicted"
     assert V.decide_ema_above([0.2, -0.1])[0] == "inconclusive"
+    assert V.decide_ema_above([0.2])[0] == "inconclusive"  # one seed: no spread, no verdict
 
 
 # --- a family's claims on synthetic run directories ---------------------------------------------

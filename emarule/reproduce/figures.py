@@ -53,7 +53,7 @@ def plot(family, measured: dict, runs: list, out: Path, title: str) -> Path:
     scale = reference_steps_per_epoch(base_runs[0]) if family.x_axis == "reference steps" and base_runs else 1.0
     kappas = measured["kappas"]
     pos = dict(zip(kappas, shades(len(kappas)), strict=True))
-    metrics = family.metrics
+    metrics = [m for m in family.metrics if m.name in measured["tables"]]
     fig, axes = plt.subplots(1, len(metrics), figsize=(6.0 * len(metrics), 4.2), squeeze=False)
     for ax, metric in zip(axes[0], metrics, strict=True):
         table = measured["tables"][metric.name]

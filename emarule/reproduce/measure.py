@@ -46,9 +46,17 @@ def measure(family: Family, runs: list) -> dict:
     base, settings = groups(runs)
     if not base:
         raise UserError("no κ=1 baseline among the runs; the reproduction needs one (it runs first for every seed)")
-    tables = {m.name: metric_table(m, base, settings) for m in family.metrics}
+    logged = set.intersection(*(r.metrics() for r in base))
+    # A further metric (a control EMA) is judged only where the preset logs it.
+    metrics = [m for m in family.metrics if m in (family.ema_metric, family.target_metric) or m.name in logged]
+    tables = {m.name: metric_table(m, base, settings) for m in metrics}
     kappas = sorted({k for k, _ in settings})
-    claims = [judge(family, c, tables, base, kappas) for c in expand(family.claims, kappas)]
+    claims = []
+    for c in expand(family.claims, kappas):
+        if c.metric in tables:
+            claims.append(judge(family, c, tables, base, kappas))
+        else:
+            claims.append(not_logged(c))
     return {"tables": tables, "claims": claims, "kappas": kappas, "baseline_seeds": len(base),
             "goal": goal(family, tables, kappas)}
 
@@ -77,6 +85,13 @@ def expand(claims, kappas: list) -> list[Claim]:
         ks = [k for k in kappas if k != 1 and k <= c.kappa] if c.up_to else []
         out.extend([replace(c, kappa=k) for k in ks] or [c])
     return out
+
+
+def not_logged(c: Claim) -> dict:
+    return {"claim": c.text, "paper": c.paper, "where": c.where, "kind": c.kind, "metric": c.metric,
+            "kappa": c.kappa, "statistic": STATISTIC[c.over], "gap_with_rule": None, "gap_without_rule": None,
+            "baseline_spread": None, "note": c.note, "verdict": "inconclusive",
+            "why": f"not measured: this preset does not log {c.metric}"}
 
 
 def _stat(table: dict, rule: str, kappa: float, over: str) -> float | None:

@@ -29,7 +29,7 @@ Decision rules (FACTOR = 2; g_with, g_without, spread are the claim's statistic,
     ema_above_target d_i = final EMA metric − final target metric of baseline seed i (> 0 better)
                      reproduced   d_i > 0 for every seed; contradicted d_i < 0 for every seed
 
-Anything else is "inconclusive"; so is every claim whose spread is undefined.
+Anything else is "inconclusive"; so is every claim with fewer than 2 baseline seeds (no spread).
 """
 
 from __future__ import annotations
@@ -188,8 +188,8 @@ def decide_with_better(diffs: dict, s_end: float | None) -> tuple[str, str]:
 
 def decide_ema_above(diffs: list) -> tuple[str, str]:
     """ema_above_target: `diffs` are final EMA − final target per baseline seed, > 0 better."""
-    if not diffs:
-        return "inconclusive", "no baseline run logged both metrics"
+    if len(diffs) < 2:
+        return "inconclusive", "the baseline spread is undefined (fewer than 2 baseline seeds logged both metrics)"
     r = "EMA − target at the end, per baseline seed: " + ", ".join(_n(d, signed=True) for d in diffs)
     if all(d > 0 for d in diffs):
         return "reproduced", f"{r}: the EMA is better for every seed"

@@ -1,0 +1,36 @@
+"""CI smoke: a tiny κ sweep of every training family through `emarule reproduce` (one seed: the plumbing,
+metric names and figure; the verdict maths and the 2-seed path are in test_reproduce.py)."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from emarule.cli import app
+from emarule.reproduce import claims as K
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("family", ["polyak", "dino", "ctc-polyak", "ctc-pseudo-label"])
+def test_tiny_reproduction(tmp_path, family):
+    import torch
+
+    from emarule.spec import load_spec
+    from emarule.tasks import RUNNABLE_TASKS
+
+    f = K.FAMILIES[family]
+    assert load_spec(f.experiment)["task"] in RUNNABLE_TASKS
+    torch.set_num_threads(1)
+    res = runner.invoke(app, ["reproduce", family, "--preset", "tiny", "--seeds", "1", "--kappas", "1,2",
+                              "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    v = json.loads((tmp_path / "verdict.json").read_text())
+    assert v["family"] == family and v["timing"]["runs"] == 3
+    assert {f.ema_metric.name, f.target_metric.name} <= {r["metric"] for r in v["settings"]}
+    assert len(v["claims"]) >= len(f.claims)
+    for c in v["claims"]:
+        assert c["verdict"] == "inconclusive"  # one seed: no spread, so no verdict either way
+        assert "spread is undefined" in c["why"] or "not measured" in c["why"], c
+    assert (tmp_path / "figures" / f"{family}.png").stat().st_size > 10_000
+    assert "## Verdicts" in (tmp_path / "report.md").read_text()
