@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from emarule.cli import app
 from emarule.compare import load_runs
+from emarule.errors import UserError
 from emarule.reproduce import claims as K
 from emarule.reproduce import measure as M
 from emarule.reproduce import studies as S
@@ -336,6 +337,10 @@ def test_precision_study_reproduction_writes_and_reuses(tmp_path):
     again = reproduce(console, "precision", preset=None, seeds=None, kappas=None, out=str(tmp_path), data=None,
                       resolver=resolver)
     assert again["timing"]["reused"] == 1 and again["claims"] == data["claims"]
+    small.append("precision_study.noise=0.2")  # other settings: the results there are not theirs
+    with pytest.raises(UserError, match="computed with other settings"):
+        reproduce(console, "precision", preset=None, seeds=None, kappas=None, out=str(tmp_path), data=None,
+                  resolver=resolver)
 
 
 def test_tiny_byol_reproduction_end_to_end_then_reused(tmp_path):

@@ -20,6 +20,9 @@ from emarule import checks
 from emarule.errors import UserError
 from emarule.reproduce import report as R
 from emarule.reproduce.claims import FAMILIES, FULL, Family
+from emarule.rundir import atomic_write_text
+
+STUDY_SPEC = "reproduce-spec.json"  # the spec a study's results.json was computed with
 
 # Where each study claim's figure is, inside the study's run directory.
 STUDY_FIGURES = {
@@ -156,10 +159,13 @@ def _study(console, family: Family, root: Path, resolve_run) -> tuple:
     from emarule.context import RunContext, default_run_name
     from emarule.reproduce.studies import judge_study
 
-    spec, kappa, rule, progressive, plan = resolve_run(1.0, "exponential", True)
+    spec, kappa, rule, _, plan = resolve_run(1.0, "exponential", True)
     run_dir = checks.out_dir(root / spec["name"] / default_run_name(kappa, rule, 0, None, spec.get("preset")))
-    results_path = run_dir / "results.json"
+    results_path, spec_path = run_dir / "results.json", run_dir / STUDY_SPEC
     reused = results_path.is_file()
+    if reused and (not spec_path.is_file() or json.loads(spec_path.read_text()) != json.loads(json.dumps(spec))):
+        raise UserError(f"{run_dir} holds results computed with other settings (or without {STUDY_SPEC}); "
+                        f"pass another --out, or delete {results_path} to compute them again")
     t0 = time.monotonic()
     if reused:
         console.print(f"{run_dir}: results.json is there; reusing it (delete it to compute again)", highlight=False)
@@ -168,6 +174,7 @@ def _study(console, family: Family, root: Path, resolve_run) -> tuple:
 
         run_task(RunContext(spec=spec, kappa=kappa, ema_rule=rule, plan=plan, out=run_dir, preset=spec.get("preset"),
                             seed=0))
+        atomic_write_text(spec_path, json.dumps(spec, indent=1, ensure_ascii=False) + "\n")
     payload = json.loads(results_path.read_text())
     claims = judge_study(family, payload)
     for c in claims:
