@@ -114,6 +114,11 @@ def test_target_explains(ema_gap, target_gap, expected):
     assert V.decide_target(ema_gap, 1.0, target_gap, 1.0)[0] == expected
 
 
+@pytest.mark.parametrize("gap,expected", [(3.0, "reproduced"), (0.9, "contradicted"), (1.5, "inconclusive")])
+def test_optimizer_strays(gap, expected):
+    assert V.decide_optimizer(gap, 1.0)[0] == expected
+
+
 def test_with_better_and_ema_above_target():
     assert V.decide_with_better({2.0: 0.5, 4.0: 3.0}, 1.0)[0] == "reproduced"
     assert V.decide_with_better({2.0: 0.5, 4.0: 1.0}, 1.0)[0] == "inconclusive"
@@ -131,7 +136,8 @@ def write_run(root: Path, name, kappa, rule, seed, metrics: dict, experiment="po
     d = root / name
     d.mkdir(parents=True)
     h = {"experiment": experiment, "kappa": kappa, "ema_rule": rule is not None, "ema_rule_form": rule,
-         "seed": seed, "dataset_size": 100, "epoch_measure": 100, "hyperparameters": {
+         "seed": seed, "dataset_size": 100, "epoch_measure": 100, "spec": {"pseudo_label": {"pretrain_steps": 50}},
+         "hyperparameters": {
              "batch_size": {"base": 10, "scaled": 10 * kappa},
              "ema.momentum": {"base": 0.99, "scaled": 0.99 ** (kappa if rule else 1)}}}
     (d / "hparams.json").write_text(json.dumps(h))
@@ -188,6 +194,28 @@ def test_polyak_claims_contradicted_and_diagnosed(tmp_path):
     assert verdicts(m)[("target_explains", 4.0, M.STATISTIC["run"])] == "reproduced"
     c = next(c for c in m["claims"] if c["kind"] == "rule_needed" and c["kappa"] == 2.0)
     assert c["verdict"] == "inconclusive" and "optimizer rule: the target model" in c["diagnosis"]
+
+
+def test_a_run_that_never_logged_the_metric_leaves_its_claims_unmeasured(tmp_path):
+    """Pseudo-labeling that never starts at κ=4 logs no `pl_wer`: not a gap of ∞, not an error."""
+    dirs = []
+    for s, o in enumerate((-0.5, 0.0, 0.5)):
+        both = {"pl_wer": lambda t, o=o: 50 - t + o, "wer": lambda t, o=o: 60 - t + o}
+        dirs.append(write_run(tmp_path, f"k1-s{s}", 1.0, "exponential", s, both, "ctc-pseudo-label"))
+        dirs.append(write_run(tmp_path, f"k4-rule-s{s}", 4.0, "exponential", s,
+                              {"wer": both["wer"]} if s == 1 else both, "ctc-pseudo-label"))
+        dirs.append(write_run(tmp_path, f"k4-norule-s{s}", 4.0, None, s,
+                              {m: (lambda t, f=f: f(t) + 9) for m, f in both.items()}, "ctc-pseudo-label"))
+    m = M.measure(K.CTC_PL, load_runs(dirs))
+    pl = next(c for c in m["claims"] if c["metric"] == "pl_wer")
+    assert pl["verdict"] == "inconclusive" and "1 run(s) with the rule" in pl["why"] and "never logged" in pl["why"]
+    assert m["goal"]["met"] is None and "never logged" in m["goal"]["why"]
+    wer = next(c for c in m["claims"] if c["metric"] == "wer" and c["kind"] == "rule_needed")
+    assert wer["verdict"] == "reproduced"  # the student's WER is there for every run
+    # Pre-training only (50 base steps of 10 = epoch 5): with the rule the student is the baseline's.
+    pre = next(c for c in m["claims"] if c["kind"] == "optimizer_strays")
+    assert "up to epoch 5 " in pre["statistic"] and pre["baseline_spread"] == pytest.approx(0.5)
+    assert pre["gap_with_rule"] == pytest.approx(1 / 3) and pre["verdict"] == "contradicted"
 
 
 def test_up_to_claims_expand_per_kappa_and_unmeasured_kappas_say_so():

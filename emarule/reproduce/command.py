@@ -115,7 +115,9 @@ def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, r
     from emarule import sweep
 
     runs = sweep.plan_runs(args["kappas"], ["exponential", None], args["seeds"])
-    done = sweep.execute(console, runs, resolve_run, root, data=data, metric=family.ema_metric.name)
+    # The sweep's own comparison on the target model's metric, which every run logs from its first
+    # evaluation (a teacher's `pl_wer` exists only once pseudo-labeling starts, at κ=4 sometimes never).
+    done = sweep.execute(console, runs, resolve_run, root, data=data, metric=family.target_metric.name)
     from emarule import distributed
 
     if not distributed.is_main():
@@ -137,7 +139,7 @@ def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, r
                        f"{args['seeds']} seed(s)")
     figs = [str(fig.relative_to(root))]
     exp_dir = Path(done[0]["run"]).parent
-    for m in family.metrics:  # emarule sweep's own per-κ panels, when it drew them
+    for m in family.metrics:  # emarule sweep's own per-κ panel, when it drew one
         p = exp_dir / f"compare-{m.name}.png"
         if p.exists():
             figs.append(os.path.relpath(p, root))

@@ -26,9 +26,16 @@ def groups(runs: list) -> tuple[list, dict]:
     return base, {k: sorted(v, key=key) for k, v in sorted(out.items())}
 
 
-def metric_table(metric: Metric, base: list, settings: dict) -> dict:
-    """Everything measured for one metric: the baseline curve and spread, and each setting's gaps."""
-    base_curves = [V.run_curve(r, metric.name, metric.smooth_epochs) for r in base]
+def metric_table(metric: Metric, base: list, settings: dict, until: float | None = None) -> dict:
+    """Everything measured for one metric: the baseline curve and spread, and each setting's gaps
+    (on the epochs up to `until` only, when given)."""
+
+    def curve(r):
+        xs, ys = V.run_curve(r, metric.name, metric.smooth_epochs)
+        keep = [i for i, x in enumerate(xs) if until is None or x <= until + 1e-9]
+        return [xs[i] for i in keep], [ys[i] for i in keep]
+
+    base_curves = [curve(r) for r in base]
     bgrid, bmean, bstd = V.baseline_curve(base_curves)
     if not bgrid:
         raise UserError(f"the baseline runs logged no {metric.name!r} values in common; "
@@ -36,7 +43,7 @@ def metric_table(metric: Metric, base: list, settings: dict) -> dict:
     finals = [V.final(c) for c in base_curves]
     rows = {("baseline", 1.0): {"gaps": V.spread(base_curves), "finals": finals, "curves": base_curves}}
     for (k, rule), rs in settings.items():
-        curves = [V.run_curve(r, metric.name, metric.smooth_epochs) for r in rs]
+        curves = [curve(r) for r in rs]
         rows[(rule, k)] = {"gaps": V.gaps(curves, (bgrid, bmean)), "finals": [V.final(c) for c in curves],
                            "curves": curves}
     return {"metric": metric, "baseline": (bgrid, bmean, bstd), "rows": rows}
@@ -53,10 +60,16 @@ def measure(family: Family, runs: list) -> dict:
     kappas = sorted({k for k, _ in settings})
     claims = []
     for c in expand(family.claims, kappas):
-        if c.metric in tables:
-            claims.append(judge(family, c, tables, base, kappas))
-        else:
+        if c.metric not in tables:
             claims.append(not_logged(c))
+            continue
+        if c.until:  # the claim's part of the run only
+            until = epochs_of_base_steps(base[0], c.until)
+            window = metric_table(family.metric(c.metric), base, settings, until)
+            claims.append(judge(family, c, {**tables, c.metric: window}, base, kappas)
+                          | {"statistic": f"{STATISTIC[c.over]} up to epoch {until:.3g} ({c.until})"})
+        else:
+            claims.append(judge(family, c, tables, base, kappas))
     return {"tables": tables, "claims": claims, "kappas": kappas, "baseline_seeds": len(base),
             "goal": goal(family, tables, kappas)}
 
@@ -69,7 +82,9 @@ def goal(family: Family, tables: dict, kappas: list) -> dict:
         return out | {"met": None, "why": f"not measured: κ={k:g} was not in --kappas"}
     gw, gwo, s = _stat(table, "with", k, "run"), _stat(table, "without", k, "run"), _spread(table, "run")
     out |= {"gap_with_rule": gw, "gap_without_rule": gwo, "baseline_spread": s}
-    if None in (gw, gwo, s):
+    if None in (gw, gwo):
+        return out | {"met": None, "why": f"not measured: a run at κ={k:g} never logged {family.ema_metric.name}"}
+    if s is None:
         return out | {"met": None, "why": "the baseline spread is undefined (fewer than 2 baseline seeds)"}
     a, b = bool(gwo >= V.FACTOR * gw), bool(gw <= s)
     out |= {"met": a and b, "without_at_least_2x_with": a, "with_within_spread": b}
@@ -85,6 +100,22 @@ def expand(claims, kappas: list) -> list[Claim]:
         ks = [k for k in kappas if k != 1 and k <= c.kappa] if c.up_to else []
         out.extend([replace(c, kappa=k) for k in ks] or [c])
     return out
+
+
+def epochs_of_base_steps(run, key: str) -> float:
+    """A spec value counted in base (κ=1) steps, as epochs: steps × base batch / one epoch's measure."""
+    import json
+
+    from emarule.rundir import HPARAMS
+    from emarule.spec import get
+
+    h = json.loads((run.path / HPARAMS).read_text())
+    steps = get(h.get("spec") or {}, key)
+    base = ((h.get("hyperparameters") or {}).get("batch_size") or {}).get("base")
+    measure = h.get("epoch_measure") or h.get("dataset_size")
+    if steps is None or not base or not measure:
+        raise UserError(f"{run.path / HPARAMS}: needs the spec's {key}, the base batch and the epoch's measure")
+    return float(steps) * float(base) / float(measure)
 
 
 def not_logged(c: Claim) -> dict:
@@ -119,12 +150,27 @@ def judge(family: Family, claim: Claim, tables: dict, base: list, kappas: list) 
            "gap_with_rule": None, "gap_without_rule": None, "baseline_spread": _spread(table, over),
            "note": claim.note}
     k = claim.kappa
+    if claim.kind == "optimizer_strays":
+        if k not in kappas:
+            out.update(verdict="inconclusive", why=f"not measured: κ={k:g} was not in --kappas")
+            return out
+        gw = _stat(table, "with", k, over)
+        out.update(gap_with_rule=gw, gap_without_rule=_stat(table, "without", k, over))
+        v, why = V.decide_optimizer(gw, out["baseline_spread"])
+        out.update(verdict=v, why=why)
+        return out
     if claim.kind in ("rule_needed", "rule_closer", "same_either_way", "target_explains"):
         if k not in kappas:
             out.update(verdict="inconclusive", why=f"not measured: κ={k:g} was not in --kappas")
             return out
         gw, gwo, s = _stat(table, "with", k, over), _stat(table, "without", k, over), out["baseline_spread"]
         out.update(gap_with_rule=gw, gap_without_rule=gwo)
+        missing = {rule: (table["rows"].get((rule, k)) or {}).get("gaps", {}).get("missing", 0)
+                   for rule in ("with", "without")}
+        if any(missing.values()):
+            out.update(verdict="inconclusive", why=f"not measured: {missing['with']} run(s) with the rule and "
+                       f"{missing['without']} without at κ={k:g} never logged {claim.metric}")
+            return out
         if claim.kind == "target_explains":
             target = tables[family.target_metric.name]
             gt, st = _stat(target, "with", k, over), _spread(target, over)
@@ -171,9 +217,7 @@ def diagnose(family: Family, tables: dict, kappa: float, over: str) -> str:
     ema = tables[family.ema_metric.name]
     gw, gwo, s = _stat(ema, "with", kappa, over), _stat(ema, "without", kappa, over), _spread(ema, over)
     parts = []
-    if s is None or gw is None or gwo is None:
-        return "not enough runs to say"
-    if gwo <= V.FACTOR * s:
+    if s is not None and gw is not None and gwo is not None and gwo <= V.FACTOR * s:
         parts.append(f"noise: even without the rule the {family.ema_metric.name} gap ({_f(gwo)}) is within 2× the "
                      f"baseline seeds' spread ({_f(s)}), so this preset cannot separate the settings")
     t = family.target_metric
@@ -190,7 +234,7 @@ def diagnose(family: Family, tables: dict, kappa: float, over: str) -> str:
         else:
             parts.append(f"the target model's {t.name} tracks (gap {_f(tg)}, spread {_f(ts)}): the optimizer rule "
                          f"holds, so the remaining gap is the EMA's")
-    return "; ".join(parts)
+    return "; ".join(parts) or "not enough runs to say"
 
 
 def _f(v: float | None) -> str:

@@ -10,7 +10,8 @@ The statistics (README, "Reproduction: how a verdict is reached"), applied exact
   whole run, "end" the |Δ| at the last grid point; both are averaged over seeds.
 - **Baseline spread**: the same two statistics for each baseline seed against the mean of the
   OTHER baseline seeds (leave-one-out), averaged over seeds. Undefined with fewer than 2 seeds.
-- A run that stops before the baseline's end (it diverged) has an infinite gap.
+- A run that stops before the baseline's end (it diverged) has an infinite gap; a setting with a run that
+  never logged the metric (its pseudo-labeling never started) has no gap, and its claims are not measured.
 
 Decision rules (FACTOR = 2; g_with, g_without, spread are the claim's statistic, "run" or "end"):
 
@@ -23,6 +24,8 @@ Decision rules (FACTOR = 2; g_with, g_without, spread are the claim's statistic,
     target_explains  (needs an EMA gap: g_with > 2·spread, else inconclusive)
                      reproduced   the target metric's g_with > 2 × its spread
                      contradicted the target metric's g_with ≤ its spread
+    optimizer_strays reproduced   the target metric's g_with > 2·spread (an optimizer rule breaks)
+                     contradicted the target metric's g_with ≤ spread
     with_better      d_κ = final(with) − final(without), signed so that > 0 is better
                      reproduced   d_κ > 0 at every κ run, and d_κ > 2·spread_end at one κ at least
                      contradicted d_κ < −2·spread_end at some κ
@@ -76,6 +79,10 @@ def gaps(curves: list, base: tuple[list, list]) -> dict:
     """Mean over seeds of each seed's mean |Δ| ("run") and |Δ| at the end ("end") against `base`."""
     runs, ends, incomplete = [], [], 0
     bx = base[0]
+    missing = sum(1 for c in curves if not c[0])
+    if missing:  # a run that never logged the metric (pseudo-labeling never started): nothing to compare
+        return {"run": None, "end": None, "seeds": len(curves), "incomplete": 0, "missing": missing,
+                "per_seed_run": [], "per_seed_end": []}
     for c in curves:
         g = gap(c, base)
         if g["gap_mean"] is None or not c[0] or c[0][-1] < INCOMPLETE * bx[-1]:
@@ -85,7 +92,7 @@ def gaps(curves: list, base: tuple[list, list]) -> dict:
             continue
         runs.append(g["gap_mean"])
         ends.append(abs(g["gap_final"]))
-    return {"run": _mean(runs), "end": _mean(ends), "seeds": len(curves), "incomplete": incomplete,
+    return {"run": _mean(runs), "end": _mean(ends), "seeds": len(curves), "incomplete": incomplete, "missing": 0,
             "per_seed_run": runs, "per_seed_end": ends}
 
 
@@ -128,7 +135,7 @@ def decide(kind: str, g_with: float | None, g_without: float | None, s: float | 
     if s is None:
         return "inconclusive", "the baseline spread is undefined (fewer than 2 baseline seeds)"
     if g_with is None or g_without is None:
-        return "inconclusive", "a setting was not run"
+        return "inconclusive", "a setting has no gap (not run, or a run never logged the metric)"
     f, big = FACTOR, max(g_with, g_without)
     r = f"gap with {_n(g_with)}, without {_n(g_without)}, baseline spread {_n(s)}"
     if kind == "rule_needed":
@@ -160,7 +167,7 @@ def decide_target(g_ema_with: float | None, s_ema: float | None, g_target_with: 
     if s_ema is None or s_target is None:
         return "inconclusive", "the baseline spread is undefined (fewer than 2 baseline seeds)"
     if g_ema_with is None or g_target_with is None:
-        return "inconclusive", "a setting was not run"
+        return "inconclusive", "a setting has no gap (not run, or a run never logged the metric)"
     r = (f"EMA metric: gap with {_n(g_ema_with)}, spread {_n(s_ema)}; target metric: gap with "
          f"{_n(g_target_with)}, spread {_n(s_target)}")
     if g_ema_with <= FACTOR * s_ema:
@@ -172,12 +179,26 @@ def decide_target(g_ema_with: float | None, s_ema: float | None, g_target_with: 
     return "inconclusive", f"{r}: the target's gap lies between 1× and 2× its spread"
 
 
+def decide_optimizer(g_with: float | None, s: float | None) -> tuple[str, str]:
+    """optimizer_strays: the target model's gap with every rule applied, against its spread."""
+    if s is None:
+        return "inconclusive", "the baseline spread is undefined (fewer than 2 baseline seeds)"
+    if g_with is None:
+        return "inconclusive", "a setting has no gap (not run, or a run never logged the metric)"
+    r = f"target gap with the rule {_n(g_with)}, baseline spread {_n(s)}"
+    if g_with > FACTOR * s:
+        return "reproduced", f"{r}: it strays (> 2× spread)"
+    if g_with <= s:
+        return "contradicted", f"{r}: it tracks (≤ spread)"
+    return "inconclusive", f"{r}: between 1× and 2× the spread"
+
+
 def decide_with_better(diffs: dict, s_end: float | None) -> tuple[str, str]:
     """with_better: `diffs` maps κ → final(with) − final(without), signed so that > 0 is better."""
     if s_end is None:
         return "inconclusive", "the baseline spread is undefined (fewer than 2 baseline seeds)"
     if not diffs or any(d is None for d in diffs.values()):
-        return "inconclusive", "a setting was not run"
+        return "inconclusive", "a setting has no gap (not run, or a run never logged the metric)"
     r = ", ".join(f"κ={k:g}: {_n(d, signed=True)}" for k, d in sorted(diffs.items())) + f"; end spread {_n(s_end)}"
     if any(d < -FACTOR * s_end for d in diffs.values()):
         return "contradicted", f"with − without at the end {r}: without is better by > 2× spread somewhere"
