@@ -132,14 +132,15 @@ def test_with_better_and_ema_above_target():
 # --- a family's claims on synthetic run directories ---------------------------------------------
 
 
-def write_run(root: Path, name, kappa, rule, seed, metrics: dict, experiment="polyak-r50"):
+def write_run(root: Path, name, kappa, rule, seed, metrics: dict, experiment="polyak-r50", layout=None):
     d = root / name
     d.mkdir(parents=True)
     h = {"experiment": experiment, "kappa": kappa, "ema_rule": rule is not None, "ema_rule_form": rule,
          "seed": seed, "dataset_size": 100, "epoch_measure": 100, "spec": {"pseudo_label": {"pretrain_steps": 50}},
          "hyperparameters": {
              "batch_size": {"base": 10, "scaled": 10 * kappa},
-             "ema.momentum": {"base": 0.99, "scaled": 0.99 ** (kappa if rule else 1)}}}
+             "ema.momentum": {"base": 0.99, "scaled": 0.99 ** (kappa if rule else 1)}},
+         "layout": layout or [{"start_epoch": 0.0, "end_epoch": 10.0, "kappa": kappa}]}
     (d / "hparams.json").write_text(json.dumps(h))
     rows = [{"kind": "eval", "samples_seen": int(t * 100), "epoch": t, **{m: f(t) for m, f in metrics.items()}}
             for t in T]
@@ -216,6 +217,27 @@ def test_a_run_that_never_logged_the_metric_leaves_its_claims_unmeasured(tmp_pat
     pre = next(c for c in m["claims"] if c["kind"] == "optimizer_strays")
     assert "up to epoch 5 " in pre["statistic"] and pre["baseline_spread"] == pytest.approx(0.5)
     assert pre["gap_with_rule"] == pytest.approx(1 / 3) and pre["verdict"] == "contradicted"
+
+
+def test_progressive_runs_are_compared_from_their_transition(tmp_path):
+    """Before Progressive Scaling leaves κ=1 each run is its seed's baseline: the gaps start where it does."""
+    step = [{"start_epoch": 0.0, "end_epoch": 6.0, "kappa": 1.0}, {"start_epoch": 6.0, "end_epoch": 10.0, "kappa": 2.0}]
+    dirs = []
+    for s, o in enumerate((-1.0, 0.0, 1.0)):
+        early = lambda t, o=o: t + (o if t < 6 else 0.1 * o)  # noqa: E731 — noisy early, quiet after 6
+        dirs.append(write_run(tmp_path, f"k1-s{s}", 1.0, "exponential", s, {"ema_top1": early, "top1": early}))
+        for rule, off in (("exponential", 0.1), (None, 2.0)):
+            late = lambda t, e=early, off=off: e(t) + (off if t >= 6 else 0.0)  # noqa: E731
+            dirs.append(write_run(tmp_path, f"k2-{rule}-s{s}", 2.0, rule, s, {"ema_top1": late, "top1": early},
+                                  layout=step))
+    runs = load_runs(dirs)
+    assert M.transition_epoch([r for r in runs if not r.is_baseline]) == 6.0
+    assert M.transition_epoch([r for r in runs if r.is_baseline]) is None  # constant κ: the whole run
+    m = M.measure(K.POLYAK, runs)
+    c = next(c for c in m["claims"] if c["kind"] == "rule_needed" and c["statistic"].startswith("mean"))
+    assert "from epoch 6" in c["statistic"] and m["since_epoch"] == 6.0
+    assert c["baseline_spread"] == pytest.approx(0.1)  # the late, quiet part's spread, not the early one's
+    assert c["verdict"] == "reproduced"
 
 
 def test_up_to_claims_expand_per_kappa_and_unmeasured_kappas_say_so():

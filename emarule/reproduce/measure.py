@@ -26,13 +26,15 @@ def groups(runs: list) -> tuple[list, dict]:
     return base, {k: sorted(v, key=key) for k, v in sorted(out.items())}
 
 
-def metric_table(metric: Metric, base: list, settings: dict, until: float | None = None) -> dict:
+def metric_table(metric: Metric, base: list, settings: dict, until: float | None = None,
+                 since: float | None = None) -> dict:
     """Everything measured for one metric: the baseline curve and spread, and each setting's gaps
-    (on the epochs up to `until` only, when given)."""
+    (on the epochs in [since, until] only, when given)."""
 
     def curve(r):
         xs, ys = V.run_curve(r, metric.name, metric.smooth_epochs)
-        keep = [i for i, x in enumerate(xs) if until is None or x <= until + 1e-9]
+        keep = [i for i, x in enumerate(xs) if (until is None or x <= until + 1e-9)
+                and (since is None or x >= since - 1e-9)]
         return [xs[i] for i in keep], [ys[i] for i in keep]
 
     base_curves = [curve(r) for r in base]
@@ -56,7 +58,8 @@ def measure(family: Family, runs: list) -> dict:
     logged = set.intersection(*(r.metrics() for r in base))
     # A further metric (a control EMA) is judged only where the preset logs it.
     metrics = [m for m in family.metrics if m in (family.ema_metric, family.target_metric) or m.name in logged]
-    tables = {m.name: metric_table(m, base, settings) for m in metrics}
+    since = transition_epoch([r for rs in settings.values() for r in rs])
+    tables = {m.name: metric_table(m, base, settings, since=since) for m in metrics}
     kappas = sorted({k for k, _ in settings})
     claims = []
     for c in expand(family.claims, kappas):
@@ -65,13 +68,36 @@ def measure(family: Family, runs: list) -> dict:
             continue
         if c.until:  # the claim's part of the run only
             until = epochs_of_base_steps(base[0], c.until)
-            window = metric_table(family.metric(c.metric), base, settings, until)
+            window = metric_table(family.metric(c.metric), base, settings, until, since)
             claims.append(judge(family, c, {**tables, c.metric: window}, base, kappas)
                           | {"statistic": f"{STATISTIC[c.over]} up to epoch {until:.3g} ({c.until})"})
         else:
             claims.append(judge(family, c, tables, base, kappas))
-    return {"tables": tables, "claims": claims, "kappas": kappas, "baseline_seeds": len(base),
-            "goal": goal(family, tables, kappas)}
+    if since:
+        for c in claims:
+            if c["statistic"].startswith(STATISTIC["run"]):
+                c["statistic"] = c["statistic"].replace(STATISTIC["run"], f"{STATISTIC['run']} from epoch {since:g}")
+    out = {"tables": tables, "claims": claims, "kappas": kappas, "baseline_seeds": len(base),
+           "goal": goal(family, tables, kappas), "since_epoch": since}
+    if since:
+        out["goal"]["statistic"] = f"{STATISTIC['run']} from epoch {since:g}"
+    return out
+
+
+def transition_epoch(runs: list) -> float | None:
+    """Where Progressive Scaling first takes κ away from 1, when every scaled run starts at κ=1 (a
+    step or smooth schedule): before it each run is its seed's baseline, bit for bit, so only the part
+    after it can tell the settings apart. None for constant κ."""
+    import json
+
+    from emarule.rundir import HPARAMS
+
+    starts = []
+    for r in runs:
+        layout = json.loads((r.path / HPARAMS).read_text()).get("layout") or []
+        first = next((st.get("start_epoch") for st in layout if not math.isclose(st.get("kappa", 1.0), 1.0)), 0.0)
+        starts.append(float(first or 0.0))
+    return min(starts) if starts and min(starts) > 0 else None
 
 
 def goal(family: Family, tables: dict, kappas: list) -> dict:
