@@ -209,7 +209,7 @@ def judge(family: Family, claim: Claim, tables: dict, base: list, kappas: list) 
                 out["meets_issue_goal"] = bool(gwo >= V.FACTOR * gw and gw <= s)
         out.update(verdict=v, why=why)
         if v != "reproduced":
-            out["diagnosis"] = diagnose(family, tables, k, over)
+            out["diagnosis"] = diagnose(family, tables, k, over, claim.metric)
     elif claim.kind == "with_better":
         sign = 1.0 if metric.higher_is_better else -1.0
         diffs = {}
@@ -238,18 +238,24 @@ def judge(family: Family, claim: Claim, tables: dict, base: list, kappas: list) 
     return out
 
 
-def diagnose(family: Family, tables: dict, kappa: float, over: str) -> str:
-    """Why a claim fell short, from the numbers: noise, the optimizer rule, or the EMA itself."""
-    ema = tables[family.ema_metric.name]
-    gw, gwo, s = _stat(ema, "with", kappa, over), _stat(ema, "without", kappa, over), _spread(ema, over)
+def diagnose(family: Family, tables: dict, kappa: float, over: str, metric: str | None = None) -> str:
+    """Why a claim on `metric` (the EMA metric by default) fell short, from the numbers: noise, the
+    optimizer rule, or the EMA itself."""
+    metric = metric or family.ema_metric.name
+    table = tables[metric]
+    gw, gwo, s = _stat(table, "with", kappa, over), _stat(table, "without", kappa, over), _spread(table, over)
     parts = []
     if s is not None and gw is not None and gwo is not None and gwo <= V.FACTOR * s:
-        parts.append(f"noise: even without the rule the {family.ema_metric.name} gap ({_f(gwo)}) is within 2× the "
-                     f"baseline seeds' spread ({_f(s)}), so this preset cannot separate the settings")
+        parts.append(f"noise: even without the rule the {metric} gap ({_f(gwo)}) is within 2× the baseline seeds' "
+                     f"spread ({_f(s)}), so this preset cannot separate the settings")
     t = family.target_metric
     tt = tables[t.name]
     tg, ts = _stat(tt, "with", kappa, over), _spread(tt, over)
-    if tg is not None and ts is not None:
+    if t.name == metric:
+        if t.depends_on_ema:
+            parts.append(f"{t.name}, the student's, depends on the EMA too, so it cannot separate an optimizer-rule "
+                         f"failure from an EMA one")
+    elif tg is not None and ts is not None:
         strays = tg > V.FACTOR * ts
         if t.depends_on_ema:
             parts.append(f"{t.name} depends on the EMA too (gap with the rule {_f(tg)}, spread {_f(ts)}), so it "
