@@ -14,9 +14,9 @@ Stacks (`data.augmentation`), each (global 1, global 2, local):
   0.1; p=0.8), grayscale (p=0.2), Gaussian blur σ∈[0.1, 2] with p = 1.0 / 0.1 / 0.5, solarization
   p = 0 / 0.2 / 0. The crops are resized bilinearly with antialiasing (DINO: bicubic) and blurred
   with a kernel of about 10 % of the crop (DINO: PIL's radius); both are our approximations.
-- ``dino_digits``: the same without the flip (a flipped digit is another digit) and without the
-  blur (it wipes out an 8×8 digit, as `byol_digits` drops it), for the scikit-learn digits of the
-  `cpu`/`tiny` presets; the crop scales still come from the spec.
+- ``dino_digits``: the same without the flip (a flipped digit is another digit), the blur and the
+  solarization (at 8×8 they wipe out or invert the strokes; `byol_digits` drops the blur too), for
+  the scikit-learn digits of the `cpu`/`tiny` presets; the crop scales still come from the spec.
 - ``none``: resize and normalize only (tests).
 """
 
@@ -36,7 +36,7 @@ _LOCAL = A.ViewAug(blur_p=0.5, solarize_p=0.0)
 
 STACKS: dict[str, tuple[A.ViewAug, A.ViewAug, A.ViewAug]] = {
     "dino": (_G1, _G2, _LOCAL),
-    "dino_digits": tuple(replace(v, flip_p=0.0, blur_p=0.0) for v in (_G1, _G2, _LOCAL)),
+    "dino_digits": tuple(replace(v, flip_p=0.0, blur_p=0.0, solarize_p=0.0) for v in (_G1, _G2, _LOCAL)),
     "none": (A.STACKS["none"][0],) * 3,
 }
 
