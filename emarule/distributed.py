@@ -16,6 +16,7 @@ composition then changes the function being trained.
 
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -32,7 +33,6 @@ class Dist:
     world_size: int
     local_rank: int
     device: torch.device
-    initialized_here: bool  # this module called init_process_group (and will destroy it)
 
     @property
     def is_main(self) -> bool:
@@ -66,15 +66,14 @@ def setup() -> Dist:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    here = False
     if world > 1 and not (dist.is_available() and dist.is_initialized()):
         if not dist.is_available():
             raise UserError("WORLD_SIZE > 1 but this torch build has no torch.distributed; run one process")
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, timeout=timedelta(minutes=30),
                                 **({"device_id": device} if device.type == "cuda" else {}))
-        here = True
-    _STATE = Dist(rank, world, local, device, here)
+        atexit.register(_leave_group)
+    _STATE = Dist(rank, world, local, device)
     return _STATE
 
 
@@ -83,11 +82,19 @@ def state() -> Dist:
 
 
 def teardown() -> None:
-    """Leave the process group if `setup` joined it (so tests can call train() twice)."""
+    """Forget this run's state (so a sweep, or a test, can call train() again in this process).
+
+    The process group itself stays joined until the process exits: a sweep under torchrun trains run
+    after run, and joining the launcher's store again after leaving it could wait forever at the
+    rendezvous of the second run.
+    """
     global _STATE
-    if _STATE is not None and _STATE.initialized_here and dist.is_initialized():
-        dist.destroy_process_group()
     _STATE = None
+
+
+def _leave_group() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def world_size() -> int:

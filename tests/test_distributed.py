@@ -118,3 +118,18 @@ def test_resume_on_another_world_size_continues_the_same_trajectory(tmp_path):
     assert done["finished"] and world_of(tmp_path / "ws") == 2 and done["clock"] == ref["clock"]
     assert max_diff(done["model"], ref["model"]) < 1e-5
     assert max_diff(done["emas"]["ema"]["module"], ref["emas"]["ema"]["module"]) < 1e-5
+
+
+def test_a_sweep_under_torchrun_trains_run_after_run_in_one_process_group(tmp_path):
+    """The process group outlives each run: joining the launcher's store again could wait forever."""
+    spec = toy_spec(**{"schedule.epochs": 1})
+    path = write_spec(tmp_path, spec, "sweep.yaml")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "emarule", "sweep", "--spec", str(path), "--kappas", "1,2", "--seeds", "1",
+           "--out", str(tmp_path / "sw")]
+    r = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = sorted(p for p in (tmp_path / "sw").glob("*/*") if (p / "hparams.json").exists())
+    assert len(runs) == 3, runs
+    for run in runs:
+        assert world_of(run) == 2 and load_checkpoint(run)["finished"]
