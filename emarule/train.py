@@ -376,7 +376,10 @@ def open_segment(run: Run) -> Segment:
         items, measure = got
         parts = run.batcher.parts(items, lay)
         mine = [p for p in parts[run.d.rank * lay.accumulation:(run.d.rank + 1) * lay.accumulation] if p]
-        rows.append((items, measure, mine))
+        # a rank left without an item (a seconds batch of fewer utterances than ranks) still joins the reduction
+        idle = lay.world_size > 1 and any(not any(parts[r * lay.accumulation:(r + 1) * lay.accumulation])
+                                          for r in range(lay.world_size))
+        rows.append((items, measure, mine, idle))
         lists.extend(mine)
         pos += len(items)
     # Its own generator: a DataLoader iterator otherwise draws its worker seed from the global RNG,
@@ -389,19 +392,20 @@ def open_segment(run: Run) -> Segment:
 
 
 def next_batch(run: Run):
-    """(micro-batches, their measures, global measure, data seen after the step), or None at an epoch's end."""
+    """(micro-batches, their measures, global measure, item count, data seen after the step, whether some
+    rank has no item in it), or None at an epoch's end."""
     seg = run.segment
     if seg is None or seg.epoch != run.clock.epoch or seg.size != run.lay.global_batch:
         seg = run.segment = open_segment(run)
     if seg.next >= len(seg.batches):
         return None
-    items, measure, mine = seg.batches[seg.next]
+    items, measure, mine, idle = seg.batches[seg.next]
     seg.next += 1
     micro = [next(seg.loader) for _ in mine]
     c = run.clock
     last = seg.next == len(seg.batches)
     seen_after = (c.epoch + 1) * run.epoch_measure if last else c.seen + measure
-    return micro, [run.batcher.measure(m) for m in mine], measure, len(items), seen_after
+    return micro, [run.batcher.measure(m) for m in mine], measure, len(items), seen_after, idle
 
 
 def end_epoch(run: Run) -> None:
@@ -416,7 +420,18 @@ def end_epoch(run: Run) -> None:
 # --- one optimizer step -------------------------------------------------------------------------
 
 
-def optimizer_step(run: Run, micro, measures, global_measure, seen_after, stop_flag: bool, time_flag: bool):
+def agree_on_metric_names(sums: dict, device: torch.device) -> None:
+    """Zeros for the metrics other ranks computed and this one did not (it had no item this step), so
+    that every rank all-reduces vectors of the same layout."""
+    mine = {k: (tuple(v.shape) if isinstance(v, torch.Tensor) else None) for k, v in sums.items()}
+    for theirs in distributed.gather_objects(mine):
+        for k, shape in theirs.items():
+            if k not in sums:
+                sums[k] = 0.0 if shape is None else torch.zeros(shape, dtype=torch.float64, device=device)
+
+
+def optimizer_step(run: Run, micro, measures, global_measure, seen_after, idle: bool, stop_flag: bool,
+                   time_flag: bool):
     """Forward/backward every micro-batch, reduce, check, clip, step, update the EMAs.
 
     Returns (loss, logged metrics, reduced tensors, flags, problem): `problem` names a non-finite
@@ -438,6 +453,8 @@ def optimizer_step(run: Run, micro, measures, global_measure, seen_after, stop_f
         for k, v in (metrics or {}).items():
             v = v.detach().double() * weight if isinstance(v, torch.Tensor) else float(v) * weight
             sums[k] = sums[k] + v if k in sums else v
+    if idle:
+        agree_on_metric_names(sums, d.device)
     # One collective for the loss, the task's metrics and the stop flags (identical decisions on
     # every rank): [loss, scalars..., tensors flattened..., stop requested, checkpoint due by time].
     scalars = sorted(k for k, v in sums.items() if not isinstance(v, torch.Tensor))
@@ -576,12 +593,12 @@ def _train(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> dict:
                 if got is None:
                     end_epoch(run)
                     continue
-                micro, measures, measure, count, seen_after = got
+                micro, measures, measure, count, seen_after, idle = got
                 lr = run.sched.lr(run.epoch_now, run.plan, (seen_after - run.clock.seen) / run.epoch_measure)
                 optimizers.set_lr(run.optimizer, lr)
                 time_due = d.is_main and time.monotonic() - run.t_ckpt > ckpt_seconds
                 loss, metrics, reduced, (stop_now, time_due), problem = optimizer_step(
-                    run, micro, measures, measure, seen_after, stop.requested, time_due)
+                    run, micro, measures, measure, seen_after, idle, stop.requested, time_due)
                 if problem:
                     raise diverged(run, f"{problem} in the batch")
                 c, seg = run.clock, run.segment

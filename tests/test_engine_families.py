@@ -125,6 +125,32 @@ def test_seconds_two_gloo_processes_equal_one_process_with_the_same_parts(tmp_pa
                                                                            rel=1e-4)
 
 
+def test_seconds_a_rank_without_an_item_still_joins_the_step(tmp_path):
+    """3 s batches hold one to three utterances: some steps give one of two ranks nothing to compute.
+    That rank still contributes zeros to the one reduction (it used to send a shorter vector and abort)."""
+    spec = {**SECONDS, "batch": {**SECONDS["batch"], "size": 3.0}, "toy": {**SECONDS["toy"], "samples": 32},
+            "schedule": {**SECONDS["schedule"], "epochs": 1}}
+    from emarule import batching
+    from emarule.tasks.toy import duration_of
+
+    batcher = batching.Batcher(32, 0, [duration_of(i) for i in range(32)], 32)
+    lay, pos, idle = batching.layout(3.0, 2, None, "seconds"), 0, 0
+    while (got := batcher.take(0, pos, 3.0)) is not None:
+        idle += any(not p for p in batcher.parts(got[0], lay))
+        pos += len(got[0])
+    assert idle > 0  # the case under test happens
+    path = write_spec(tmp_path, spec, "idle.yaml")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "emarule", "run", "--spec", str(path), "--out", str(tmp_path / "two")]
+    r = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run_toy(tmp_path, spec, out="one", max_device_batch=1.5)
+    two, one = load_checkpoint(tmp_path / "two"), load_checkpoint(tmp_path / "one")
+    assert two["clock"] == one["clock"]
+    assert max_diff(two["model"], one["model"]) < 1e-5
+    assert torch.allclose(two["task_state"]["value"], one["task_state"]["value"], atol=1e-5)
+
+
 def test_seconds_sigkill_then_resume_is_bitwise_uninterrupted_with_state_and_two_emas(tmp_path):
     spec = {**SECONDS, "toy": {**SECONDS["toy"], "checkpoint_every_epochs": 0.4, "step_delay": 0.03,
                                "dropout": 0.2}, "schedule": {**SECONDS["schedule"], "epochs": 4}}
