@@ -45,8 +45,9 @@ def test_loader_reads_librispeech_layout(tmp_path):
 
 
 def test_loader_errors_are_one_line(tmp_path):
-    with pytest.raises(UserError, match="split 'test-other' not found.*nothing is downloaded"):
+    with pytest.raises(UserError, match="split 'test-other' not found.*nothing is downloaded") as e:
         list_split(tmp_path, "test-other")
+    assert f"expected {tmp_path}/test-other/<speaker>/<chapter>/" in str(e.value)  # the split named once
     write_tree(tmp_path, "dev-clean", {(1, 2): [(0.5, "OK")]}, rate=8000)
     with pytest.raises(UserError, match="8000 Hz, expected 16000"):
         list_split(tmp_path, "dev-clean")

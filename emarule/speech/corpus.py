@@ -93,7 +93,7 @@ def ensure(request: CorpusRequest, cache: Path | None = None) -> Path:
         cache.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=cache))
     except OSError as e:
-        raise UserError(f"generated corpus: cannot write in {cache} ({e.strerror}); set data.corpus_dir "
+        raise UserError(f"generated corpus: cannot write in {cache} ({e.strerror}); set corpus.dir (--set corpus.dir=PATH) "
                         f"or EMARULE_CACHE to a writable folder") from None
     try:
         build(request, tmp)
