@@ -411,7 +411,8 @@ def sweep(
     overrides: Optional[List[str]] = SetOpt,
     data: Optional[Path] = DataOpt,
     out: Optional[str] = typer.Option(None, "--out", metavar="DIR", help="root of the run directories (default runs/)"),
-    metric: Optional[str] = typer.Option(None, "--metric", help="metric to compare (default: the EMA's: probe_top1, ema_top1 or ema_wer; else loss)"),
+    metric: Optional[str] = typer.Option(None, "--metric", help="metric to compare (default: the EMA's: "
+                                         "probe_top1, ema_top1 or ema_wer; else loss)"),
     wandb: str = WandbOpt,
     max_device_batch: Optional[int] = MaxDevOpt,
 ) -> None:
@@ -436,7 +437,8 @@ def sweep(
 def compare_cmd(
     run_dirs: List[Path] = typer.Argument(..., help="run directories, or a folder holding them (runs/byol-r18)"),
     metric: Optional[str] = typer.Option(None, "--metric", "-m",
-                                         help="metric to overlay (default: the EMA's: probe_top1, ema_top1 or ema_wer; else loss)"),
+                                         help="metric to overlay (default: the EMA's: probe_top1, ema_top1 or "
+                                              "ema_wer; else loss)"),
     out: Optional[str] = typer.Option(None, "--out", metavar="PNG",
                                       help="figure path (default: compare-<metric>.png beside the runs)"),
     format: CompareFmt = typer.Option(CompareFmt.table, "--format", "-f"),

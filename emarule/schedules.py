@@ -11,7 +11,8 @@ Step-counted specs (`schedule.total_steps`, `schedule.warmup_steps`, written in 
 converted to epochs through samples: N steps × base batch / dataset size.
 
 Shapes:
-- cosine:    linear warm-up to the peak (its first step at peak/W_steps, not 0), then half a cosine from the peak to min_lr.
+- cosine:    linear warm-up to the peak (its first step at peak/W_steps, not 0), then half a cosine
+             from the peak to min_lr.
 - multistep: linear warm-up, then the peak × gamma^(milestones passed); min_lr is not used.
 - constant:  linear warm-up, then the peak.
 Pure Python (no torch).

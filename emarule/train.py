@@ -514,6 +514,22 @@ def next_checkpoint(run: Run) -> float:
     return evaluation.next_due(run.epoch_now, float(run.ctx.extra.get("checkpoint_every_epochs", 1.0)))
 
 
+def advance_clock(run: Run, count: int, seen_after: float) -> int:
+    """Count the step just taken; returns its global batch index within the epoch."""
+    c = run.clock
+    i = c.batch
+    c.step, c.pos, c.batch, c.seen = c.step + 1, c.pos + count, i + 1, seen_after
+    # in samples the clock counts an epoch's dropped remainder at its end, as it always has
+    c.samples = int(round(seen_after)) if run.unit == batching.SAMPLES else c.samples + count
+    return i
+
+
+def log_train(run: Run, log: MetricsLog, lr: float, window: Window, progress: Progress) -> None:
+    log.log({"kind": "train", **time_fields(run), "batch_size": run.lay.global_batch,
+             "accumulation": run.lay.accumulation, "lr": lr, **(run.momenta or {"ema_momentum": None}),
+             **window.mean(), "samples_per_s": progress.rate(), "wall_s": progress.elapsed()})
+
+
 def evaluate_due(run: Run, log: MetricsLog, at_end: bool) -> None:
     epoch = run.epoch_now
     due = [e for e in run.evals if at_end or epoch + 1e-9 >= e[2]]
@@ -601,23 +617,16 @@ def _train(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> dict:
                     run, micro, measures, measure, seen_after, idle, stop.requested, time_due)
                 if problem:
                     raise diverged(run, f"{problem} in the batch")
-                c, seg = run.clock, run.segment
-                i = c.batch  # this step's global batch index in the epoch
-                c.step, c.pos, c.batch, c.seen = c.step + 1, c.pos + count, i + 1, seen_after
-                # in samples the clock counts an epoch's dropped remainder at its end, as it always has
-                c.samples = int(round(seen_after)) if run.unit == batching.SAMPLES else c.samples + count
+                i, seg = advance_clock(run, count, seen_after), run.segment
                 epoch_done = seg.next == len(seg.batches)
                 if parts.on_step is not None:
                     parts.on_step(run.now(), reduced)
                 window.add(loss, metrics)
-                progress.advance(c.seen, metrics.get(parts.progress_metric, loss))
-                at_end = c.seen >= run.total - EPS
+                progress.advance(run.clock.seen, metrics.get(parts.progress_metric, loss))
+                at_end = run.clock.seen >= run.total - EPS
                 every = log_every or max(1, math.ceil(seg.per_epoch / 50))
                 if (i + 1) % every == 0 or i == seg.first or epoch_done or at_end:
-                    log.log({"kind": "train", **time_fields(run), "batch_size": run.lay.global_batch,
-                             "accumulation": run.lay.accumulation, "lr": lr,
-                             **(run.momenta or {"ema_momentum": None}), **window.mean(),
-                             "samples_per_s": progress.rate(), "wall_s": progress.elapsed()})
+                    log_train(run, log, lr, window, progress)
                     window = Window()
                 if epoch_done:
                     end_epoch(run)

@@ -71,7 +71,7 @@ def offline_probe(run_dir: Path, at_init: bool = False) -> dict | None:
         got = json.loads(cache.read_text())
         if got.get("step") == step:
             return got
-    from emarule.context import RunContext
+    from emarule.context import RunContext, rule_of_hparams
     from emarule.probe import EvalImages
     from emarule.scaling import plan
     from emarule.tasks import byol, dino
@@ -81,7 +81,7 @@ def offline_probe(run_dir: Path, at_init: bool = False) -> dict | None:
     builders = {"byol": byol.build, "dino": dino.build}
     if spec.get("task") not in builders:
         return None
-    rule = (h.get("ema_rule_form") or "exponential") if h.get("ema_rule") else None
+    rule = rule_of_hparams(h)
     ctx = RunContext(spec=spec, kappa=float(h["kappa"]), ema_rule=rule, plan=plan(spec, float(h["kappa"]), rule),
                      out=run_dir, seed=int(h.get("seed") or 0), preset=h.get("preset"))
     threads = torch.get_num_threads()

@@ -93,8 +93,8 @@ def ensure(request: CorpusRequest, cache: Path | None = None) -> Path:
         cache.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=cache))
     except OSError as e:
-        raise UserError(f"generated corpus: cannot write in {cache} ({e.strerror}); set corpus.dir (--set corpus.dir=PATH) "
-                        f"or EMARULE_CACHE to a writable folder") from None
+        raise UserError(f"generated corpus: cannot write in {cache} ({e.strerror}); set corpus.dir "
+                        f"(--set corpus.dir=PATH) or EMARULE_CACHE to a writable folder") from None
     try:
         build(request, tmp)
         try:

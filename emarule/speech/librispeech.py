@@ -35,7 +35,8 @@ def split_dir(root: Path, split: str) -> Path:
     for base in (root, root / "LibriSpeech"):
         if (base / split).is_dir():
             return base / split
-    raise UserError(f"LibriSpeech split {split!r} not found under {root}: expected {root}/{LAYOUT.replace('<split>', split)} "
+    layout = LAYOUT.replace("<split>", split)
+    raise UserError(f"LibriSpeech split {split!r} not found under {root}: expected {root}/{layout} "
                     f"(nothing is downloaded; unpack the split there or point --data at its parent)")
 
 
