@@ -385,6 +385,9 @@ def run(
     from emarule.tasks import run_task
 
     main = distributed.is_main()
+    if main:  # what `emarule plan` warns about (a value that rounds to 1, a setting with no effect) is said here too
+        for w in p.warnings:
+            err_console.print(f"warning: {w}", markup=False, highlight=False, soft_wrap=True)
     t0 = time.monotonic()
     run_task(ctx)
     if main:

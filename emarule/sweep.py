@@ -109,6 +109,8 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, *,
             console.print(f"[{i}/{len(runs)}] {ctx.out}: κ={ctx.kappa:g} {r.label}, B={p['batch_size']:g}"
                           + (f", ρ={rho:.6g}" if rho is not None else "")
                           + (" (resuming what is there)" if ctx.resume else ""), highlight=False)
+            for w in p.warnings:
+                console.print(f"  warning: {w}", markup=False, highlight=False)
         t0 = time.monotonic()
         result = run_task(ctx) or {}
         wall = time.monotonic() - t0

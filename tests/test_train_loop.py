@@ -240,3 +240,13 @@ def test_non_finite_gradient_stops_without_clipping(tmp_path):
         train(ctx, parts)
     assert all(torch.equal(a, b) for a, b in zip(before, parts.model.parameters(), strict=True))  # nothing stepped
     assert not (ctx.out / "checkpoint.pt").exists()
+
+
+def test_run_says_what_plan_warns_about(tmp_path):
+    """A setting that has no effect (a momentum after a transition, with no transition) is said by `run` too."""
+    from engine_util import run_cli, toy_spec, write_spec
+
+    spec = toy_spec(**{"schedule.epochs": 1, "ema.momentum_after_transition": 0.5})
+    r = run_cli("--spec", str(write_spec(tmp_path, spec)), "--out", str(tmp_path / "w"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "warning: ema.momentum_after_transition has no effect without Progressive Scaling" in r.stderr
