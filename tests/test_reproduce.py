@@ -132,18 +132,21 @@ def test_with_better_and_ema_above_target():
 # --- a family's claims on synthetic run directories ---------------------------------------------
 
 
-def write_run(root: Path, name, kappa, rule, seed, metrics: dict, experiment="polyak-r50", layout=None):
+def write_run(root: Path, name, kappa, rule, seed, metrics: dict, experiment="polyak-r50", layout=None, spec=None,
+              rho=0.99, ts=T):
     d = root / name
     d.mkdir(parents=True)
+    spec = {"pseudo_label": {"pretrain_steps": 50}, **(spec or {})}
+    hyper = {"batch_size": {"base": 10, "scaled": 10 * kappa},
+             "ema.momentum": {"base": rho, "scaled": rho ** (kappa if rule else 1)}}
+    for r in (spec.get("ema") or {}).get("also") or []:
+        hyper[f"ema.momentum/{r:.10g}"] = {"base": r, "scaled": r ** (kappa if rule else 1)}
     h = {"experiment": experiment, "kappa": kappa, "ema_rule": rule is not None, "ema_rule_form": rule,
-         "seed": seed, "dataset_size": 100, "epoch_measure": 100, "spec": {"pseudo_label": {"pretrain_steps": 50}},
-         "hyperparameters": {
-             "batch_size": {"base": 10, "scaled": 10 * kappa},
-             "ema.momentum": {"base": 0.99, "scaled": 0.99 ** (kappa if rule else 1)}},
+         "seed": seed, "dataset_size": 100, "epoch_measure": 100, "spec": spec, "hyperparameters": hyper,
          "layout": layout or [{"start_epoch": 0.0, "end_epoch": 10.0, "kappa": kappa}]}
     (d / "hparams.json").write_text(json.dumps(h))
     rows = [{"kind": "eval", "samples_seen": int(t * 100), "epoch": t, **{m: f(t) for m, f in metrics.items()}}
-            for t in T]
+            for t in ts]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return d
 
@@ -195,6 +198,122 @@ def test_polyak_claims_contradicted_and_diagnosed(tmp_path):
     assert verdicts(m)[("target_explains", 4.0, M.STATISTIC["run"])] == "reproduced"
     c = next(c for c in m["claims"] if c["kind"] == "rule_needed" and c["kappa"] == 2.0)
     assert c["verdict"] == "inconclusive" and "optimizer rule: the target model" in c["diagnosis"]
+
+
+@pytest.mark.parametrize("target_with,verdict,says", [
+    (0.0, "contradicted", "tracks (gap with the rule 0.2 ≤ its spread 0.3)"),
+    (0.45, "inconclusive", "between 1× and 2× its spread"),  # per seed 0.15, 0.45, 0.75: 1.5× the spread
+    (1.5, "reproduced", "strays too"),
+])
+def test_the_diagnosis_uses_the_verdict_thresholds_for_the_target_model(tmp_path, target_with, verdict, says):
+    """≤ 1× spread tracks, > 2× strays, and in between it is noise, as `decide_target` rules: a target gap of
+    1.5× the spread is not "tracks" beside an inconclusive verdict."""
+    m = M.measure(K.POLYAK, polyak_runs(tmp_path, ema_with=-3.0, ema_without=-1.0, target_with=target_with))
+    assert verdicts(m)[("target_explains", 4.0, M.STATISTIC["run"])] == verdict
+    c = next(c for c in m["claims"] if c["kind"] == "rule_needed" and c["kappa"] == 2.0)
+    assert says in c["diagnosis"]
+    assert ("tracks" in c["diagnosis"]) == (verdict == "contradicted")
+    assert ("optimizer rule holds" in c["diagnosis"]) == (verdict == "contradicted")
+
+
+CTC_SPEC = {"ema": {"momentum": 0.99995, "also": [0.9999, 0.999]}, "data": {"eval_splits": ["dev-clean", "test-clean"]}}
+
+
+def ctc_runs(root, spec=CTC_SPEC, also=(0.9999, 0.999), single_point=False):
+    """ctc-polyak runs logging the main EMA's WER and one per `also` momentum; κ=4 with the rule evaluated
+    once (at the end) when `single_point`."""
+    dirs = []
+    for s, o in enumerate((-0.5, 0.0, 0.5)):
+        metrics = {"wer": lambda t, o=o: 60 - t + o, "ema_wer": lambda t, o=o: 58 - t + o,
+                   **{f"ema_wer/{r:g}": (lambda t, o=o: 59 - t + o) for r in also}}
+        dirs.append(write_run(root, f"k1-s{s}", 1.0, "exponential", s, metrics, "ctc-polyak", spec=spec, rho=0.99995))
+        for rule in ("exponential", None):
+            dirs.append(write_run(root, f"k4-{rule}-s{s}", 4.0, rule, s, metrics, "ctc-polyak", spec=spec,
+                                  rho=0.99995, ts=T[-1:] if single_point and rule else T))
+    return load_runs(dirs)
+
+
+def test_the_short_horizon_control_is_the_specs_smallest_further_ema(tmp_path):
+    from emarule.spec import load_spec
+
+    names = {p: {m.name for m in K.for_spec(K.CTC_POLYAK, load_spec("ctc-polyak", preset=p)).metrics}
+             for p in ("cpu", "tiny", None)}
+    assert names == {"cpu": {"ema_wer", "wer", "ema_wer/0.9"}, "tiny": {"ema_wer", "wer", "ema_wer/0.999"},
+                     None: {"ema_wer", "wer", "ema_wer/0.999"}}
+    m = M.measure(K.CTC_POLYAK, ctc_runs(tmp_path))
+    control = next(c for c in m["claims"] if c["claim"].startswith("… for smaller values of ρ_B"))
+    assert control["metric"] == "ema_wer/0.999" and control["verdict"] == "reproduced", control
+    assert m["tables"]["ema_wer"]["metric"].label == "EMA WER (%), dev-clean"  # the split evaluated, not "test"
+    # No ema.also: nothing to judge, and the report says why.
+    bare = {"ema": {"momentum": 0.99995}, "data": {"eval_splits": ["dev-clean"]}}
+    m = M.measure(K.CTC_POLYAK, ctc_runs(tmp_path / "bare", spec=bare, also=()))
+    control = next(c for c in m["claims"] if c["claim"].startswith("… for smaller values of ρ_B"))
+    assert control["verdict"] == "inconclusive" and "the spec has no ema.also" in control["why"]
+
+
+def test_the_figure_marks_single_points_tells_momenta_apart_and_names_the_split(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    from emarule.reproduce import figures
+
+    assert figures.momentum_text(0.99995) == "0.99995" and figures.momentum_text(0.99995 ** 4) == "0.9998"
+    assert figures.momentum_text(0.9) == "0.9" and figures.momentum_text(0.98 ** 4) == "0.9224"
+    runs = ctc_runs(tmp_path / "runs", single_point=True)
+    m = M.measure(K.CTC_POLYAK, runs)
+    drawn = []
+    monkeypatch.setattr(plt, "close", lambda fig: drawn.append(fig))
+    figures.plot(K.CTC_POLYAK, m, runs, tmp_path / "f.png", "t")
+    (fig,) = drawn
+    axes = fig.axes
+    assert [ax.get_ylabel() for ax in axes] == ["EMA WER (%), dev-clean", "target model WER (%), dev-clean",
+                                                "short-horizon EMA WER (%), dev-clean"]
+    for ax in axes:
+        single = [ln for ln in ax.get_lines() if len(ln.get_xdata()) == 1]
+        assert single and all(ln.get_marker() not in (None, "None", "") for ln in single)  # a visible point
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert any("κ=4 without EMA rule" in t and "ρ=" in t for t in labels)
+    main = [t.get_text() for t in axes[0].get_legend().get_texts()]
+    assert any("ρ=0.99995" in t for t in main) and any("ρ=0.9998" in t for t in main)
+    control = [t.get_text() for t in axes[2].get_legend().get_texts()]
+    assert any("baseline, ρ=0.999 " in t for t in control)  # the panel's own EMA, ρ_B = 0.999
+    plt.close(fig)
+
+
+def test_every_quote_marks_its_cuts():
+    """A quote that starts mid-sentence opens with "…" (or an editor's [bracket]); the polyak κ=2 claim keeps
+    the clause that says where the EMA diverges."""
+    for f in K.FAMILIES.values():
+        for c in (*f.claims, *f.extra_claims):
+            assert c.text[0].isupper() or c.text.startswith(("… ", "[")), (f.name, c.text)
+            assert not c.text.endswith((".", ",", " ")), c.text
+    assert any(c.text == "We match baseline EMA statistics across the full trajectory batch size 2048, where the test "
+               "EMA performance diverges" for c in K.POLYAK.claims)
+
+
+def test_full_scale_commands_are_valid(monkeypatch):
+    """Each `emarule reproduce …` in a family's full-scale advice parses, and its torchrun form is the same
+    command under `torchrun --nproc-per-node 8 -m`."""
+    import re
+    import shlex
+
+    import emarule.reproduce.command as C
+
+    seen = []
+    monkeypatch.setattr(C, "reproduce", lambda console, name, **kw: seen.append((name, kw)))
+    for f in K.FAMILIES.values():
+        cmds = [c for c in re.findall(r"`([^`]+)`", f.full_scale) if c.startswith(("emarule ", "torchrun "))]
+        assert cmds and cmds[0].startswith(f"emarule reproduce {f.name}"), f.full_scale
+        for cmd in cmds:
+            if cmd.startswith("torchrun"):
+                assert cmd == f"torchrun --nproc-per-node 8 -m {cmds[0]}", cmd
+                continue
+            seen.clear()
+            res = runner.invoke(app, shlex.split(cmd)[1:])
+            assert res.exit_code == 0, (cmd, res.output)
+            assert seen and seen[0][0] == f.name, cmd
 
 
 def test_a_run_that_never_logged_the_metric_leaves_its_claims_unmeasured(tmp_path):

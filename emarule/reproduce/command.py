@@ -139,8 +139,8 @@ def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, r
                        f"{args['seeds']} seed(s)")
     figs = [str(fig.relative_to(root))]
     exp_dir = Path(done[0]["run"]).parent
-    for m in family.metrics:  # emarule sweep's own per-κ panel, when it drew one
-        p = exp_dir / f"compare-{m.name}.png"
+    for name in measured["tables"]:  # emarule sweep's own per-κ panel, when it drew one
+        p = exp_dir / f"compare-{name}.png"
         if p.exists():
             figs.append(os.path.relpath(p, root))
     for c in measured["claims"]:

@@ -3,7 +3,10 @@
 Every κ is overlaid on one axis per metric, the time axis being epochs (or reference steps: units
 seen / the base batch), which is the same clock at every κ. The κ=1 baseline is black and dashed,
 runs with the EMA Scaling Rule blue and runs without it red, darker for larger κ; each line is the
-mean over seeds with a band of ± one standard deviation. Side by side the two panels separate an
+mean over seeds with a band of ± one standard deviation. A sparse curve (evaluations, not per-step
+losses) has a marker at each point, so that a setting evaluated once is a point: a small filled dot for
+the baseline, hollow and larger for the others (a square with the rule, a triangle without), so that
+settings that coincide stay visible. Side by side the two panels separate an
 EMA failure (left strays, right tracks) from an optimizer-rule one (both stray).
 """
 
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from pathlib import Path
 
 from emarule.compare import mean_curve
@@ -28,6 +32,37 @@ def reference_steps_per_epoch(run) -> float:
     if not measure or not base:
         return 1.0
     return float(measure) / float(base)
+
+
+def momentum_text(rho: float) -> str:
+    """ρ with 3 significant digits of 1 − ρ, so that momenta near 1 stay apart: 0.99995, 0.9998, 0.9224."""
+    if not 0 < 1 - rho < 1:
+        return f"{rho:g}"
+    digits = 2 - math.floor(math.log10(1 - rho))
+    return f"{rho:.{digits}f}".rstrip("0").rstrip(".")
+
+
+def panel_momentum(run, metric: str) -> float | None:
+    """The scaled momentum of the EMA a panel shows: `ema.momentum/0.9` for `ema_wer/0.9`, else the main one."""
+    if "/" in metric:
+        suffix = metric.split("/", 1)[1]
+        try:
+            h = json.loads((Path(run.path) / HPARAMS).read_text())
+            return float(h["hyperparameters"][f"ema.momentum/{suffix}"]["scaled"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    return run.ema_momentum
+
+
+MARKED = 60  # curves with at most this many points (evaluations, not per-step losses) get a marker at each
+MARKERS = {"baseline": ("o", 4), "with": ("s", 7), "without": ("^", 9), "linear": ("D", 7)}
+
+
+def marker(n: int, rule: str) -> dict:
+    if n > MARKED:
+        return {}
+    shape, size = MARKERS.get(rule, ("v", 8))
+    return {"marker": shape, "ms": size} | ({} if rule == "baseline" else {"mfc": "none", "mew": 1.4})
 
 
 def shades(n: int) -> list[float]:
@@ -53,13 +88,15 @@ def plot(family, measured: dict, runs: list, out: Path, title: str) -> Path:
     scale = reference_steps_per_epoch(base_runs[0]) if family.x_axis == "reference steps" and base_runs else 1.0
     kappas = measured["kappas"]
     pos = dict(zip(kappas, shades(len(kappas)), strict=True))
-    metrics = [m for m in family.metrics if m.name in measured["tables"]]
+    metrics = [t["metric"] for t in measured["tables"].values()]  # named and labelled for the runs' spec
     fig, axes = plt.subplots(1, len(metrics), figsize=(6.0 * len(metrics), 4.2), squeeze=False)
     for ax, metric in zip(axes[0], metrics, strict=True):
         table = measured["tables"][metric.name]
         bx, bm, bs = table["baseline"]
         n_base = len(table["rows"][("baseline", 1.0)]["curves"])
-        ax.plot([x * scale for x in bx], bm, "k--", lw=1.6, label=f"κ=1 baseline (n={n_base})", zorder=5)
+        rho_b = panel_momentum(base_runs[0], metric.name) if base_runs else None
+        ax.plot([x * scale for x in bx], bm, "k--", lw=1.6, zorder=5, **marker(len(bx), "baseline"),
+                label="κ=1 baseline" + (f", ρ={momentum_text(rho_b)}" if rho_b is not None else "") + f" (n={n_base})")
         _band(ax, [x * scale for x in bx], bm, bs, "k", 0.12)
         for (rule, k), row in table["rows"].items():
             if rule == "baseline":
@@ -70,10 +107,11 @@ def plot(family, measured: dict, runs: list, out: Path, title: str) -> Path:
             if not xs:
                 continue
             first = next((r for r in runs if r.kappa == k and r.rule_label == rule), None)
-            rho = first.ema_momentum if first else None
-            label = (f"κ={k:g} {LABELS.get(rule, rule)}" + (f", ρ={rho:.4g}" if rho is not None else "")
+            rho = panel_momentum(first, metric.name) if first else None
+            label = (f"κ={k:g} {LABELS.get(rule, rule)}" + (f", ρ={momentum_text(rho)}" if rho is not None else "")
                      + (f", progressive {first.progressive}" if first and first.progressive else ""))
-            ax.plot([x * scale for x in xs], mean, color=color, lw=1.5, label=f"{label} (n={len(row['curves'])})")
+            ax.plot([x * scale for x in xs], mean, color=color, lw=1.5, **marker(len(xs), rule),
+                    label=f"{label} (n={len(row['curves'])})")
             _band(ax, [x * scale for x in xs], mean, std, color, 0.18)
         smooth = f" (trailing mean over {metric.smooth_epochs:g} epoch)" if metric.smooth_epochs else ""
         ax.set_title(f"{metric.name}: {'EMA-dependent' if metric.depends_on_ema else 'target model, EMA-blind'}"

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from emarule.errors import UserError
 from emarule.reproduce import verdict as V
-from emarule.reproduce.claims import Claim, Family, Metric
+from emarule.reproduce.claims import SHORTEST_ALSO, Claim, Family, Metric, for_spec
 
 STATISTIC = {"run": "mean |Δ| over the run", "end": "|Δ| at the end"}
 
@@ -52,9 +52,12 @@ def metric_table(metric: Metric, base: list, settings: dict, until: float | None
 
 
 def measure(family: Family, runs: list) -> dict:
+    """Every claim of `family` judged on `runs`, with the metric names and labels of the spec the baseline ran
+    (`claims.for_spec`): the tables' `metric` entries are the ones the figure draws."""
     base, settings = groups(runs)
     if not base:
         raise UserError("no κ=1 baseline among the runs; the reproduction needs one (it runs first for every seed)")
+    family = for_spec(family, run_spec(base[0]))
     logged = set.intersection(*(r.metrics() for r in base))
     # A further metric (a control EMA) is judged only where the preset logs it.
     metrics = [m for m in family.metrics if m in (family.ema_metric, family.target_metric) or m.name in logged]
@@ -82,6 +85,15 @@ def measure(family: Family, runs: list) -> dict:
     if since:
         out["goal"]["statistic"] = f"{STATISTIC['run']} from epoch {since:g}"
     return out
+
+
+def run_spec(run) -> dict:
+    """The resolved spec a run ran with (hparams.json's `spec`; {} when it has none)."""
+    import json
+
+    from emarule.rundir import HPARAMS
+
+    return json.loads((run.path / HPARAMS).read_text()).get("spec") or {}
 
 
 def transition_epoch(runs: list) -> float | None:
@@ -145,10 +157,12 @@ def epochs_of_base_steps(run, key: str) -> float:
 
 
 def not_logged(c: Claim) -> dict:
+    why = ("the spec has no ema.also, so no further EMA is evaluated" if SHORTEST_ALSO in c.metric
+           else f"this preset does not log {c.metric}")
     return {"claim": c.text, "paper": c.paper, "where": c.where, "kind": c.kind, "metric": c.metric,
             "kappa": c.kappa, "statistic": STATISTIC[c.over], "gap_with_rule": None, "gap_without_rule": None,
             "baseline_spread": None, "note": c.note, "verdict": "inconclusive",
-            "why": f"not measured: this preset does not log {c.metric}"}
+            "why": f"not measured: {why}"}
 
 
 def _stat(table: dict, rule: str, kappa: float, over: str) -> float | None:
@@ -256,16 +270,19 @@ def diagnose(family: Family, tables: dict, kappa: float, over: str, metric: str 
             parts.append(f"{t.name}, the student's, depends on the EMA too, so it cannot separate an optimizer-rule "
                          f"failure from an EMA one")
     elif tg is not None and ts is not None:
-        strays = tg > V.FACTOR * ts
+        # The thresholds of `verdict.decide_target` / `decide_optimizer`: > 2× spread strays, ≤ 1× tracks.
         if t.depends_on_ema:
             parts.append(f"{t.name} depends on the EMA too (gap with the rule {_f(tg)}, spread {_f(ts)}), so it "
                          f"cannot separate an optimizer-rule failure from an EMA one")
-        elif strays:
+        elif tg > V.FACTOR * ts:
             parts.append(f"the optimizer rule: the target model's {t.name} strays too (gap with the rule {_f(tg)} > "
                          f"2× its spread {_f(ts)})")
+        elif tg <= ts:
+            parts.append(f"the target model's {t.name} tracks (gap with the rule {_f(tg)} ≤ its spread {_f(ts)}): "
+                         f"the optimizer rule holds, so any remaining gap is the EMA's")
         else:
-            parts.append(f"the target model's {t.name} tracks (gap {_f(tg)}, spread {_f(ts)}): the optimizer rule "
-                         f"holds, so the remaining gap is the EMA's")
+            parts.append(f"the target model's {t.name} gap with the rule ({_f(tg)}) lies between 1× and 2× its "
+                         f"spread ({_f(ts)}), within the noise band: unclear whether the optimizer rule breaks")
     return "; ".join(parts) or "not enough runs to say"
 
 
