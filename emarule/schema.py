@@ -231,6 +231,8 @@ TASKS: dict[str, dict[str, Any]] = {
                           "or auto (steps for κ ≤ 2, wer above)", choices=("auto", "steps", "wer")),
             "start_wer": num("the baseline's dev WER (%) at its start of pseudo-labeling", nullable=True, **NONNEG),
             "start_wer_from": text("a κ=1 run directory to read that WER from", nullable=True),
+            "latest_start_steps": num("base step by which pseudo-labeling starts in wer mode even if the WER "
+                                      "never reaches the threshold (not the paper's)", nullable=True, **NONNEG),
         },
     },
     "byol": {

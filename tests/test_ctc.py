@@ -87,9 +87,13 @@ def test_phase_modes_threshold_and_resume_reapplies_dropout():
     assert not steps.due(19999.5) and steps.due(20000)
     wer = pseudo_label.Phase("wer", 20000, 1000, threshold=30.0)
     wer.last_dev_wer = 35.0
-    assert not wer.threshold_reached() and not wer.due(25000)
+    assert not wer.threshold_reached(25000) and not wer.due(25000)
     wer.last_dev_wer = 29.0
-    assert wer.threshold_reached()
+    assert wer.threshold_reached(25000) and wer.reason == "wer"
+    capped = pseudo_label.Phase("wer", 20000, 1000, threshold=30.0, latest=30000)
+    capped.last_dev_wer = 35.0  # never reached: the EMA starts 1k base steps before the latest start
+    assert not capped.threshold_reached(28999) and capped.threshold_reached(29000)
+    assert capped.reason == "latest_start_steps"
     wer.ema_started_at = 23000.0
     assert not wer.due(23999) and wer.due(24000)  # 1k base steps after the EMA's start, as in the baseline
     calls = []

@@ -8,6 +8,9 @@ Two ways to start, chosen by `pseudo_label.start`:
   the baseline's dev WER at the baseline's own start. The EMA's start moves with it: accumulation
   starts when the threshold is reached, and pseudo-labeling follows (pretrain_steps − ema.start_steps)
   base steps later, the same lead as in the baseline (1k steps).
+- either way in wer mode, `latest_start_steps` (not the paper's; null by default) bounds the wait:
+  a run whose pre-training never reaches the threshold starts there anyway, so that pseudo-labeling
+  is still measured (the paper's runs all reached it, at 24k/κ and 29k/κ base steps).
 - auto (default): steps for κ ≤ 2, wer for κ > 2 when a threshold is known (`start_wer`, or
   `start_wer_from` a baseline run directory, or the κ=1 run of the same preset and seed beside this
   run, as `emarule sweep` lays them out), else steps.
@@ -28,8 +31,11 @@ HPARAMS = "hparams.json"
 class Phase:
     """Checkpointed: whether pseudo-labeling is on, and when things started (in base steps)."""
 
-    def __init__(self, mode: str, pretrain_steps: float, ema_lead: float, threshold: float | None):
+    def __init__(self, mode: str, pretrain_steps: float, ema_lead: float, threshold: float | None,
+                 latest: float | None = None):
         self.mode, self.pretrain_steps, self.ema_lead, self.threshold = mode, pretrain_steps, ema_lead, threshold
+        self.latest = latest  # base step by which pseudo-labeling starts in wer mode, threshold or not
+        self.reason: str | None = None  # why the EMA (and then pseudo-labeling) started, in wer mode
         self.pseudo_labeling = False
         self.ema_started_at: float | None = None  # base step (wer mode)
         self.started_at: float | None = None  # base step at which pseudo-labeling began
@@ -44,19 +50,28 @@ class Phase:
             return base_step >= self.pretrain_steps - 1e-9
         return self.ema_started_at is not None and base_step >= self.ema_started_at + self.ema_lead - 1e-9
 
-    def threshold_reached(self) -> bool:
-        return (self.mode == "wer" and self.ema_started_at is None and self.last_dev_wer is not None
-                and self.last_dev_wer <= self.threshold)
+    def threshold_reached(self, base_step: float) -> bool:
+        """Whether the EMA starts now (wer mode): the dev WER reached the threshold, or the wait is over."""
+        if self.mode != "wer" or self.ema_started_at is not None:
+            return False
+        if self.last_dev_wer is not None and self.last_dev_wer <= self.threshold:
+            self.reason = "wer"
+            return True
+        if self.latest is not None and base_step >= self.latest - self.ema_lead - 1e-9:
+            self.reason = "latest_start_steps"
+            return True
+        return False
 
     def state_dict(self) -> dict:
         return {"pseudo_labeling": self.pseudo_labeling, "ema_started_at": self.ema_started_at,
                 "started_at": self.started_at, "last_dev_wer": self.last_dev_wer, "mode": self.mode,
-                "threshold": self.threshold}
+                "threshold": self.threshold, "reason": self.reason}
 
     def load_state_dict(self, state: dict) -> None:
         self.pseudo_labeling = bool(state["pseudo_labeling"])
         self.ema_started_at, self.started_at = state["ema_started_at"], state["started_at"]
         self.last_dev_wer = state["last_dev_wer"]
+        self.reason = state.get("reason")
         if self.pseudo_labeling and self.on_start is not None:
             self.on_start()
 

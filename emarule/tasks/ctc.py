@@ -191,7 +191,9 @@ def build(ctx: RunContext) -> TaskParts:
         ema_start = float(get(s, "ema.start_steps", 0) or 0)
         sibling = ctx.out.parent / default_run_name(1.0, "exponential", ctx.seed, None, s.get("preset"))
         mode, threshold, source = pseudo_label.choose(pl_spec, ctx.kappa, ctx.out, sibling, pretrain)
-        phase = pseudo_label.Phase(mode, pretrain, max(0.0, pretrain - ema_start), threshold)
+        latest = pl_spec.get("latest_start_steps")
+        phase = pseudo_label.Phase(mode, pretrain, max(0.0, pretrain - ema_start), threshold,
+                                   None if latest is None else float(latest))
         if mode == "wer" and not ctx.quiet:
             print(f"pseudo-labeling starts when the dev WER reaches {threshold:.4g}% (from {source})",
                   file=sys.stderr)
@@ -228,7 +230,7 @@ def build(ctx: RunContext) -> TaskParts:
         if phase is None:
             return
         if phase.mode == "wer" and phase.ema_started_at is None:
-            if phase.threshold_reached():  # the EMA starts now; pseudo-labeling `ema_lead` base steps later
+            if phase.threshold_reached(now.base_step):  # the EMA starts now; pseudo-labeling `ema_lead` later
                 phase.ema_started_at = now.base_step
                 for e in now.emas.values():
                     e.start_samples = now.seen
@@ -245,6 +247,7 @@ def build(ctx: RunContext) -> TaskParts:
             "labeled_repeats": train_set.repeats, "eval_splits": list(splits)}
     if phase is not None:
         info.update({"unlabeled_utterances": len(unlabeled), "pseudo_label_start": phase.mode,
+                     "latest_start_steps": phase.latest,
                      "start_wer_threshold": phase.threshold})
     return TaskParts(model=model, train_set=train_set, loss=make_loss(sa, float(get(s, "specaug.start_steps", 0)),
                                                                       ctx.seed, phase),
