@@ -26,6 +26,7 @@ class RunContext:
     wandb: str = "off"  # off | offline | online
     max_device_batch: int | None = None
     quiet: bool = False
+    resume_hint: str | None = None  # how to continue the run when it is not `--resume` (a sweep's)
     extra: dict = field(default_factory=dict)
 
     @property

@@ -98,6 +98,8 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, *,
     from emarule.run_report import print_report, report
     from emarule.tasks import run_task
 
+    check_before_training(ctxs)
+
     main = distributed.is_main()
     done = []
 
@@ -122,6 +124,33 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, *,
         print_summary(console, done)
         compare_after(console, [Path(d["run"]) for d in done], ctxs[0].out.parent, metric)
     return done
+
+
+def check_before_training(ctxs: list) -> None:
+    """What a run would find only when its turn comes, found before the first one trains: a run already
+    in the root made with other settings, and a batch larger than the training set (the task's data is
+    built once, for the run with the largest batch)."""
+    import json
+    from dataclasses import replace
+
+    from emarule import distributed, train
+    from emarule.rundir import HPARAMS
+    from emarule.tasks import build_parts
+
+    for ctx in ctxs:
+        ctx.resume_hint = "run the same command again: finished runs are kept and this one resumes"
+        if (ctx.out / CHECKPOINT).exists() and (ctx.out / HPARAMS).is_file():
+            recorded = json.loads((ctx.out / HPARAMS).read_text()).get("fingerprint")
+            if recorded is not None:  # runs written before hparams.json held it are checked when resumed
+                train.check_same_settings(ctx, recorded)
+
+    def largest(ctx) -> float:
+        return max(p["batch_size"] for _, p in train.stage_plans(ctx))
+
+    big = max(ctxs, key=largest)
+    if largest(big) > largest(ctxs[0]):  # the first run checks its own batch before it writes anything
+        quiet = replace(big, quiet=True)
+        train.check_batches_fit(quiet, train.make_batcher(quiet, build_parts(quiet)), distributed.world_size())
 
 
 def print_summary(console, done: list[dict]) -> None:

@@ -185,9 +185,9 @@ def momentum_key(ema: str) -> str:
     return "ema.momentum" if ema == MAIN_EMA else f"ema.momentum/{ema}"
 
 
-def setup(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> Run:
-    spec = ctx.spec
-    unit = spec["batch"].get("unit", batching.SAMPLES)
+def make_batcher(ctx: RunContext, parts: TaskParts) -> batching.Batcher:
+    """The training set's order and measure (its size, or its seconds of audio)."""
+    unit = ctx.spec["batch"].get("unit", batching.SAMPLES)
     n = len(parts.train_set)
     if n < 1:
         raise UserError("task error: the training set is empty")
@@ -196,17 +196,43 @@ def setup(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> Run:
         if parts.duration is None:
             raise UserError(f"{ctx.experiment}: batch.unit seconds needs a task that gives each item's duration")
         durations = [float(parts.duration(i)) for i in range(n)]
-    batcher = batching.Batcher(n, ctx.seed, durations, int(get(spec, "batch.sort_window", 1024)))
+    return batching.Batcher(n, ctx.seed, durations, int(get(ctx.spec, "batch.sort_window", 1024)))
+
+
+def check_batches_fit(ctx: RunContext, batcher: batching.Batcher, world_size: int) -> None:
+    """Every stage's batch fits the world size and the data set (checked before anything is written)."""
+    unit = ctx.spec["batch"].get("unit", batching.SAMPLES)
+    for _, p in stage_plans(ctx):
+        lay = batching.layout(p["batch_size"], world_size, ctx.max_device_batch, unit)
+        if lay.global_batch > batcher.epoch_measure + EPS:
+            what = f"{batcher.n} samples" if unit == batching.SAMPLES else f"{batcher.epoch_measure:.6g} s of audio"
+            raise UserError(f"the batch κB = {lay.global_batch:g} is larger than the training set ({what}); "
+                            f"use a smaller κ or more data")
+
+
+def check_same_settings(ctx: RunContext, fp: dict | None) -> None:
+    """A run continued in `ctx.out` was made with these settings (`fp`: its recorded fingerprint)."""
+    import json
+
+    diff = differences(fp or {}, json.loads(json.dumps(fingerprint(ctx))))
+    if diff:
+        shown = ", ".join(diff[:6]) + (f" and {len(diff) - 6} more" if len(diff) > 6 else "")
+        if ctx.resume_hint:  # a sweep continuing what its root holds
+            raise UserError(f"{ctx.out} was made with other settings ({shown} differ); give the sweep a new --out "
+                            f"or remove that run")
+        raise UserError(f"--resume: {ctx.out} was made with other settings ({shown} differ); use the original "
+                        f"command or a new --out")
+
+
+def setup(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> Run:
+    spec = ctx.spec
+    unit = spec["batch"].get("unit", batching.SAMPLES)
+    batcher = make_batcher(ctx, parts)
     base_batch = float(spec["batch"]["size"])
     sched = schedules.from_spec(spec, batcher.epoch_measure)
     batches = BatchSchedule(ctx.progressive, base_batch, ctx.kappa, get(spec, "schedule.epochs"),
                             get(spec, "schedule.total_steps"))
-    for _, p in stage_plans(ctx):  # every stage's batch must fit the world size and the data set
-        lay = batching.layout(p["batch_size"], d.world_size, ctx.max_device_batch, unit)
-        if lay.global_batch > batcher.epoch_measure + EPS:
-            what = f"{n} samples" if unit == batching.SAMPLES else f"{batcher.epoch_measure:.6g} s of audio"
-            raise UserError(f"the batch κB = {lay.global_batch:g} is larger than the training set ({what}); "
-                            f"use a smaller κ or more data")
+    check_batches_fit(ctx, batcher, d.world_size)
     if ctx.resume and not checkpoint.path_in(ctx.out).exists():
         raise UserError(f"--resume: no checkpoint in {ctx.out}; drop --resume to start the run from scratch")
     if not ctx.resume and checkpoint.path_in(ctx.out).exists():
@@ -283,11 +309,7 @@ def open_resumed(run: Run, log: MetricsLog) -> bool:
     """Load the checkpoint into the run; True when that run had already finished."""
     ctx = run.ctx
     ck = checkpoint.load(ctx.out, run.d.device)
-    diff = differences(ck.get("fingerprint") or {}, fingerprint(ctx))
-    if diff:
-        shown = ", ".join(diff[:6]) + (f" and {len(diff) - 6} more" if len(diff) > 6 else "")
-        raise UserError(f"--resume: {ctx.out} was made with other settings ({shown} differ); use the original "
-                        f"command or a new --out")
+    check_same_settings(ctx, ck.get("fingerprint"))
     run.model.load_state_dict(ck["model"])
     for name, e in run.emas.items():
         e.load_state_dict(ck["emas"][name])
@@ -339,7 +361,7 @@ def hparams(run: Run) -> dict:
         "warmup_epochs": run.sched.warmup_epochs, "total": run.total, "num_workers": run.workers,
         "emas": list(run.emas), "sync_bn_effective": run.sync_bn, "task": run.parts.info,
         "torch": torch.__version__, "python": platform.python_version(),
-        "data": str(ctx.data) if ctx.data else None,
+        "data": str(ctx.data) if ctx.data else None, "fingerprint": fingerprint(ctx),
     }
 
 
@@ -647,8 +669,8 @@ def _train(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> dict:
         log.close()
         progress.stop()
         if d.is_main:
-            print(f"{e.signal}: checkpoint written at {where(run)}; continue with the same command and "
-                  f"--resume --out {ctx.out}", file=sys.stderr)
+            how = ctx.resume_hint or f"continue with the same command and --resume --out {ctx.out}"
+            print(f"{e.signal}: checkpoint written at {where(run)}; {how}", file=sys.stderr)
         raise SystemExit(130 if e.signal == "SIGINT" else 143) from None
     except TrainingDiverged:
         log.close()

@@ -3,6 +3,7 @@
 import json
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -194,3 +195,20 @@ def test_crash_mid_epoch_then_resume_is_bitwise_uninterrupted(tmp_path, referenc
     assert load_checkpoint(tmp_path / "crash")["clock"] == want
     resume_in_process(tmp_path, "crash")
     assert_same_run(load_checkpoint(tmp_path / "crash"), ref_ck)
+
+
+def test_ctrl_c_in_a_sweep_says_to_run_the_sweep_again(tmp_path):
+    """A sweep has no --resume: its hint is the same command, which keeps finished runs and resumes this one."""
+    path = write_spec(tmp_path, SPEC, "sweep.yaml")
+    cmd = [sys.executable, "-m", "emarule", "sweep", "--spec", str(path), "--kappas", "1",
+           "--out", str(tmp_path / "sw")]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_checkpoint(proc, tmp_path / "sw" / "toy" / "k1-rule-s0")
+    time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "run the same command again: finished runs are kept and this one resumes" in err
+    assert "--resume" not in err and "Traceback" not in err
+    r = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "resuming" in r.stderr, r.stderr[-2000:]

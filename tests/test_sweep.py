@@ -93,3 +93,33 @@ def test_sweep_tiny_kappas_1_2_end_to_end(tmp_path):
     res = runner.invoke(app, ["sweep", "byol-r18", "--preset", "tiny", "--kappas", "2", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
     assert "resuming" in res.output and (root / "tiny-k2-rule-s0" / "metrics.jsonl").read_text() == before
+
+
+def _toy_sweep(tmp_path, spec, *args):
+    from engine_util import write_spec
+
+    path = write_spec(tmp_path, spec, "sweep.yaml")
+    return runner.invoke(app, ["sweep", "--spec", str(path), "--out", str(tmp_path / "sw"), *args])
+
+
+def test_a_batch_larger_than_the_data_fails_before_the_baseline_trains(tmp_path):
+    from engine_util import toy_spec
+
+    res = _toy_sweep(tmp_path, toy_spec(**{"schedule.epochs": 1}), "--kappas", "1,16")  # 16 × 16 > 128 samples
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and "the batch κB = 256 is larger than the training set (128 samples)" in lines[0]
+    assert not (tmp_path / "sw").exists()
+
+
+def test_a_run_made_with_other_settings_fails_before_the_baseline_trains(tmp_path):
+    from engine_util import toy_spec
+
+    torch.set_num_threads(1)
+    res = _toy_sweep(tmp_path, toy_spec(**{"schedule.epochs": 1}), "--kappas", "2", "--rule", "with")
+    assert res.exit_code == 0, res.output
+    res = _toy_sweep(tmp_path, toy_spec(**{"schedule.epochs": 2}), "--kappas", "2", "--rule", "with")
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and "was made with other settings (spec.schedule.epochs differ)" in lines[0]
+    assert "--resume" not in lines[0] and "give the sweep a new --out" in lines[0]

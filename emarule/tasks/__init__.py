@@ -29,6 +29,15 @@ def _tasks() -> dict:
     }
 
 
+def build_parts(ctx: RunContext):
+    """A training task's parts (model, data, loss) without training: for checks that need the data."""
+    from emarule.tasks import byol, ctc, dino, polyak, toy
+
+    builders = {"byol": byol.build, "dino": dino.build, "polyak": polyak.build, "ctc": ctc.build,
+                "toy": toy.make_parts}
+    return builders[ctx.spec["task"]](ctx)
+
+
 def run_task(ctx: RunContext) -> dict:
     tasks = _tasks()
     task = ctx.spec["task"]
