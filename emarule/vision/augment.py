@@ -45,6 +45,23 @@ def generator_for(seed: int, epoch: int, index: int) -> torch.Generator:
     return g
 
 
+class SeededViews:
+    """A training set whose item i at epoch e is a pure function of (seed, e, i): `set_epoch` from the
+    engine, `generator(i)` for the item's random draws, one item per image of `source`."""
+
+    def __init__(self, source, seed: int):
+        self.source, self.seed, self.epoch = source, int(seed), 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def generator(self, i: int) -> torch.Generator:
+        return generator_for(self.seed, self.epoch, int(i))
+
+
 @dataclass(frozen=True)
 class ViewAug:
     """One view's augmentation parameters (probabilities and ranges)."""

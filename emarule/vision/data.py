@@ -206,25 +206,20 @@ def load_sources(source: str, root: Path | None, image_size: int, train_samples:
     return train, test
 
 
-class TwoViewSet:
+class TwoViewSet(A.SeededViews):
     """BYOL's training set: item i at epoch e is (view1, view2, label), a pure function of (seed, e, i)."""
 
     def __init__(self, source: Source, augmentation: str, image_size: int, seed: int):
         if augmentation not in A.STACKS:
             raise UserError(f"data.augmentation {augmentation!r}: use one of {', '.join(sorted(A.STACKS))}")
-        self.source, self.size, self.seed, self.epoch = source, image_size, int(seed), 0
+        super().__init__(source, seed)
+        self.size = image_size
         self.aug1, self.aug2 = A.STACKS[augmentation]
         self.augmentation = augmentation
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-
-    def __len__(self) -> int:
-        return len(self.source)
-
     def __getitem__(self, i: int):
         i = int(i)
-        g = A.generator_for(self.seed, self.epoch, i)
+        g = self.generator(i)
         img = self.source.image(i)
         v1 = A.apply_view(img, self.aug1, self.size, g)
         v2 = A.apply_view(img, self.aug2, self.size, g)

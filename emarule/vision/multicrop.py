@@ -44,7 +44,7 @@ DINO_GLOBAL_SCALE = (0.4, 1.0)  # main_dino.py --global_crops_scale
 DINO_LOCAL_SCALE = (0.05, 0.4)  # main_dino.py --local_crops_scale
 
 
-class MultiCropSet:
+class MultiCropSet(A.SeededViews):
     """Map-style training set of multi-crop items, a pure function of (seed, epoch, index)."""
 
     def __init__(self, source: Source, augmentation: str, global_size: int, local_size: int, seed: int,
@@ -61,19 +61,13 @@ class MultiCropSet:
         # Global crops alternate DINO's two global transforms (blur 1.0, then blur 0.1 + solarize).
         self.global_augs = [replace(g1 if k % 2 == 0 else g2, crop_scale=gs, crop=crop) for k in range(global_crops)]
         self.local_aug = replace(loc, crop_scale=ls, crop=crop)
-        self.source, self.seed, self.epoch = source, int(seed), 0
+        super().__init__(source, seed)
         self.global_size, self.local_size, self.local_crops = int(global_size), int(local_size), int(local_crops)
         self.augmentation = augmentation
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-
-    def __len__(self) -> int:
-        return len(self.source)
-
     def __getitem__(self, i: int):
         i = int(i)
-        g = A.generator_for(self.seed, self.epoch, i)
+        g = self.generator(i)
         img = self.source.image(i)
         m, s = self.source.mean, self.source.std
         globals_ = [A.normalize(A.apply_view(img, aug, self.global_size, g), m, s) for aug in self.global_augs]

@@ -101,23 +101,18 @@ def eval_view(source, i: int, size: int) -> torch.Tensor:
     return three_channels(x[:, top:top + size, left:left + size])
 
 
-class TrainViews:
+class TrainViews(A.SeededViews):
     """The training set: item i at epoch e is (view, label), a pure function of (seed, e, i)."""
 
     def __init__(self, source, augmentation: str, image_size: int, seed: int):
         if augmentation not in AUGMENTATIONS:
             raise UserError(f"data.augmentation {augmentation!r}: use {' or '.join(AUGMENTATIONS)}")
-        self.source, self.augmentation, self.size, self.seed, self.epoch = source, augmentation, image_size, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-
-    def __len__(self) -> int:
-        return len(self.source)
+        super().__init__(source, seed)
+        self.augmentation, self.size = augmentation, image_size
 
     def __getitem__(self, i: int):
         i = int(i)
-        g = A.generator_for(self.seed, self.epoch, i)
+        g = self.generator(i)
         x = train_view(self.source, i, self.size, self.augmentation, g)
         return A.normalize(x, self.source.mean, self.source.std), self.source.label(i)
 
