@@ -14,12 +14,23 @@ import tempfile
 from pathlib import Path
 
 from emarule.errors import UserError
-from emarule.rundir import CHECKPOINT
+from emarule.rundir import CHECKPOINT, HPARAMS, METRICS
 from emarule.schema import TASKS, get
 
 # data.source values that ship with the package or are generated: there is nothing for --data to
 # point at. The one list of them (the schema lists every source a task accepts).
 BUNDLED_DATA = frozenset({"digits", "synthetic", "textures"})
+
+# data.source values read from a local directory (--data or data.path): what each one needs there,
+# and each task's source when the spec names none (the tasks' own defaults).
+LOCAL_DATA = {
+    "cifar10": ("CIFAR-10 is read from a local directory: pass --data DIR holding cifar-10-batches-py/ "
+                "(nothing is downloaded)"),
+    "imagenet": "ImageNet is read from a local directory: pass --data DIR holding train/<class>/ and val/<class>/",
+    "librispeech": ("{name} reads LibriSpeech: pass --data ROOT holding {labeled}/<speaker>/<chapter>/*.flac "
+                    "(nothing is downloaded)"),
+}
+DEFAULT_SOURCE = {"byol": "cifar10", "dino": "cifar10", "polyak": "imagenet", "ctc": "librispeech"}
 
 # Tasks that sweep κ (or ρ) themselves and write their own figures and tables, with no
 # metrics.jsonl: a κ sweep of them means nothing.
@@ -52,6 +63,11 @@ def _writable(directory: Path) -> bool:
         return False
 
 
+def _kind(p: Path) -> str:
+    """What a path that is not a directory is, for a message."""
+    return "a broken symbolic link" if p.is_symlink() and not p.exists() else "a file"
+
+
 def out_dir(path: Path | str | None, flag: str = "--out") -> Path | None:
     """A directory that exists and is writable, or that can be created (it is not created here)."""
     if path is None:
@@ -60,10 +76,11 @@ def out_dir(path: Path | str | None, flag: str = "--out") -> Path | None:
         raise UserError(f"{flag} is empty; give a directory, e.g. {flag} runs/my-run")
     p = Path(path)
     if os.path.lexists(p) and not p.is_dir():
-        raise UserError(f"{flag} {p} is a file, not a directory; pass a directory (it is created if missing)")
+        fix = "remove the link or pass another directory" if _kind(p) != "a file" else "pass a directory"
+        raise UserError(f"{flag} {p} is {_kind(p)}, not a directory; {fix} (it is created if missing)")
     anc = _existing_ancestor(p)
     if not anc.is_dir():
-        raise UserError(f"{flag} {p}: {anc} is a file, so nothing can be created under it; pass another path")
+        raise UserError(f"{flag} {p}: {anc} is {_kind(anc)}, so nothing can be created under it; pass another path")
     if not _writable(anc):
         raise UserError(f"{flag} {p}: cannot write in {anc} (no permission or a read-only file system); "
                         f"pass a directory you can write to")
@@ -79,28 +96,89 @@ def out_file(path: Path | str, flag: str = "--out", fix: str = "pass another pat
         raise UserError(f"{flag} {p} is a directory; {fix}, e.g. {p / 'compare.png'}")
     anc = _existing_ancestor(p.parent)
     if not anc.is_dir():
-        raise UserError(f"{flag} {p}: {anc} is a file, so nothing can be written under it; {fix}")
+        raise UserError(f"{flag} {p}: {anc} is {_kind(anc)}, so nothing can be written under it; {fix}")
     if not _writable(anc):
         raise UserError(f"{flag} {p}: cannot write in {anc} (no permission or a read-only file system); {fix}")
     return p
 
 
 def run_dir(out: Path, resume: bool) -> None:
-    """`--resume` needs a run to continue; a new run needs a directory that holds none."""
+    """`--resume` needs a run to continue; a new run needs a directory that holds none.
+
+    A run's record is its checkpoint, hparams.json or metrics.jsonl: a directory holding any of
+    them is never written over by a new run (its checkpoint may have been deleted; the record stays).
+    Only `emarule run` calls this: a sweep resumes its own runs where a checkpoint is, and restarts
+    the others.
+    """
+    record = [n for n in (HPARAMS, METRICS) if (out / n).exists()]
     if resume:
         if not out.exists():
             raise UserError(f"--resume: {out} does not exist; pass --out with the directory of the run to "
                             f"continue, or drop --resume to start a new run")
         if not (out / CHECKPOINT).exists():
+            if record:
+                raise UserError(f"--resume: no checkpoint in {out} (it holds {' and '.join(record)} of a run that "
+                                f"cannot be continued); pass --out NEW_DIR to start a new run, or delete {out}")
             raise UserError(f"--resume: no checkpoint in {out}; drop --resume to start the run from scratch")
     elif (out / CHECKPOINT).exists():
         raise UserError(f"{out} already holds a run (checkpoint.pt); pass --resume to continue it or "
                         f"--out NEW_DIR to start another")
+    elif record:
+        raise UserError(f"{out} already holds a run ({' and '.join(record)}, no checkpoint to resume from); "
+                        f"pass --out NEW_DIR to start another, or delete {out} to start over")
+
+
+def _bundled_presets(spec: dict) -> list[str]:
+    """The presets of the spec's file that train on bundled data (`cpu` first), none where unreadable."""
+    from emarule.spec import read_yaml, set_dotted
+
+    source = spec.get("source")
+    try:
+        tree = read_yaml(Path(source)) if source else {}
+    except UserError:
+        return []
+    presets = tree.get("presets") or {}
+    base = {k: v for k, v in tree.items() if k != "presets"}
+    out = []
+    for name, values in presets.items():
+        if name == spec.get("preset") or not isinstance(values, dict):
+            continue
+        t = {"data": dict(base.get("data") or {})}
+        try:
+            for key, value in values.items():
+                if str(key).split(".", 1)[0] == "data":
+                    set_dotted(t, str(key), value, "preset")
+        except UserError:
+            continue
+        if get(t, "data.source") in BUNDLED_DATA:
+            out.append(str(name))
+    return sorted(out, key=lambda n: (n != "cpu", n))
+
+
+def local_data(spec: dict) -> None:
+    """A data set read from disk needs --data (or data.path): said before anything is written, with
+    a fix this spec has (a preset of its own on bundled data, else `--set data.source=...`)."""
+    task = spec.get("task")
+    source = get(spec, "data.source", DEFAULT_SOURCE.get(task))
+    if source not in LOCAL_DATA or get(spec, "data.path"):
+        return
+    field = get(TASKS.get(task, {}), "data.source")
+    bundled = [c for c in (getattr(field, "choices", None) or ()) if c in BUNDLED_DATA]
+    presets = _bundled_presets(spec)
+    if presets:
+        fix = f"use --preset {presets[0]} (bundled data, no download)"
+    elif bundled:
+        fix = f"add --set data.source={bundled[0]} (bundled, no download)"
+    else:
+        fix = "set data.path in the spec"
+    what = LOCAL_DATA[source].format(name=spec.get("name", "?"), labeled=get(spec, "data.labeled", "train-clean-100"))
+    raise UserError(f"{what}, or {fix}")
 
 
 def data(spec: dict, path: Path | None) -> None:
-    """--data only where the run reads a data set from disk."""
+    """--data only where the run reads a data set from disk, and there it is needed (or data.path)."""
     if path is None:
+        local_data(spec)
         return
     name, task = spec.get("name", "?"), spec.get("task")
     if "data" not in TASKS.get(task, {}):
@@ -114,22 +192,27 @@ def data(spec: dict, path: Path | None) -> None:
 
 
 def whole_batches(spec: dict, plan, batch_size: float | None, runs: bool) -> None:
-    """A batch counted in samples is a whole number of them.
+    """A batch counted in samples is at least one sample, and a whole number of them.
 
-    `batch_size` is an explicit --batch-size; with `runs`, every batch the run would use (κB and
-    each Progressive Scaling stage's) is checked too, as `plan` may show a fractional κB.
+    `batch_size` is an explicit --batch-size; every batch the plan holds (κB and each Progressive
+    Scaling stage's) must be at least one sample; with `runs`, each must be a whole number too, as
+    `plan` may show a fractional κB.
     """
     if get(spec, "batch.unit", "samples") != "samples":
         return  # seconds of audio may be fractional
     name, base = spec.get("name", "?"), spec["batch"]["size"]
     if batch_size is not None and not float(batch_size).is_integer():
         raise UserError(f"--batch-size {batch_size:g}: {name} counts its batch in samples; give a whole number")
+    batches = [(plan.kappa, plan["batch_size"])]
+    batches += [(st.kappa, st.batch_size) for st, _ in (plan.stages or [])]
+    for k, b in batches:
+        if b < 1 and not math.isclose(b, 1.0, rel_tol=0, abs_tol=1e-6):
+            raise UserError(f"κ={k:g} gives a batch of {b:g} samples (κ × {base:g}), below one sample; "
+                            f"choose κ ≥ {1 / base:.4g} (κB ≥ 1), or pass --batch-size N with N ≥ 1")
     if not runs:
         return
     if not float(base).is_integer():
         raise UserError(f"batch.size {base:g}: {name} counts its batch in samples; give a whole number")
-    batches = [(plan.kappa, plan["batch_size"])]
-    batches += [(st.kappa, st.batch_size) for st, _ in (plan.stages or [])]
     for k, b in batches:
         if not math.isclose(b, round(b), rel_tol=0, abs_tol=1e-6):
             raise UserError(f"κ={k:g} gives a batch of {b:g} samples (κ × {base:g}); choose κ so that κB is "

@@ -115,12 +115,15 @@ def number(text: str | None, what: str) -> float | None:
 
 
 def numbers(text: str | None, what: str, example: str = "1,2,4") -> list[float] | None:
+    """Comma-separated numbers; an empty list or an empty item ('2,,4', '2,4,') is an error."""
     if text is None:
         return None
-    values = [number(t.strip(), what) for t in text.split(",") if t.strip()]
-    if not values:
+    items = [t.strip() for t in text.split(",")]
+    if not any(items):
         raise UserError(f"{what} is empty; give comma-separated numbers, e.g. {what} {example}")
-    return values
+    if not all(items):
+        raise UserError(f"{what} {text!r}: an empty item; give numbers separated by commas, e.g. {example}")
+    return [number(t, what) for t in items]
 
 
 def whole(values: list[float], what: str) -> list[int]:
@@ -149,11 +152,34 @@ def resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule,
     return s, k, rule, p.progressive, p
 
 
-def check_run_options(wandb: str, max_device_batch: int | None) -> None:
+# The largest --seed: every seeding path takes it (torch.manual_seed(seed) in the BYOL and DINO
+# tasks takes up to 2^64 − 1, the precision study adds its spec's seed and 2 to it; the other
+# streams go through emarule.seeding.mix). 2^32 − 1, numpy's legacy bound, leaves room for both.
+MAX_SEED = 2**32 - 1
+MAX_SEEDS = 100  # --seeds N: N full sets of runs, one after another
+
+
+def check_seed(seed: int | None) -> None:
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise UserError(f"--seed must be a whole number from 0 to {MAX_SEED} (2^32 − 1), got {seed}")
+
+
+def check_seeds(seeds: int | None) -> None:
+    if seeds is None:
+        return
+    if seeds < 1:
+        raise UserError(f"--seeds must be ≥ 1, got {seeds}")
+    if seeds > MAX_SEEDS:
+        raise UserError(f"--seeds {seeds}: at most {MAX_SEEDS} (each seed is a full set of runs, one after "
+                        f"another); give a smaller number, e.g. --seeds 3")
+
+
+def check_run_options(wandb: str, max_device_batch: int | None, seed: int | None = None) -> None:
     if wandb not in ("off", "offline", "online", "disabled"):
         raise UserError(f"--wandb must be off, offline or online, got {wandb!r}")
     if max_device_batch is not None and max_device_batch < 1:
         raise UserError(f"--max-device-batch must be ≥ 1, got {max_device_batch}")
+    check_seed(seed)
 
 
 def presets_help() -> str:
@@ -171,13 +197,29 @@ def presets_help() -> str:
     return "Presets (--preset): " + ("; ".join(have) or "none") + ". `emarule list` marks which experiments run."
 
 
-class PresetsInHelp(typer.core.TyperCommand):
+def _no_type(ctx) -> None:
+    return None
+
+
+class Help(typer.core.TyperCommand):
+    """Help without typer's `<str>` and `<bool>` type labels: an argument is named by its metavar, a
+    flag needs no value; every option that takes one has a metavar (PATH, DIR, NAME, INT, ...)."""
+
+    def format_help(self, ctx, formatter):
+        for p in self.get_params(ctx):
+            if isinstance(p, typer.core.TyperArgument) or getattr(p, "is_flag", False):
+                p.display_type_rich = _no_type
+        return super().format_help(ctx, formatter)
+
+
+class PresetsInHelp(Help):
     def format_help(self, ctx, formatter):
         self.epilog = presets_help()
         return super().format_help(ctx, formatter)
 
 
-ExpArg = typer.Argument(None, help="experiment name (see `emarule list`); omit with --spec")
+ExpArg = typer.Argument(None, metavar="EXPERIMENT", show_default=False,
+                        help="experiment name (see `emarule list`); omit with --spec")
 SpecOpt = typer.Option(None, "--spec", metavar="PATH", help="a YAML spec of your own instead of a named experiment")
 PresetOpt = typer.Option(None, "--preset", metavar="NAME", help="a named preset of the spec (e.g. cpu, tiny, quick)")
 SetOpt = typer.Option(None, "--set", metavar="KEY=VALUE",
@@ -207,7 +249,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     pass
 
 
-@app.command("list")
+@app.command("list", cls=Help)
 @friendly
 def list_cmd() -> None:
     """The paper's experiments: section, data, base batch, optimizer, EMA ρ, presets, and which ones run."""
@@ -231,7 +273,7 @@ def list_cmd() -> None:
     console.print(t)
 
 
-@app.command()
+@app.command(cls=Help)
 @friendly
 def plan(
     experiment: Optional[str] = ExpArg,
@@ -256,7 +298,7 @@ def plan(
     print_plan(console, p, format.value, verbose)
 
 
-@app.command()
+@app.command(cls=Help)
 @friendly
 def table(
     kind: TableKind = typer.Argument(..., help="momenta (ρ^κ) or lr (κη for SGD, √κη for Adam)"),
@@ -314,7 +356,7 @@ def table(
     print_ref_table(console, t, format.value)
 
 
-@app.command()
+@app.command(cls=Help)
 @friendly
 def limits(
     momentum: str = typer.Option(..., "--momentum", metavar="FLOAT", help="base momentum ρ in (0, 1)"),
@@ -357,7 +399,7 @@ def run(
     data: Optional[Path] = DataOpt,
     out: Optional[str] = OutDirOpt,
     resume: bool = typer.Option(False, "--resume", help="continue from the run directory's last checkpoint"),
-    seed: int = typer.Option(0, "--seed", min=0),
+    seed: int = typer.Option(0, "--seed", metavar="INT", help=f"seed of every random stream, 0 to {MAX_SEED}"),
     wandb: str = WandbOpt,
     max_device_batch: Optional[int] = MaxDevOpt,
 ) -> None:
@@ -368,7 +410,7 @@ def run(
     from emarule.context import RunContext, default_run_name
     from emarule.tasks import RUNNABLE_TASKS
 
-    check_run_options(wandb, max_device_batch)
+    check_run_options(wandb, max_device_batch, seed)
     s, k, rule, pr, p = resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule, ema_rule,
                                 progressive)
     checks.runnable(s, RUNNABLE_TASKS)
@@ -406,15 +448,17 @@ def sweep(
     spec: Optional[Path] = SpecOpt,
     kappas: str = typer.Option("1,2,4", "--kappas", metavar="FLOAT,FLOAT,...",
                                help="κ values, comma-separated (κ=1, the baseline, always runs)"),
-    rule: str = typer.Option("with,without", "--rule",
+    rule: str = typer.Option("with,without", "--rule", metavar="RULE,RULE,...",
                              help="with (ρ^κ), without (ρ), linear (1 − κ(1 − ρ)), comma-separated"),
-    seeds: int = typer.Option(1, "--seeds", help="seeds 0..N−1 for every setting (bands in the figure)"),
+    seeds: int = typer.Option(1, "--seeds", metavar="N",
+                              help=f"seeds 0..N−1 for every setting (bands in the figure), N ≤ {MAX_SEEDS}"),
     progressive: Optional[str] = ProgOpt,
     preset: Optional[str] = PresetOpt,
     overrides: Optional[List[str]] = SetOpt,
     data: Optional[Path] = DataOpt,
     out: Optional[str] = typer.Option(None, "--out", metavar="DIR", help="root of the run directories (default runs/)"),
-    metric: Optional[str] = typer.Option(None, "--metric", help="metric to compare (default: the EMA's: "
+    metric: Optional[str] = typer.Option(None, "--metric", metavar="NAME",
+                                         help="metric to compare (default: the EMA's: "
                                          "probe_top1, ema_top1 or ema_wer; else loss)"),
     wandb: str = WandbOpt,
     max_device_batch: Optional[int] = MaxDevOpt,
@@ -423,6 +467,7 @@ def sweep(
     from emarule import sweep as sw
 
     check_run_options(wandb, max_device_batch)
+    check_seeds(seeds)
     runs = sw.plan_runs(numbers(kappas, "--kappas"), sw.parse_rules(rule), seeds)
 
     def resolve_run(k: float, ema: Optional[str], baseline: bool):
@@ -435,15 +480,17 @@ def sweep(
                max_device_batch=max_device_batch, wandb="off" if wandb == "disabled" else wandb, metric=metric)
 
 
-@app.command("compare")
+@app.command("compare", cls=Help)
 @friendly
 def compare_cmd(
-    run_dirs: List[Path] = typer.Argument(..., help="run directories, or a folder holding them (runs/byol-r18)"),
-    metric: Optional[str] = typer.Option(None, "--metric", "-m",
+    run_dirs: List[Path] = typer.Argument(..., metavar="RUN_DIR",
+                                          help="run directories, or a folder holding them (runs/byol-r18)"),
+    metric: Optional[str] = typer.Option(None, "--metric", "-m", metavar="NAME",
                                          help="metric to overlay (default: the EMA's: probe_top1, ema_top1 or "
                                               "ema_wer; else loss)"),
     out: Optional[str] = typer.Option(None, "--out", metavar="PNG",
-                                      help="figure path (default: compare-<metric>.png beside the runs)"),
+                                      help="figure path ending in .png (default: compare-<metric>.png beside "
+                                           "the runs)"),
     format: CompareFmt = typer.Option(CompareFmt.table, "--format", "-f"),
 ) -> None:
     """Overlay runs on the κ=1 baseline (one panel per κ) and print each run's gap to it."""
@@ -452,14 +499,16 @@ def compare_cmd(
     run_compare(console, run_dirs, metric, out, format.value)
 
 
-@app.command()
+@app.command(cls=Help)
 @friendly
 def reproduce(
-    family: str = typer.Argument(..., help="parabola, precision, polyak, byol, dino, ctc-polyak or ctc-pseudo-label"),
+    family: str = typer.Argument(..., metavar="FAMILY",
+                                 help="parabola, precision, polyak, byol, dino, ctc-polyak or ctc-pseudo-label"),
     preset: Optional[str] = typer.Option(None, "--preset", metavar="NAME",
                                          help="the spec's preset (default: the family's, cpu for training families); "
                                               "full: the paper's recipe"),
-    seeds: Optional[int] = typer.Option(None, "--seeds", help="seeds 0..N−1 per setting (default 3)"),
+    seeds: Optional[int] = typer.Option(None, "--seeds", metavar="N",
+                                        help=f"seeds 0..N−1 per setting (default 3, at most {MAX_SEEDS})"),
     kappas: Optional[str] = typer.Option(None, "--kappas", metavar="FLOAT,FLOAT,...",
                                          help="κ values (default: the family's; the κ=1 baseline always runs)"),
     out: Optional[str] = typer.Option(None, "--out", metavar="DIR",
@@ -469,6 +518,8 @@ def reproduce(
 ) -> None:
     """Every claim of the paper for one family: run the sweep, measure gaps and seed spread, write a verdict."""
     from emarule.reproduce.command import reproduce as run_reproduction
+
+    check_seeds(seeds)
 
     def resolver(experiment: str, spec_preset: Optional[str]):
         def resolve_run(k: float, ema: Optional[str], baseline: bool):

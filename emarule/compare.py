@@ -138,16 +138,31 @@ def load_run(path: Path) -> Run:
     return run
 
 
+def _run_subdirs(p: Path) -> list[Path]:
+    try:
+        return sorted(d for d in p.iterdir() if d.is_dir() and (d / HPARAMS).exists())
+    except OSError:
+        return []
+
+
 def expand(paths: list[Path]) -> list[Path]:
-    """Run directories as given; a directory without hparams.json stands for its run subdirectories."""
+    """Run directories as given; a directory without hparams.json stands for its run subdirectories.
+
+    A sweep's root (ROOT/<experiment>/<run>) holds experiment folders, not runs: the error names them.
+    The same run given twice (or reached twice) is compared once.
+    """
     out: list[Path] = []
     for p in paths:
         p = Path(p)
         if p.is_dir() and not (p / HPARAMS).exists():
-            subs = sorted(d for d in p.iterdir() if d.is_dir() and (d / HPARAMS).exists())
+            subs = _run_subdirs(p)
             if subs:
                 out.extend(subs)
                 continue
+            exps = [d for d in sorted(p.iterdir()) if d.is_dir() and _run_subdirs(d)] if os.access(p, os.R_OK) else []
+            if exps:
+                which = str(exps[0]) if len(exps) == 1 else "one of " + ", ".join(str(d) for d in exps)
+                raise UserError(f"{p} holds experiment folders, not runs; pass {which}")
         out.append(p)
     seen, uniq = set(), []
     for p in out:
@@ -396,6 +411,9 @@ def run_compare(console, paths: list[Path], metric: str | None, out: Path | str 
 
     if figure and out is not None:
         out = checks.out_file(out)
+        if out.suffix.lower() != ".png":
+            raise UserError(f"--out {out}: the figure is written as PNG; give a path ending in .png, "
+                            f"e.g. --out {out.with_suffix('.png') if out.suffix else Path(str(out) + '.png')}")
     result = compare(paths, metric)
     if figure:
         target = out or checks.out_file(default_figure(result), "the figure", "pass --out PNG with another path")

@@ -52,6 +52,12 @@ def fmt(v) -> str:
     return str(v)
 
 
+def exact(v: float) -> str:
+    """A value with every digit it needs to be told apart from its neighbours (ρ = 0.99999999999 is not
+    printed as 1): the shortest text that reads back as the same float."""
+    return repr(float(v))
+
+
 def plan_table(p: Plan, title: str) -> Table:
     t = Table(title=title, title_justify="left")
     for col, just in (("hyperparameter", "left"), ("base", "right"), ("scaled", "right"), ("unit", "left"),
@@ -157,7 +163,7 @@ def print_limits(console: Console, lim: Limits, fmt_: str) -> None:
         return
     lo, hi = d["meaningful_kappa"]
     blo, bhi = d["meaningful_batch_size"]
-    t = Table(title=f"ρ={lim.momentum:g} at batch {fmt(lim.batch_size)} in {lim.dtype} "
+    t = Table(title=f"ρ={exact(lim.momentum)} at batch {fmt(lim.batch_size)} in {lim.dtype} "
                     f"(p={d['significand_bits']} significand bits, relative gap r={lim.relative_gap:g})",
               title_justify="left")
     for c, j in (("bound", "left"), ("κ", "right"), ("batch size", "right"), ("formula", "left"),

@@ -8,7 +8,8 @@
 
 all against epochs. A figure with nothing to draw is not written. Metric names follow the engine's
 convention: an EMA's metric is the target's name prefixed `ema_`; further EMAs add `/<name>`, the
-name under which their momentum is logged (`ema_momentum/<name>`).
+name under which their momentum is logged (`ema_momentum/<name>`). The tracking probe's metrics
+(`probe_*`, BYOL and DINO) measure the EMA teacher and are listed with the EMA's.
 
 Torch-free: it reads only the run directory, so it runs anywhere the run directory is.
 """
@@ -26,6 +27,7 @@ from emarule.context import rule_names, rule_of_hparams
 from emarule.rundir import FIGURES, HPARAMS, METRICS, atomic_write_bytes, read_metrics
 
 EMA_PREFIX = "ema_"
+PROBE_PREFIX = "probe_"  # the tracking probe: it measures the EMA teacher
 MOMENTUM = "ema_momentum"
 
 
@@ -91,7 +93,13 @@ def ema_names(train: list[dict]) -> list[str]:
 
 
 def owner(key: str, extra_emas: list[str]) -> str:
-    """Whose metric `key` is: "target", "EMA" (the main one) or "EMA <name>"."""
+    """Whose metric `key` is: "target", "EMA" (the main one) or "EMA <name>".
+
+    The tracking probe of BYOL and DINO (`probe_top1`, `probe_loss`, `probe_train_top1`;
+    emarule/probe.py) reads the EMA teacher's representation, so its metrics are the EMA's.
+    """
+    if key.startswith(PROBE_PREFIX):
+        return "EMA"
     if not key.startswith(EMA_PREFIX):
         return "target"
     for part in key.split("/")[1:]:

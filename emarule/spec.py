@@ -61,7 +61,10 @@ def spec_path(name: str | None, path: str | os.PathLike | None) -> Path:
 
 def read_yaml(p: Path) -> dict:
     try:
-        data = yaml_load(p.read_text())
+        data = yaml_load(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise UserError(f"{p}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); "
+                        f"save the spec as a UTF-8 YAML file") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -147,4 +150,4 @@ def load_spec(
     return spec
 
 
-__all__ = ["get", "load_spec", "experiment_names", "spec_path", "read_yaml", "yaml_load"]
+__all__ = ["get", "load_spec", "experiment_names", "spec_path", "read_yaml", "set_dotted", "yaml_load"]

@@ -39,7 +39,11 @@ class SweepRun:
 
 
 def parse_rules(text: str) -> list[str | None]:
-    names = [t.strip() for t in text.split(",") if t.strip()]
+    names = [t.strip() for t in text.split(",")]
+    if len(names) > 1 and "" in names:
+        raise UserError(f"--rule {text!r}: an empty item; give with, without or linear separated by commas "
+                        f"(e.g. --rule with,without)")
+    names = [n for n in names if n]
     if not names:
         raise UserError("--rule needs at least one of with, without, linear (e.g. --rule with,without)")
     bad = [n for n in names if n not in RULES]

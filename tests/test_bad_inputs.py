@@ -27,11 +27,25 @@ CASES = [
     ("compare-out-dir", ["compare", "k1", "k4", "--out", "adir"], "--out adir is a directory"),
     ("compare-out-unwritable", ["compare", "k1", "k4", "--out", UNWRITABLE + "/fig.png"], "cannot write in /proc"),
     ("compare-out-empty", ["compare", "k1", "k4", "--out", ""], "--out is empty"),
+    # --out: a broken symbolic link is named as one, not as "a file"
+    ("run-out-dangling-link", ["run", *TINY, "--out", "dangling"], "--out dangling is a broken symbolic link"),
+    ("run-out-under-dangling-link", ["run", *TINY, "--out", "dangling/run"], "dangling is a broken symbolic link"),
+    # compare's figure is a PNG: another suffix would hold PNG bytes under a wrong name
+    ("compare-out-pdf", ["compare", "k1", "k4", "--out", "c.pdf"], "--out c.pdf: the figure is written as PNG"),
+    ("compare-out-txt", ["compare", "k1", "k4", "--out", "fig.txt"], "give a path ending in .png, e.g. --out fig.png"),
+    # a sweep's root holds <experiment>/<run>: the error names the folder that works
+    ("compare-sweep-root", ["compare", "runs"], "runs holds experiment folders, not runs; pass runs/byol-r18"),
     # --resume needs a run; a new run needs a directory without one
     ("resume-missing-out", ["run", *TINY, "--resume", "--out", "gone"], "--resume: gone does not exist"),
     ("resume-missing-default", ["run", *TINY, "--resume"], "tiny-k1-rule-s0 does not exist"),
     ("resume-no-checkpoint", ["run", *TINY, "--resume", "--out", "adir"], "--resume: no checkpoint in adir"),
     ("new-run-over-a-run", ["run", *TINY, "--out", "done"], "already holds a run"),
+    # a run whose checkpoint was deleted: its hparams.json and metrics.jsonl are still a run's record
+    ("new-run-over-a-run-record", ["run", *TINY, "--out", "k1"],
+     "k1 already holds a run (hparams.json and metrics.jsonl, no checkpoint"),
+    ("new-run-over-metrics-only", ["run", *TINY, "--out", "logonly"], "logonly already holds a run (metrics.jsonl"),
+    ("resume-run-record-no-checkpoint", ["run", *TINY, "--resume", "--out", "k1"],
+     "no checkpoint in k1 (it holds hparams.json and metrics.jsonl"),
     # an experiment name and --spec
     ("plan-name-and-spec", ["plan", "byol-r18", "--spec", "mine.yaml", "--kappa", "2"], "not both"),
     ("run-name-and-spec", ["run", "byol-r18", "--spec", "mine.yaml"], "not both"),
@@ -61,11 +75,21 @@ CASES = [
     ("table-fractional-rows", ["table", "momenta", "--batch-sizes", "32.5,64"], "give whole numbers"),
     ("table-fractional-base", ["table", "momenta", "--momentum", "0.99", "--base-batch-size", "100.5"],
      "give whole numbers"),
+    # a batch below one sample (κB = 3.2e-8 is not "the whole number 0")
+    ("plan-batch-below-one-sample", ["plan", "byol-r18", "--kappa", "1e-9"], "κ=1e-09 gives a batch of 1.024e-06"),
+    ("run-batch-below-one-sample", ["run", *TINY, "--kappa", "1e-9"], "samples (κ × 32), below one sample"),
     # empty lists
     ("table-empty-batch-sizes", ["table", "momenta", "--batch-sizes", ""], "--batch-sizes is empty"),
     ("table-comma-batch-sizes", ["table", "lr", "--batch-sizes", ","], "--batch-sizes is empty"),
     ("sweep-empty-kappas", ["sweep", *TINY, "--kappas", ""], "--kappas is empty"),
     ("sweep-empty-rule", ["sweep", *TINY, "--rule", ""], "--rule needs at least one"),
+    # an empty item in a list is not dropped (the bad --rule makes the old code fail fast, not sweep)
+    ("table-empty-item", ["table", "momenta", "--batch-sizes", "256,,1024"],
+     "--batch-sizes '256,,1024': an empty item"),
+    ("table-trailing-comma", ["table", "lr", "--batch-sizes", "256,1024,"], "an empty item"),
+    ("sweep-empty-kappa-item", ["sweep", *TINY, "--kappas", "2,,4", "--rule", "with,sometimes"],
+     "--kappas '2,,4': an empty item; give numbers separated by commas, e.g. 1,2,4"),
+    ("reproduce-empty-kappa-item", ["reproduce", "byol", "--kappas", "2,,4", "--out", "afile"], "an empty item"),
     # an optimizer switched without the values its rules scale
     ("plan-sgd-to-adam", ["plan", "byol-r18", "--kappa", "2", "--set", "optimizer.name=adam"],
      "optimizer adam needs optimizer.betas, optimizer.eps"),
@@ -73,23 +97,40 @@ CASES = [
                          "--set", "optimizer.eps=1e-8"], "optimizer rmsprop needs optimizer.alpha"),
     ("run-sgd-to-adamw", ["run", *TINY, "--set", "optimizer.name=adamw"], "optimizer adamw needs"),
     ("spec-adam-without-betas", ["plan", "--spec", "adam.yaml", "--kappa", "2"], "adam.yaml: optimizer adam needs"),
+    # a spec file that is not UTF-8 text
+    ("plan-spec-not-utf8", ["plan", "--spec", "bin.yaml", "--kappa", "2"], "bin.yaml: not UTF-8 text"),
+    ("run-spec-not-utf8", ["run", "--spec", "bin.yaml", "--kappa", "2"], "bin.yaml: not UTF-8 text"),
     # a sweep checks every κ, rule, seed and metric before its first run
     ("sweep-bad-kappa", ["sweep", *TINY, "--kappas", "1,x"], "--kappas must be a number"),
     ("sweep-zero-kappa", ["sweep", *TINY, "--kappas", "0,2"], "must be finite and > 0"),
     ("sweep-bad-rule", ["sweep", *TINY, "--rule", "with,sometimes"], "--rule 'sometimes'"),
     ("sweep-linear-out-of-range", ["sweep", *TINY, "--kappas", "2,40", "--rule", "linear"], "linear EMA rule"),
     ("sweep-zero-seeds", ["sweep", *TINY, "--seeds", "0"], "--seeds must be ≥ 1"),
+    # --seeds is capped: range(N) of a huge N hung (the bad --rule / --out make the old code fail fast)
+    ("sweep-huge-seeds", ["sweep", *TINY, "--seeds", "99999999999999999999", "--rule", "with,sometimes"],
+     "--seeds 99999999999999999999: at most 100"),
+    ("sweep-101-seeds", ["sweep", *TINY, "--seeds", "101", "--rule", "with,sometimes"], "--seeds 101: at most 100"),
+    ("reproduce-huge-seeds", ["reproduce", "byol", "--seeds", "99999999999999999999", "--out", "afile"],
+     "at most 100"),
+    ("reproduce-zero-seeds", ["reproduce", "byol", "--seeds", "0", "--out", "afile"], "--seeds must be ≥ 1"),
     ("sweep-unknown-metric", ["sweep", *TINY, "--metric", "top5"], "--metric 'top5'"),
     ("sweep-fractional-batch", ["sweep", *TINY, "--kappas", "2,2.3"], "κ=2.3 gives a batch of 73.6 samples"),
     ("sweep-study", ["sweep", "parabola"], "sweeps κ itself"),
     # every experiment runs now (dino-vit was the last that could not): a data set left out is the error
     ("run-cifar-without-data", ["run", "dino-vit", "--kappa", "2"], "CIFAR-10 is read from a local directory"),
+    # a spec of one's own has no `cpu` preset: the fix offered is one it has
+    ("run-own-spec-without-data", ["run", "--spec", "mine.yaml"], "or add --set data.source=digits"),
+    ("sweep-own-spec-without-data", ["sweep", "--spec", "mine.yaml", "--kappas", "2"], "--set data.source=digits"),
     # compare on a damaged metrics.jsonl names the file and the line
     ("compare-torn-metrics", ["compare", "k1", "torn"], "torn/metrics.jsonl, line 3 is cut short"),
     ("compare-corrupt-metrics", ["compare", "k1", "corrupt"], "corrupt/metrics.jsonl, line 2 is not a JSON object"),
     ("compare-missing-metric", ["compare", "k1", "nometric"], "'probe_top1' is not in nometric/metrics.jsonl"),
     # other options
     ("run-negative-seed", ["run", *TINY, "--seed", "-1"], "--seed"),
+    # --seed: what every seeding path takes (torch.manual_seed overflowed past 2^64 − 1)
+    ("run-huge-seed", ["run", *TINY, "--seed", "99999999999999999999"], "--seed must be a whole number from 0 to "
+                                                                          "4294967295"),
+    ("run-seed-past-the-bound", ["run", *TINY, "--seed", str(2**32)], "got 4294967296"),
     ("run-bad-wandb", ["run", *TINY, "--wandb", "maybe"], "--wandb must be off, offline or online"),
     ("run-zero-device-batch", ["run", *TINY, "--max-device-batch", "0"], "--max-device-batch must be ≥ 1"),
     ("table-optimizer-without-lr", ["table", "lr", "--optimizer", "adam"], "give --lr too"),
@@ -116,6 +157,10 @@ def workdir(tmp_path, monkeypatch):
     (tmp_path / "root" / "byol-r18" / "tiny-k2-rule-s0").write_text("")
     (tmp_path / "done").mkdir()
     (tmp_path / "done" / "checkpoint.pt").write_bytes(b"")
+    (tmp_path / "logonly").mkdir()
+    (tmp_path / "logonly" / "metrics.jsonl").write_text("")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "bin.yaml").write_bytes(b"\xff\xfe")
     (tmp_path / "mine.yaml").write_text("name: mine\ntask: byol\nbatch: {size: 256}\noptimizer: {name: sgd, lr: 0.1}\n"
                                         "ema: {momentum: 0.99}\nschedule: {kind: cosine, epochs: 10}\n")
     (tmp_path / "adam.yaml").write_text("name: mine\ntask: byol\nbatch: {size: 256}\n"
@@ -126,6 +171,8 @@ def workdir(tmp_path, monkeypatch):
     _run_dir(tmp_path, "torn", 4, good[:2] + ['{"kind": "eval", "epo'])
     _run_dir(tmp_path, "corrupt", 4, good[:1] + ["not json\n"] + good[1:])
     _run_dir(tmp_path, "nometric", 4, [_row(e, loss=1.0) for e in range(4)])
+    (tmp_path / "runs" / "byol-r18").mkdir(parents=True)  # a sweep's root: runs/<experiment>/<run>
+    _run_dir(tmp_path / "runs" / "byol-r18", "k1", 1, good)
     monkeypatch.chdir(tmp_path)
     return tmp_path
 

@@ -149,6 +149,25 @@ def test_limits_json():
     assert "meaningful" in out
 
 
+def test_limits_titles_a_momentum_close_to_one_with_every_digit():
+    out = ok("limits", "--momentum", "0.99999999999", "--batch-size", "4096")
+    assert "ρ=0.99999999999 at batch 4096" in out and "ρ=1 " not in out
+    assert "ρ=0.996 at batch" in ok("limits", "--momentum", "0.996", "--batch-size", "4096")
+
+
+@pytest.mark.parametrize("command", ["run", "sweep", "reproduce", "compare", "plan", "table", "limits", "list"])
+def test_help_names_every_value_and_shows_no_type_labels(command):
+    text = ok(command, "--help")
+    for label in ("<str>", "<int>", "<bool>", "<list[Path]>", "<int range>", "<path>"):
+        assert label not in text, (command, label)
+    if command in ("run", "sweep", "plan"):
+        assert "EXPERIMENT" in text
+    metavars = {"run": ("INT", "DIR", "NAME"), "sweep": ("RULE,RULE", "NAME", "N "),
+                "reproduce": ("FAMILY", "N ", "DIR"), "compare": ("RUN_DIR", "NAME", "PNG")}
+    for m in metavars.get(command, ()):
+        assert m in text, (command, m)
+
+
 def test_list_shows_nine():
     out = ok("list")
     for name in ("parabola", "precision", "polyak-r50", "ctc-polyak", "ctc-pseudo-label", "byol-r18",

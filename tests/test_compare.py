@@ -202,3 +202,35 @@ def test_gap_helper_without_overlap():
     assert C.gap(([5.0, 6.0], [1.0, 1.0]), ([0.0, 1.0], [0.0, 0.0]))["gap_max"] is None
     with pytest.raises(UserError):
         C.load_runs([])
+
+
+def test_the_same_run_twice_is_compared_once(tmp_path):
+    """`compare k1 k1 k4` (or a folder and a run inside it): each run once, no error."""
+    b = make_run(tmp_path / "runs", "k1", 1, "exponential", line(T, lambda t: t))
+    r = make_run(tmp_path / "runs", "k4", 4, "exponential", line(T, lambda t: t + 0.5))
+    res = C.compare([b, b, r, tmp_path / "runs"])
+    assert [x["name"] for x in res["runs"]] == ["k1", "k4"] and res["baseline"]["runs"] == [str(b)]
+    out = runner.invoke(app, ["compare", str(b), str(b), "--out", str(tmp_path / "f.png"), "--format", "json"])
+    assert out.exit_code == 0, out.output
+    assert [x["name"] for x in json.loads(out.output)["runs"]] == ["k1"]
+
+
+def test_a_sweep_root_names_its_experiment_folders(tmp_path):
+    make_run(tmp_path / "runs" / "byol-r18", "k1", 1, "exponential", line(T, lambda t: t))
+    make_run(tmp_path / "runs" / "dino-vit", "k1", 1, "exponential", line(T, lambda t: t), experiment="dino-vit")
+    (tmp_path / "runs" / "empty").mkdir()
+    root = tmp_path / "runs"
+    with pytest.raises(UserError, match=f"{root} holds experiment folders, not runs; pass one of "
+                                        f"{root / 'byol-r18'}, {root / 'dino-vit'}$"):
+        C.compare([root])
+    assert C.compare([root / "byol-r18"])["experiment"] == "byol-r18"
+
+
+@pytest.mark.parametrize("name", ["c.pdf", "fig.txt", "fig", "c.svg"])
+def test_the_figure_must_be_a_png(tmp_path, name):
+    b = make_run(tmp_path, "k1", 1, "exponential", line(T, lambda t: t))
+    res = runner.invoke(app, ["compare", str(b), "--out", str(tmp_path / name)])
+    assert res.exit_code == 2 and "the figure is written as PNG; give a path ending in .png" in res.output
+    assert not (tmp_path / name).exists()
+    res = runner.invoke(app, ["compare", str(b), "--out", str(tmp_path / "upper.PNG")])
+    assert res.exit_code == 0 and (tmp_path / "upper.PNG").read_bytes()[:4] == b"\x89PNG"

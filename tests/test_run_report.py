@@ -36,8 +36,8 @@ def test_figures_and_summary_group_the_target_and_every_ema(tmp_path):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in (run / "figures").iterdir()) == ["eval.png", "loss.png", "schedules.png"]
     assert rep.final == {
-        "target": {"loss": 0.5, "ctc_loss": 0.25, "wer": 12.5, "wer/test-clean": 15.0, "probe_top1": 30.0},
-        "EMA": {"ema_wer": 10.0, "ema_wer/test-clean": 13.75},
+        "target": {"loss": 0.5, "ctc_loss": 0.25, "wer": 12.5, "wer/test-clean": 15.0},
+        "EMA": {"ema_wer": 10.0, "ema_wer/test-clean": 13.75, "probe_top1": 30.0},
         "EMA 0.9999": {"ema_wer/0.9999": 11.25, "ema_wer/test-clean/0.9999": 14.5},
     }
     text = rep.text()
@@ -45,6 +45,21 @@ def test_figures_and_summary_group_the_target_and_every_ema(tmp_path):
                                     f"40 samples seen)")
     assert "wall time: 12.3 s" in text and f"figures: {run / 'figures' / 'loss.png'}" in text
     assert "EMA 0.9999: ema_wer/0.9999 11.25" in text
+
+
+def test_the_tracking_probe_is_the_emas(tmp_path):
+    """BYOL and DINO's probe reads the EMA teacher: probe_loss and probe_top1 are listed with the
+    EMA, never as the target's (the online network or student) — with and without further EMAs."""
+    assert R.owner("probe_top1", []) == R.owner("probe_loss", ["0.9999"]) == "EMA"
+    assert R.owner("probe_train_top1", []) == "EMA" and R.owner("loss", []) == "target"
+    byol = [{"kind": "train", "epoch": 0.5, "step": 1, "loss": 3.0, "byol_loss": 0.6, "probe_loss": 2.4,
+             "probe_train_top1": 20.0, "ema_momentum": 0.99},
+            {"kind": "eval", "epoch": 1.0, "step": 2, "probe_top1": 11.0}]
+    rep = R.report(write_run(tmp_path / "byol", byol), figures=False)
+    assert rep.final == {"target": {"loss": 3.0, "byol_loss": 0.6}, "EMA": {"probe_loss": 2.4, "probe_top1": 11.0}}
+    lines = rep.text().splitlines()
+    assert lines[1].split() == ["target:", "loss", "3,", "byol_loss", "0.6"]
+    assert lines[2].split() == ["EMA:", "probe_loss", "2.4,", "probe_top1", "11"]
 
 
 def test_panels_pair_each_metric_with_its_emas():

@@ -74,6 +74,18 @@ def test_malformed_yaml_names_line(tmp_path):
         load_spec(path=write(tmp_path, "name: [unclosed\n"))
 
 
+def test_a_file_that_is_not_utf8_is_one_line(tmp_path):
+    p = tmp_path / "bin.yaml"
+    p.write_bytes(b"\xff\xfe")
+    with pytest.raises(UserError, match=r"bin.yaml: not UTF-8 text \(byte 0xff at offset 0\); save the spec"):
+        load_spec(path=p)
+    p.write_bytes(BASE.encode("latin-1") + b"# caf\xe9\n")
+    with pytest.raises(UserError, match=r"byte 0xe9 at offset"):
+        read_yaml(p)
+    p.write_bytes((BASE + "# ρ, κ: UTF-8 is read as such whatever the locale\n").encode())
+    assert load_spec(path=p)["name"] == "mine"
+
+
 def test_not_a_mapping(tmp_path):
     with pytest.raises(UserError, match="mapping"):
         load_spec(path=write(tmp_path, "- 1\n- 2\n"))

@@ -30,7 +30,7 @@ def test_plan_runs_baseline_once_per_seed():
 def test_parse_rules():
     assert S.parse_rules("with,without") == ["exponential", None]
     assert S.parse_rules(" without , linear,without") == [None, "linear"]
-    for bad in ("", "both", "with,maybe"):
+    for bad in ("", "both", "with,maybe", "with,,without", "with,"):
         with pytest.raises(UserError):
             S.parse_rules(bad)
 
