@@ -209,6 +209,14 @@ def interp(xs: list[float], ys: list[float], grid: list[float]) -> list[float]:
     return list(np.interp(np.asarray(grid, float), np.asarray(xs, float), np.asarray(ys, float)))
 
 
+def slack(xs: list[float]) -> float:
+    """How far outside another curve's range a grid point may lie and still count as the same evaluation:
+    a quarter of the grid's smallest spacing. Seconds batches end epochs at slightly different points per
+    seed, so evaluations due at the same base step land a few thousandths of an epoch apart."""
+    steps = [b - a for a, b in zip(xs, xs[1:], strict=False) if b > a]
+    return 0.25 * min(steps) if steps else 0.0
+
+
 def mean_curve(curves: list[tuple[list, list]]) -> tuple[list, list, list]:
     """Mean and std of several curves on the first one's grid, within the range all of them cover."""
     import numpy as np
@@ -218,7 +226,8 @@ def mean_curve(curves: list[tuple[list, list]]) -> tuple[list, list, list]:
         return [], [], []
     lo = max(c[0][0] for c in curves)
     hi = min(c[0][-1] for c in curves)
-    grid = [x for x in curves[0][0] if lo - 1e-12 <= x <= hi + 1e-12]
+    tol = slack(curves[0][0]) + 1e-12
+    grid = [x for x in curves[0][0] if lo - tol <= x <= hi + tol]
     if not grid:
         return [], [], []
     vals = np.array([interp(xs, ys, grid) for xs, ys in curves])
@@ -232,7 +241,8 @@ def gap(run_curve: tuple[list, list], base_curve: tuple[list, list]) -> dict:
     if not rx or not bx:
         return {"gap_max": None, "gap_mean": None, "gap_final": None, "points": 0}
     lo, hi = max(rx[0], bx[0]), min(rx[-1], bx[-1])
-    idx = [i for i, x in enumerate(bx) if lo - 1e-12 <= x <= hi + 1e-12]
+    tol = slack(bx) + 1e-12
+    idx = [i for i, x in enumerate(bx) if lo - tol <= x <= hi + tol]
     if not idx:
         return {"gap_max": None, "gap_mean": None, "gap_final": None, "points": 0}
     grid = [bx[i] for i in idx]

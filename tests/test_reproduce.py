@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from emarule import compare as C
 from emarule.cli import app
 from emarule.compare import load_runs
 from emarule.errors import UserError
@@ -51,6 +52,24 @@ def test_gap_is_mean_over_seeds_of_mean_abs_difference():
 def test_a_run_that_stops_early_has_an_infinite_gap():
     g = V.gaps([curve(lambda t: t, T[:5])], curve(lambda t: t))
     assert math.isinf(g["run"]) and g["incomplete"] == 1
+
+
+def test_a_run_that_starts_after_the_baseline_ends_is_not_measured_not_infinite():
+    """Pseudo-labeling that starts late logs pl_wer only from then on: no shared point is no gap, not ∞."""
+    late = ([10.0, 10.5], [1.0, 1.0])
+    g = V.gaps([late], ([0.0, 1.0, 2.0], [1.0, 1.0, 1.0]))
+    assert g["run"] is None and g["no_overlap"] == 1 and g["incomplete"] == 0
+
+
+def test_evaluations_a_hair_apart_across_seeds_share_the_grid():
+    """Seconds batches end epochs at slightly different points per seed: the evaluation due at the same
+    base step must stay on the baseline's grid (the first and last ones were dropped)."""
+    a = ([1.857, 2.088, 2.32, 3.2505], [10.0, 20.0, 30.0, 40.0])
+    b = ([1.858, 2.087, 2.321, 3.2500], [12.0, 22.0, 32.0, 42.0])
+    grid, mean, _ = C.mean_curve([a, b])
+    assert grid == a[0] and mean[0] == pytest.approx(11.0) and mean[-1] == pytest.approx(41.0)
+    g = C.gap(([1.86, 3.251], [11.0, 41.0]), (grid, mean))
+    assert g["points"] == 4 and g["gap_final"] == pytest.approx(0.0, abs=0.05)
 
 
 def test_leave_one_out_spread_of_scalars():

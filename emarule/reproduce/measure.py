@@ -211,6 +211,10 @@ def judge(family: Family, claim: Claim, tables: dict, base: list, kappas: list) 
             out.update(verdict="inconclusive", why=f"not measured: {missing['with']} run(s) with the rule and "
                        f"{missing['without']} without at κ={k:g} never logged {claim.metric}")
             return out
+        if any((table["rows"].get((rule, k)) or {}).get("gaps", {}).get("no_overlap") for rule in ("with", "without")):
+            out.update(verdict="inconclusive", why=f"not measured: a run at κ={k:g} logged {claim.metric} only after "
+                       f"the baseline's last evaluation of it")
+            return out
         if claim.kind == "target_explains":
             target = tables[family.target_metric.name]
             gt, st = _stat(target, "with", k, over), _spread(target, over)

@@ -85,11 +85,14 @@ def gaps(curves: list, base: tuple[list, list]) -> dict:
                 "per_seed_run": [], "per_seed_end": []}
     for c in curves:
         g = gap(c, base)
-        if g["gap_mean"] is None or not c[0] or c[0][-1] < INCOMPLETE * bx[-1]:
+        if c[0][-1] < INCOMPLETE * bx[-1]:
             incomplete += 1
             runs.append(math.inf)
             ends.append(math.inf)
             continue
+        if g["gap_mean"] is None:  # it ran to the end but starts after the baseline's last point: no overlap
+            return {"run": None, "end": None, "seeds": len(curves), "incomplete": 0, "missing": 0, "no_overlap": 1,
+                    "per_seed_run": [], "per_seed_end": []}
         runs.append(g["gap_mean"])
         ends.append(abs(g["gap_final"]))
     return {"run": _mean(runs), "end": _mean(ends), "seeds": len(curves), "incomplete": incomplete, "missing": 0,
