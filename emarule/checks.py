@@ -130,27 +130,22 @@ def run_dir(out: Path, resume: bool) -> None:
 
 def _bundled_presets(spec: dict) -> list[str]:
     """The presets of the spec's file that train on bundled data (`cpu` first), none where unreadable."""
-    from emarule.spec import read_yaml, set_dotted
+    from emarule.spec import load_spec, read_yaml
 
     source = spec.get("source")
     try:
-        tree = read_yaml(Path(source)) if source else {}
+        names = list((read_yaml(Path(source)).get("presets") or {}) if source else [])
     except UserError:
         return []
-    presets = tree.get("presets") or {}
-    base = {k: v for k, v in tree.items() if k != "presets"}
     out = []
-    for name, values in presets.items():
-        if name == spec.get("preset") or not isinstance(values, dict):
+    for name in names:
+        if name == spec.get("preset"):
             continue
-        t = {"data": dict(base.get("data") or {})}
         try:
-            for key, value in values.items():
-                if str(key).split(".", 1)[0] == "data":
-                    set_dotted(t, str(key), value, "preset")
+            resolved = load_spec(path=source, preset=name)  # applied as `--preset` applies it
         except UserError:
             continue
-        if get(t, "data.source") in BUNDLED_DATA:
+        if get(resolved, "data.source") in BUNDLED_DATA:
             out.append(str(name))
     return sorted(out, key=lambda n: (n != "cpu", n))
 

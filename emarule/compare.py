@@ -55,6 +55,7 @@ class Run:
     ema_momentum: float | None
     rows: list = field(default_factory=list)
     dataset_size: float | None = None
+    hparams: dict = field(default_factory=dict)  # hparams.json as read, for what the fields above leave out
 
     @property
     def name(self) -> str:
@@ -134,7 +135,8 @@ def load_run(path: Path) -> Run:
     run = Run(path=p, experiment=str(h.get("experiment") or (h.get("plan") or {}).get("experiment") or "?"),
               kappa=float(h["kappa"]), rule=rule_of_hparams(h), seed=seed if isinstance(seed, int) else None,
               progressive=progressive_label(h.get("progressive")), batch_size=_scaled(h, "batch_size"),
-              ema_momentum=_scaled(h, "ema.momentum"), rows=rows, dataset_size=finite_number(h.get("dataset_size")))
+              ema_momentum=_scaled(h, "ema.momentum"), rows=rows, dataset_size=finite_number(h.get("dataset_size")),
+              hparams=h)
     return run
 
 

@@ -150,4 +150,4 @@ def load_spec(
     return spec
 
 
-__all__ = ["get", "load_spec", "experiment_names", "spec_path", "read_yaml", "set_dotted", "yaml_load"]
+__all__ = ["get", "load_spec", "experiment_names", "spec_path", "read_yaml", "yaml_load"]

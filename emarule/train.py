@@ -214,7 +214,10 @@ def check_same_settings(ctx: RunContext, fp: dict | None) -> None:
     """A run continued in `ctx.out` was made with these settings (`fp`: its recorded fingerprint)."""
     import json
 
-    diff = differences(fp or {}, json.loads(json.dumps(fingerprint(ctx))))
+    def plain(x):  # as hparams.json holds it: tuples as lists, on both sides
+        return json.loads(json.dumps(x))
+
+    diff = differences(plain(fp or {}), plain(fingerprint(ctx)))
     if diff:
         shown = ", ".join(diff[:6]) + (f" and {len(diff) - 6} more" if len(diff) > 6 else "")
         if ctx.resume_hint:  # a sweep continuing what its root holds

@@ -13,12 +13,11 @@ EMA failure (left strays, right tracks) from an optimizer-rule one (both stray).
 from __future__ import annotations
 
 import io
-import json
 import math
 from pathlib import Path
 
 from emarule.compare import mean_curve
-from emarule.rundir import HPARAMS, atomic_write_bytes
+from emarule.rundir import atomic_write_bytes
 
 COLORMAPS = {"with": "Blues", "without": "Reds", "linear": "Purples"}
 LABELS = {"with": "with EMA rule", "without": "without EMA rule", "linear": "linear EMA rule"}
@@ -26,7 +25,7 @@ LABELS = {"with": "with EMA rule", "without": "without EMA rule", "linear": "lin
 
 def reference_steps_per_epoch(run) -> float:
     """Units in one epoch / the base batch: epochs → κ=1 steps (the speech figures' x-axis)."""
-    h = json.loads((Path(run.path) / HPARAMS).read_text())
+    h = run.hparams
     measure = h.get("epoch_measure") or h.get("dataset_size")
     base = ((h.get("hyperparameters") or {}).get("batch_size") or {}).get("base")
     if not measure or not base:
@@ -47,9 +46,8 @@ def panel_momentum(run, metric: str) -> float | None:
     if "/" in metric:
         suffix = metric.split("/", 1)[1]
         try:
-            h = json.loads((Path(run.path) / HPARAMS).read_text())
-            return float(h["hyperparameters"][f"ema.momentum/{suffix}"]["scaled"])
-        except (OSError, ValueError, KeyError, TypeError):
+            return float(run.hparams["hyperparameters"][f"ema.momentum/{suffix}"]["scaled"])
+        except (ValueError, KeyError, TypeError):
             pass
     return run.ema_momentum
 

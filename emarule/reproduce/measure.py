@@ -57,7 +57,7 @@ def measure(family: Family, runs: list) -> dict:
     base, settings = groups(runs)
     if not base:
         raise UserError("no κ=1 baseline among the runs; the reproduction needs one (it runs first for every seed)")
-    family = for_spec(family, run_spec(base[0]))
+    family = for_spec(family, base[0].hparams.get("spec") or {})
     logged = set.intersection(*(r.metrics() for r in base))
     # A further metric (a control EMA) is judged only where the preset logs it.
     metrics = [m for m in family.metrics if m in (family.ema_metric, family.target_metric) or m.name in logged]
@@ -87,26 +87,13 @@ def measure(family: Family, runs: list) -> dict:
     return out
 
 
-def run_spec(run) -> dict:
-    """The resolved spec a run ran with (hparams.json's `spec`; {} when it has none)."""
-    import json
-
-    from emarule.rundir import HPARAMS
-
-    return json.loads((run.path / HPARAMS).read_text()).get("spec") or {}
-
-
 def transition_epoch(runs: list) -> float | None:
     """Where Progressive Scaling first takes κ away from 1, when every scaled run starts at κ=1 (a
     step or smooth schedule): before it each run is its seed's baseline, bit for bit, so only the part
     after it can tell the settings apart. None for constant κ."""
-    import json
-
-    from emarule.rundir import HPARAMS
-
     starts = []
     for r in runs:
-        layout = json.loads((r.path / HPARAMS).read_text()).get("layout") or []
+        layout = r.hparams.get("layout") or []
         first = next((st.get("start_epoch") for st in layout if not math.isclose(st.get("kappa", 1.0), 1.0)), 0.0)
         starts.append(float(first or 0.0))
     return min(starts) if starts and min(starts) > 0 else None
@@ -142,12 +129,10 @@ def expand(claims, kappas: list) -> list[Claim]:
 
 def epochs_of_base_steps(run, key: str) -> float:
     """A spec value counted in base (κ=1) steps, as epochs: steps × base batch / one epoch's measure."""
-    import json
-
     from emarule.rundir import HPARAMS
     from emarule.spec import get
 
-    h = json.loads((run.path / HPARAMS).read_text())
+    h = run.hparams
     steps = get(h.get("spec") or {}, key)
     base = ((h.get("hyperparameters") or {}).get("batch_size") or {}).get("base")
     measure = h.get("epoch_measure") or h.get("dataset_size")
