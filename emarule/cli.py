@@ -17,6 +17,7 @@ import typer
 
 from emarule import __version__
 from emarule.render import wide_console
+from emarule.seeds import MAX_SEED, MAX_SEEDS
 
 try:  # typer ≥ 0.20 vendors click; older releases use the click package
     from typer._click import exceptions as click_exc
@@ -152,26 +153,16 @@ def resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule,
     return s, k, rule, p.progressive, p
 
 
-# The largest --seed: every seeding path takes it (torch.manual_seed(seed) in the BYOL and DINO
-# tasks takes up to 2^64 − 1, the precision study adds its spec's seed and 2 to it; the other
-# streams go through emarule.seeding.mix). 2^32 − 1, numpy's legacy bound, leaves room for both.
-MAX_SEED = 2**32 - 1
-MAX_SEEDS = 100  # --seeds N: N full sets of runs, one after another
-
-
 def check_seed(seed: int | None) -> None:
     if seed is not None and not 0 <= seed <= MAX_SEED:
         raise UserError(f"--seed must be a whole number from 0 to {MAX_SEED} (2^32 − 1), got {seed}")
 
 
-def check_seeds(seeds: int | None) -> None:
-    if seeds is None:
-        return
-    if seeds < 1:
-        raise UserError(f"--seeds must be ≥ 1, got {seeds}")
-    if seeds > MAX_SEEDS:
-        raise UserError(f"--seeds {seeds}: at most {MAX_SEEDS} (each seed is a full set of runs, one after "
-                        f"another); give a smaller number, e.g. --seeds 3")
+def check_seeds(seeds: str | None) -> tuple[int, ...] | None:
+    """--seeds as a count, a range or a list (`emarule.seeds`); None when not given."""
+    from emarule.seeds import parse_seeds
+
+    return None if seeds is None else parse_seeds(seeds)
 
 
 def check_run_options(wandb: str, max_device_batch: int | None, seed: int | None = None) -> None:
@@ -450,8 +441,9 @@ def sweep(
                                help="κ values, comma-separated (κ=1, the baseline, always runs)"),
     rule: str = typer.Option("with,without", "--rule", metavar="RULE,RULE,...",
                              help="with (ρ^κ), without (ρ), linear (1 − κ(1 − ρ)), comma-separated"),
-    seeds: int = typer.Option(1, "--seeds", metavar="N",
-                              help=f"seeds 0..N−1 for every setting (bands in the figure), N ≤ {MAX_SEEDS}"),
+    seeds: str = typer.Option("1", "--seeds", metavar="N|A-B|S,S,...",
+                              help=f"seeds: a count (0..N−1), a range (100-104) or a list (3,7,11); at most "
+                                   f"{MAX_SEEDS}"),
     progressive: Optional[str] = ProgOpt,
     preset: Optional[str] = PresetOpt,
     overrides: Optional[List[str]] = SetOpt,
@@ -467,8 +459,7 @@ def sweep(
     from emarule import sweep as sw
 
     check_run_options(wandb, max_device_batch)
-    check_seeds(seeds)
-    runs = sw.plan_runs(numbers(kappas, "--kappas"), sw.parse_rules(rule), seeds)
+    runs = sw.plan_runs(numbers(kappas, "--kappas"), sw.parse_rules(rule), check_seeds(seeds))
 
     def resolve_run(k: float, ema: Optional[str], baseline: bool):
         return resolve(experiment, spec, preset, overrides, repr(k), None, ema is None, ema and EmaRule(ema),
@@ -507,8 +498,9 @@ def reproduce(
     preset: Optional[str] = typer.Option(None, "--preset", metavar="NAME",
                                          help="the spec's preset (default: the family's, cpu for training families); "
                                               "full: the paper's recipe"),
-    seeds: Optional[int] = typer.Option(None, "--seeds", metavar="N",
-                                        help=f"seeds 0..N−1 per setting (default 3, at most {MAX_SEEDS})"),
+    seeds: Optional[str] = typer.Option(None, "--seeds", metavar="N|A-B|S,S,...",
+                                        help=f"seeds per setting: a count (0..N−1), a range (100-104) or a list "
+                                             f"(3,7,11); default 5, at most {MAX_SEEDS}"),
     kappas: Optional[str] = typer.Option(None, "--kappas", metavar="FLOAT,FLOAT,...",
                                          help="κ values (default: the family's; the κ=1 baseline always runs)"),
     out: Optional[str] = typer.Option(None, "--out", metavar="DIR",
@@ -519,15 +511,18 @@ def reproduce(
     """Every claim of the paper for one family: run the sweep, measure gaps and seed spread, write a verdict."""
     from emarule.reproduce.command import reproduce as run_reproduction
 
-    check_seeds(seeds)
+    seed_list = check_seeds(seeds)
 
     def resolver(experiment: str, spec_preset: Optional[str]):
-        def resolve_run(k: float, ema: Optional[str], baseline: bool):
-            return resolve(experiment, None, spec_preset, [], repr(k), None, ema is None, ema and EmaRule(ema),
-                           "constant" if baseline else None)
+        def resolve_run(k: float, ema: Optional[str], baseline: bool, arm=None):
+            # An arm (emarule.reproduce.claims.Arm) adds its --set overrides and --progressive schedule.
+            sets = list(arm.sets) if arm is not None else []
+            prog = "constant" if baseline else (arm.schedule(experiment, spec_preset) if arm is not None else None)
+            return resolve(experiment, None, spec_preset, sets, repr(k), None, ema is None, ema and EmaRule(ema),
+                           prog)
         return resolve_run
 
-    run_reproduction(console, family, preset=preset, seeds=seeds, kappas=numbers(kappas, "--kappas"), out=out,
+    run_reproduction(console, family, preset=preset, seeds=seed_list, kappas=numbers(kappas, "--kappas"), out=out,
                      data=data, resolver=resolver)
 
 

@@ -91,13 +91,17 @@ def progressive_label(progressive: dict | None) -> str | None:
 
 
 def default_run_name(kappa: float, ema_rule: str | None, seed: int, progressive: dict | None,
-                     preset: str | None = None) -> str:
+                     preset: str | None = None, arm: str | None = None) -> str:
     """`tiny-k4-rule-s0`, `k4-norule-s0`, `cpu-k8-rule-step30-s0`: the preset first, so that runs of
-    different presets never share a directory; sortable and readable in `compare`."""
+    different presets never share a directory; sortable and readable in `compare`. A reproduction's
+    arm adds `arm-<name>` before the seed (`cpu-k2-rule-arm-bn-scale-s0`), so that an arm that differs
+    from a standard setting only by `--set` gets a directory of its own."""
     parts = [preset] if preset else []
     parts += [f"k{kappa:g}", rule_names(ema_rule).tag]
     label = progressive_label(progressive)
     if label:
         parts.append(label)
+    if arm:
+        parts.append(f"arm-{arm}")
     parts.append(f"s{seed}")
     return "-".join(parts)

@@ -32,9 +32,14 @@ class SweepRun:
     rule: str | None  # "exponential", "linear" or None
     seed: int
     baseline: bool
+    # A reproduction's extra setting (emarule.reproduce.claims.Arm): its name goes into the run's name,
+    # and `resolve_run` gets it as a fourth argument.
+    arm: object = None
 
     @property
     def label(self) -> str:
+        if self.arm is not None:
+            return f"arm {self.arm.name}"
         return "baseline" if self.baseline else rule_names(self.rule).label
 
 
@@ -56,22 +61,27 @@ def parse_rules(text: str) -> list[str | None]:
     return out
 
 
-def plan_runs(kappas: list[float], rules: list[str | None], seeds: int) -> list[SweepRun]:
-    """Baseline first for each seed, then κ ascending, rule in the order given."""
-    if seeds < 1:
-        raise UserError(f"--seeds must be ≥ 1, got {seeds}")
+def plan_runs(kappas: list[float], rules: list[str | None], seeds, arms=()) -> list[SweepRun]:
+    """Baseline first for each seed, then κ ascending, rule in the order given, then each arm. `seeds`:
+    the seeds (`emarule.seeds.parse_seeds`), or a count N for seeds 0…N−1."""
+    if isinstance(seeds, int):
+        if seeds < 1:
+            raise UserError(f"--seeds must be ≥ 1, got {seeds}")
+        seeds = range(seeds)
     ks = sorted({float(k) for k in kappas})
     if not ks:
         raise UserError("--kappas needs at least one value, e.g. --kappas 1,2,4")
     base_rule = "exponential" if "exponential" in rules else rules[0]
     runs = []
-    for seed in range(seeds):
+    for seed in seeds:
         runs.append(SweepRun(1.0, base_rule, seed, True))
         for k in ks:
             if math.isclose(k, 1.0):
                 continue
             for r in rules:
                 runs.append(SweepRun(k, r, seed, False))
+        for a in arms:
+            runs.append(SweepRun(float(a.kappa), a.rule, seed, False, a))
     return runs
 
 
@@ -88,13 +98,14 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, *,
     checks.out_dir(root)
     ctxs = []
     for r in runs:
-        s, k, rule, pr, p = resolve_run(r.kappa, r.rule, r.baseline)
+        s, k, rule, pr, p = resolve_run(r.kappa, r.rule, r.baseline, *([r.arm] if r.arm is not None else []))
         if not ctxs:  # the same spec for every run
             checks.runnable(s, RUNNABLE_TASKS, sweep=True)
             checks.data(s, data)
             checks.metric(s, metric)
         checks.whole_batches(s, p, None, runs=True)
-        out = checks.out_dir(root / s["name"] / default_run_name(k, rule, r.seed, pr, s.get("preset")))
+        arm = r.arm.name if r.arm is not None else None
+        out = checks.out_dir(root / s["name"] / default_run_name(k, rule, r.seed, pr, s.get("preset"), arm))
         ctxs.append(RunContext(spec=s, kappa=k, ema_rule=rule, plan=p, out=out, progressive=pr,
                                preset=s.get("preset"), data=data, seed=r.seed, wandb=wandb,
                                max_device_batch=max_device_batch))
@@ -123,10 +134,13 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, *,
         if main:
             print_report(console, report(ctx.out, wall))
         done.append({"run": str(ctx.out), "kappa": r.kappa, "rule": r.label, "seed": r.seed,
-                     "wall_s": wall, "resumed": ctx.resume, "result": result})
+                     "wall_s": wall, "resumed": ctx.resume, "result": result,
+                     "arm": r.arm.name if r.arm is not None else None})
     if main and done:
         print_summary(console, done)
-        compare_after(console, [Path(d["run"]) for d in done], ctxs[0].out.parent, metric)
+        # An arm shares κ and rule with a standard setting (it differs by --set or --progressive), so
+        # compare, which groups by those, sees the standard runs only; the reproduction's figure draws arms.
+        compare_after(console, [Path(d["run"]) for d in done if d["arm"] is None], ctxs[0].out.parent, metric)
     return done
 
 
