@@ -197,11 +197,17 @@ def test_polyak_claims_reproduced_when_the_rule_closes_the_gap(tmp_path):
     assert v[("rule_needed", 4.0, M.STATISTIC["end"])] == "reproduced"
     assert v[("target_explains", 4.0, M.STATISTIC["run"])] == "inconclusive"  # no EMA gap to explain
     assert v[("ema_above_target", 1.0, M.STATISTIC["end"])] == "reproduced"
-    spread = m["tables"]["ema_top1"]["rows"][("baseline", 1.0)]["gaps"]["run"]
-    assert spread == pytest.approx(0.3)  # offsets −0.3, 0, 0.3: (0.45 + 0 + 0.45) / 3
+    row = m["tables"]["ema_top1"]["rows"][("baseline", 1.0)]
+    # The pair spread: offsets −0.3, 0, 0.3, each seed against each other one: (0.3 + 0.6 + 0.3) × 2 / 6.
+    assert row["gaps"]["run"] == pytest.approx(0.4)
+    assert row["unpaired"]["run"] == pytest.approx(0.3)  # leave-one-out: (0.45 + 0 + 0.45) / 3
     claim = next(c for c in m["claims"] if c["kind"] == "rule_needed" and c["kappa"] == 2.0)
-    # Per seed |−0.3 + 0.1|, |0.1|, |0.3 + 0.1| against the baseline mean; without: 3.3, 3, 2.7.
-    assert claim["gap_with_rule"] == pytest.approx(0.7 / 3) and claim["gap_without_rule"] == pytest.approx(3.0)
+    # Paired: each seed against its own baseline, |0.1| and |−3| for every seed, whatever its offset.
+    assert claim["gap_with_rule"] == pytest.approx(0.1) and claim["gap_without_rule"] == pytest.approx(3.0)
+    assert claim["paired_difference"]["ci"] == pytest.approx((2.9, 2.9))
+    # Unpaired (against the baselines' mean) the offsets come back: |−0.3 + 0.1|, |0.1|, |0.3 + 0.1|.
+    unpaired = m["tables"]["ema_top1"]["rows"][("with", 2.0)]["unpaired"]
+    assert unpaired["run"] == pytest.approx(0.7 / 3)
 
 
 def test_polyak_claims_contradicted_and_diagnosed(tmp_path):
@@ -220,8 +226,8 @@ def test_polyak_claims_contradicted_and_diagnosed(tmp_path):
 
 
 @pytest.mark.parametrize("target_with,verdict,says", [
-    (0.0, "contradicted", "tracks (gap with the rule 0.2 ≤ its spread 0.3)"),
-    (0.45, "inconclusive", "between 1× and 2× its spread"),  # per seed 0.15, 0.45, 0.75: 1.5× the spread
+    (0.0, "contradicted", "tracks (gap with the rule 0 ≤ its spread 0.4)"),
+    (0.6, "inconclusive", "between 1× and 2× its spread"),  # paired, 0.6 for every seed: 1.5× the pair spread
     (1.5, "reproduced", "strays too"),
 ])
 def test_the_diagnosis_uses_the_verdict_thresholds_for_the_target_model(tmp_path, target_with, verdict, says):
@@ -347,14 +353,14 @@ def test_a_run_that_never_logged_the_metric_leaves_its_claims_unmeasured(tmp_pat
                               {m: (lambda t, f=f: f(t) + 9) for m, f in both.items()}, "ctc-pseudo-label"))
     m = M.measure(K.CTC_PL, load_runs(dirs))
     pl = next(c for c in m["claims"] if c["metric"] == "pl_wer")
-    assert pl["verdict"] == "inconclusive" and "1 run(s) with the rule" in pl["why"] and "never logged" in pl["why"]
+    assert pl["verdict"] == "inconclusive" and "1 run(s) of with at κ=4" in pl["why"] and "never logged" in pl["why"]
     assert m["goal"]["met"] is None and "never logged" in m["goal"]["why"]
     wer = next(c for c in m["claims"] if c["metric"] == "wer" and c["kind"] == "rule_needed")
     assert wer["verdict"] == "reproduced"  # the student's WER is there for every run
     # Pre-training only (50 base steps of 10 = epoch 5): with the rule the student is the baseline's.
     pre = next(c for c in m["claims"] if c["kind"] == "optimizer_strays")
-    assert "up to epoch 5 " in pre["statistic"] and pre["baseline_spread"] == pytest.approx(0.5)
-    assert pre["gap_with_rule"] == pytest.approx(1 / 3) and pre["verdict"] == "contradicted"
+    assert "up to epoch 5 " in pre["statistic"] and pre["baseline_spread"] == pytest.approx(2 / 3)  # pair spread
+    assert pre["gap_with_rule"] == 0 and pre["verdict"] == "contradicted"  # paired: each seed is its baseline
 
 
 def test_progressive_runs_are_compared_from_their_transition(tmp_path):
@@ -374,14 +380,16 @@ def test_progressive_runs_are_compared_from_their_transition(tmp_path):
     m = M.measure(K.POLYAK, runs)
     c = next(c for c in m["claims"] if c["kind"] == "rule_needed" and c["statistic"].startswith("mean"))
     assert "from epoch 6" in c["statistic"] and m["since_epoch"] == 6.0
-    assert c["baseline_spread"] == pytest.approx(0.1)  # the late, quiet part's spread, not the early one's
+    # The late, quiet part's pair spread (offsets −0.1, 0, 0.1), not the early one's.
+    assert c["baseline_spread"] == pytest.approx(0.4 / 3)
     assert c["verdict"] == "reproduced"
 
 
 def test_up_to_claims_expand_per_kappa_and_unmeasured_kappas_say_so():
     claims = M.expand(K.BYOL.claims, [1.0, 2.0, 4.0, 8.0])
-    assert [(c.kappa, c.over) for c in claims] == [(2.0, "run"), (4.0, "run"), (2.0, "end"), (4.0, "end")]
-    assert [c.kappa for c in M.expand(K.BYOL.claims, [1.0, 8.0])] == [4.0, 4.0]  # judged as not measured
+    # Fig. 5 (right) compares two arms at κ=8, whatever the sweep's κ: it is not an "up to" claim.
+    assert [(c.kappa, c.over) for c in claims] == [(2.0, "run"), (4.0, "run"), (2.0, "end"), (4.0, "end"), (8.0, "end")]
+    assert [c.kappa for c in M.expand(K.BYOL.claims, [1.0, 8.0])] == [4.0, 4.0, 8.0]  # the first two not measured
 
 
 # --- studies ------------------------------------------------------------------------------------
@@ -451,7 +459,8 @@ def test_registry_matches_the_specs_and_the_checks():
     from emarule import checks
     from emarule.spec import load_spec
 
-    assert set(K.FAMILIES) == {"parabola", "precision", "polyak", "byol", "dino", "ctc-polyak", "ctc-pseudo-label"}
+    assert set(K.FAMILIES) == {"parabola", "precision", "polyak", "byol", "byol-vit", "byol-r50-lars", "dino",
+                               "ctc-polyak", "ctc-pseudo-label"}
     for f in K.FAMILIES.values():
         spec = load_spec(f.experiment)
         for c in f.claims:
@@ -460,6 +469,9 @@ def test_registry_matches_the_specs_and_the_checks():
             else:
                 assert c.kind in K.RULE_KINDS and c.metric in {m.name for m in f.metrics}, c
                 assert c.over in ("run", "end")
+                arms = {a.name: a for a in f.arms}
+                for name in c.settings:  # a setting is the sweep's own, or an arm at the claim's κ
+                    assert name in K.STANDARD or (name in arms and arms[name].kappa == c.kappa), (f.name, c)
         if f.kind == "sweep":
             assert f.ema_metric.depends_on_ema and 1.0 in f.kappas
             known = checks.TASK_METRICS.get(spec["task"])

@@ -15,6 +15,12 @@ Claim kinds of a sweep family (the decision rules are in `verdict.decide`):
     optimizer_strays the target model strays with every rule applied: the optimizer rule breaks
     with_better      the rule ends better than no rule at every κ run
     ema_above_target the baseline's EMA ends better than its target model
+    arm_closer       setting A ends up closer to the baseline than setting B (App. E.3's "slightly closer")
+    matches_or_better setting A ends level with the baseline or above it (App. F.9's "match or surpass")
+
+A claim compares two settings, A and B (`Claim.settings`, ("with", "without") by default): "with" and
+"without" are the standard sweep's runs at the claim's κ, any other name one of the family's `arms`,
+extra settings the reproduction runs beside the sweep (an extra --set or --progressive; κ is the arm's).
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ from dataclasses import dataclass, field, replace
 SHORTEST_ALSO = "{smallest ema.also}"
 
 RULE_KINDS = ("rule_needed", "rule_closer", "same_either_way", "target_explains", "optimizer_strays", "with_better",
-              "ema_above_target")
+              "ema_above_target", "arm_closer", "matches_or_better")
+STANDARD = ("with", "without")  # the sweep's own settings at a claim's κ; every other setting name is an arm's
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,54 @@ class Claim:
     # Judged only on the part of the run before this spec value, a count of base (κ=1) steps
     # ("pseudo_label.pretrain_steps": the pre-training phase, where the student is blind to the EMA).
     until: str = ""
+    settings: tuple = STANDARD  # (A, B): A plays "with", B "without" in the decision rules
+
+
+@dataclass(frozen=True)
+class Arm:
+    """A setting the reproduction runs beside the standard sweep, for every seed: `emarule run EXP --kappa
+    κ [--no-ema-rule] --set ... --progressive ...`, into a run named `...-arm-<name>-s<seed>`."""
+
+    name: str  # lowercase words and hyphens; never "with", "without", "baseline" or "linear"
+    kappa: float
+    rule: str | None = "exponential"  # None: without the EMA rule
+    sets: tuple = ()  # --set KEY=VALUE overrides
+    # --progressive: a schedule, or a function of the resolved spec (under the preset and `sets`) that
+    # returns one, for a schedule tied to the preset ("step at the end of warm-up"). None: the spec's own
+    # schedule, as the standard settings have it.
+    progressive: object = None
+    what: str = ""  # one line for the report
+    # ((preset, κ), ...): the κ under a preset whose training set cannot hold a batch of κ × B (tiny's 128
+    # digits at B = 32 hold κ ≤ 4); the claims on the arm are then judged at that κ, and say so.
+    preset_kappa: tuple = ()
+
+    def for_preset(self, preset: str | None) -> Arm:
+        k = dict(self.preset_kappa).get(preset)
+        return self if k is None else replace(self, kappa=float(k))
+
+    def schedule(self, experiment: str, preset: str | None) -> str | None:
+        if not callable(self.progressive):
+            return self.progressive
+        from emarule.spec import load_spec
+
+        return self.progressive(load_spec(experiment, None, preset, list(self.sets)))
+
+
+def _spec_value(spec: dict, key: str) -> float:
+    from emarule.spec import get
+
+    return float(get(spec, key))
+
+
+def step_after_warmup(spec: dict) -> str:
+    """Fig. 5 (right): the step to κ at the end of the preset's warm-up."""
+    return f"step:{_spec_value(spec, 'schedule.warmup_epochs'):g}"
+
+
+def slower_ramp(spec: dict) -> str:
+    """App. F.9's second ramp: from the spec's start over twice its length (60 → 180 of 300 epochs)."""
+    a, b = _spec_value(spec, "progressive.start_epoch"), _spec_value(spec, "progressive.end_epoch")
+    return f"smooth:{a:g}-{2 * b - a:g}"
 
 
 @dataclass(frozen=True)
@@ -67,7 +122,8 @@ class Family:
     claims: tuple
     preset: str | None = "cpu"  # default --preset
     kappas: tuple = (1.0, 4.0)  # default --kappas
-    seeds: int = 3  # default --seeds
+    seeds: tuple = (0, 1, 2, 3, 4)  # default --seeds
+    arms: tuple = ()  # extra settings run beside the standard sweep (`Arm`)
     ema_metric: Metric | None = None  # the EMA-dependent metric (left panel)
     target_metric: Metric | None = None  # the target model's (right panel)
     more_metrics: tuple = ()  # further panels: a control EMA (`ema_wer/{smallest ema.also}`, see `for_spec`)
@@ -75,6 +131,9 @@ class Family:
     # The issue's goal, checked on the EMA metric over the run at this κ: without ≥ 2× with, and
     # with ≤ 1× the baseline spread.
     goal_kappa: float = 4.0
+    # The target metric is blind to the EMA only before this spec value (base steps): the optimizer-rule
+    # check and the claims it gates look at that part of the run ("pseudo_label.pretrain_steps").
+    target_blind_until: str = ""
     full_scale: str = ""  # how the paper-scale version runs
     extra_claims: tuple = field(default_factory=tuple)  # claims that need full scale: listed, not judged
 
@@ -104,7 +163,7 @@ MATCH = ("… at scaling κ=8 or κ=256, the runs using the EMA Scaling Rule mat
 
 PARABOLA = Family(
     name="parabola", experiment="parabola", section="§3.1, Fig. 1; App. E.1", kind="study", preset="paper",
-    kappas=(), seeds=1,
+    kappas=(), seeds=(),
     claims=(
         _study(MATCH, "§3.1, Fig. 1a", "parabola_match", "L692–694", kappa=8.0),
         _study(MATCH, "§3.1, Fig. 1a", "parabola_match", "L692–694", kappa=256.0),
@@ -129,7 +188,7 @@ PARABOLA = Family(
 
 PRECISION = Family(
     name="precision", experiment="precision", section="App. 'Additional details on numerical stability'",
-    kind="study", preset=None, kappas=(), seeds=1,
+    kind="study", preset=None, kappas=(), seeds=(),
     claims=(
         _study("… when model weights and EMA weights are FP16 (never done in practice), an increasing variance happens "
                "for FP16 as the value of the momentum ρ approaches 0.99999 …",
@@ -148,10 +207,19 @@ PRECISION = Family(
 
 PROBE = Metric("probe_top1", "tracking-probe top-1 (%) on the teacher", True, True)
 
+BYOL_LOSS = Metric("byol_loss", "BYOL loss of the student (train)", False, True, smooth_epochs=0.5)
+FIG5_RIGHT = ("At batch size 8192, we see a performance gap between the scaled model using the EMA Scaling Rule and "
+              "the baseline … transitioning to the higher batch size during the warmup period results in a model "
+              "optimization trajectory that diverges from the baseline, whereas transitioning after warmup results in "
+              "matching final trajectories of the scaled and baseline models")
+
 BYOL = Family(
     name="byol", experiment="byol-r18", section="§3.4, Fig. 5; App. F.1–F.2", kind="sweep", kappas=(1.0, 4.0),
-    ema_metric=PROBE,
-    target_metric=Metric("byol_loss", "BYOL loss of the student (train)", False, True, smooth_epochs=0.5),
+    ema_metric=PROBE, target_metric=BYOL_LOSS,
+    arms=(Arm("k8", 8.0, progressive="constant", what="κ=8 with the EMA rule, constant (Fig. 5 right's gap)",
+              preset_kappa=(("tiny", 2.0),)),
+          Arm("k8-after-warmup", 8.0, progressive=step_after_warmup, preset_kappa=(("tiny", 2.0),),
+              what="κ=8 with the EMA rule, Progressive Scaling: the step to κ=8 at the end of warm-up")),
     claims=(
         Claim("… without the EMA Scaling Rule, there is a drop in test top-1 linear probe performance compared to the "
               "baseline, whereas with the EMA Scaling Rule, we closely match the baseline model until batch size 4096",
@@ -159,22 +227,65 @@ BYOL = Family(
         Claim("… without the EMA Scaling Rule, there is a drop in test top-1 linear probe performance compared to the "
               "baseline, whereas with the EMA Scaling Rule, we closely match the baseline model until batch size 4096",
               "§3.4, Fig. 5", "rule_needed", "probe_top1", 4.0, "end", "L887", up_to=True),
-    ),
-    extra_claims=(
-        Claim("At batch size 8192, we see a performance gap … transitioning after warmup results in matching final "
-              "trajectories …", "§3.4, Fig. 5 (right)", "rule_needed", "probe_top1", 8.0, "end", "L889–898",
-              note="κ=8 with --progressive step:30: full scale (CIFAR-10, 100 epochs)"),
-        Claim("Progressive Scaling coupled with the EMA Scaling Rule is required when scaling BYOL ViTs … Perfect "
-              "scaling fails at batch size 32,768 … there is only a small drop in 1.6% probe performance when using "
-              "the EMA Scaling Rule, compared to as 44.56% drop without it", "§3.4, Fig. 6 (byol-vit)", "rule_needed",
-              "probe_top1", 8.0, "end", "L904–909", note="ViT-B/16 on ImageNet, 480 epochs: full scale"),
+        Claim(FIG5_RIGHT, "§3.4, Fig. 5 (right)", "rule_needed", "probe_top1", 8.0, "end", "L889–898",
+              settings=("k8-after-warmup", "k8"),
+              note="A is κ=8 with the rule and a step to κ=8 at the end of warm-up (arm k8-after-warmup), B the "
+                   "same without Progressive Scaling (arm k8): the step closes B's gap at the end"),
     ),
     full_scale=_full_scale("byol", "--preset full --data /datasets/cifar10 --kappas 1,2,4",
-                           "100 epochs of CIFAR-10 per run"),
+                           "100 epochs of CIFAR-10 per run; the κ=8 arms run beside them"),
 )
 
+BYOL_VIT = Family(
+    name="byol-vit", experiment="byol-vit", section="§3.4, Fig. 6; App. F", kind="sweep", kappas=(1.0, 4.0),
+    ema_metric=PROBE, target_metric=BYOL_LOSS,
+    arms=(Arm("rule-only", 4.0, progressive="constant", what="the EMA rule only: no Progressive Scaling"),
+          Arm("neither", 4.0, rule=None, progressive="constant",
+              what="neither the EMA rule nor Progressive Scaling")),
+    claims=(
+        Claim("Progressive Scaling coupled with the EMA Scaling Rule is required when scaling BYOL ViTs, enabling "
+              "baseline loss tracking …", "§3.4, Fig. 6", "rule_needed", "byol_loss", 4.0, "run", "L904–905",
+              note="the standard settings are Fig. 6's Progressive Scaling arms (the spec's step): with = "
+                   "progressive + EMA rule, without = progressive only"),
+        Claim("Progressive Scaling coupled with the EMA Scaling Rule is required …", "§3.4, Fig. 6", "arm_closer",
+              "byol_loss", 4.0, "run", "L904", settings=("with", "rule-only"),
+              note="A: progressive + EMA rule; B: the EMA rule only (arm rule-only)"),
+        Claim("Progressive Scaling coupled with the EMA Scaling Rule is required …", "§3.4, Fig. 6", "arm_closer",
+              "byol_loss", 4.0, "run", "L904", settings=("with", "neither"),
+              note="A: progressive + EMA rule; B: neither (arm neither)"),
+        Claim("… there is only a small drop in 1.6% probe performance when using the EMA Scaling Rule, compared to as "
+              "44.56% drop without it", "§3.4, Fig. 6", "rule_needed", "probe_top1", 4.0, "end", "L909",
+              note="with and without both use Progressive Scaling (the spec's step)"),
+    ),
+    full_scale=_full_scale("byol-vit", "--preset full --data /datasets/imagenet --kappas 1,6",
+                           "480 ImageNet epochs of a ViT-B/16 per run"),
+)
+
+BYOL_R50_LARS = Family(
+    name="byol-r50-lars", experiment="byol-r50-lars", section="App. F.9", kind="sweep", kappas=(1.0, 4.0),
+    ema_metric=PROBE, target_metric=BYOL_LOSS,
+    arms=(Arm("slower-ramp", 4.0, progressive=slower_ramp,
+              what="the EMA rule, the smooth ramp over twice the spec's length (the paper's 120 epochs)"),),
+    claims=(
+        Claim("… we are able to match or surpass the linear probe performance of the BYOL baseline at the larger batch "
+              "size", "App. F.9", "matches_or_better", "probe_top1", 4.0, "end", "L2922",
+              note="the spec's smooth ramp (60 → 120 of 300 epochs, scaled to the preset) with the EMA rule"),
+        Claim("… we are able to match or surpass the linear probe performance of the BYOL baseline at the larger batch "
+              "size", "App. F.9", "matches_or_better", "probe_top1", 4.0, "end", "L2922",
+              settings=("slower-ramp", "with"), note="the ramp over twice the length (arm slower-ramp)"),
+    ),
+    full_scale=_full_scale("byol-r50-lars", "--preset full --data /datasets/imagenet --kappas 1,8",
+                           "300 ImageNet epochs of a ResNet-50 per run"),
+)
+
+BN_CLOSER = ("We observe that the Test Top-1 trajectories with the EMA Scaling Rule applied [to the BatchNorm "
+             "coefficients] are slightly closer to the reference trajectories for scalings κ≥2 than those trajectories "
+             "without the EMA Scaling Rule")
+
 POLYAK = Family(
-    name="polyak", experiment="polyak-r50", section="§3.2, Fig. 2; App. E.2", kind="sweep", kappas=(1.0, 2.0, 4.0),
+    name="polyak", experiment="polyak-r50", section="§3.2, Fig. 2; App. E.2–E.3", kind="sweep",
+    kappas=(1.0, 2.0, 4.0),
+    arms=(Arm("bn-scale", 2.0, sets=("norm.bn_scale=true",), what="κ=2 with the EMA rule on ρ_BN too (ρ_BN^κ)"),),
     ema_metric=Metric("ema_top1", "EMA test top-1 (%)", True, True),
     target_metric=Metric("top1", "target model test top-1 (%)", True, False),
     claims=(
@@ -192,6 +303,10 @@ POLYAK = Family(
               "L752–753, L2076–2077"),
         Claim("… model EMA top-1 is approximately 0.2% to 0.3% higher than the target model", "§3.2",
               "ema_above_target", "ema_top1", 1.0, "end", "L754"),
+        Claim(BN_CLOSER, "App. E.3", "arm_closer", "top1", 2.0, "run", "L2101–2102", settings=("bn-scale", "with"),
+              note="A: κ=2 with the EMA rule and ρ_BN^κ (arm bn-scale); B: the same with ρ_BN unscaled"),
+        Claim(BN_CLOSER, "App. E.3", "arm_closer", "ema_top1", 2.0, "run", "L2101–2102",
+              settings=("bn-scale", "with"), note="the EMA's Test Top-1, A and B as above"),
     ),
     full_scale=_full_scale("polyak", "--preset full --data /datasets/imagenet --kappas 0.5,1,2,4",
                            "90 ImageNet epochs of a ResNetv2-50 per run"),
@@ -245,7 +360,7 @@ CTC_POLYAK = Family(
 
 CTC_PL = Family(
     name="ctc-pseudo-label", experiment="ctc-pseudo-label", section="§3.3, Fig. 4; App. G", kind="sweep",
-    kappas=(1.0, 4.0),
+    kappas=(1.0, 4.0), target_blind_until="pseudo_label.pretrain_steps",
     ema_metric=Metric("pl_wer", "pseudo-label WER of the teacher (%)", False, True),
     target_metric=Metric("wer", "student WER (%), {split}", False, True),
     x_axis="reference steps",
@@ -264,7 +379,7 @@ CTC_PL = Family(
                            "500k steps"),
 )
 
-FAMILIES = {f.name: f for f in (PARABOLA, PRECISION, POLYAK, BYOL, DINO, CTC_POLYAK, CTC_PL)}
+FAMILIES = {f.name: f for f in (PARABOLA, PRECISION, POLYAK, BYOL, BYOL_VIT, BYOL_R50_LARS, DINO, CTC_POLYAK, CTC_PL)}
 
 FULL = "full"  # --preset full: the experiment's base spec, the paper's recipe at full scale
 

@@ -13,6 +13,7 @@ import json
 import os
 import shlex
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -42,7 +43,7 @@ def family_of(name: str) -> Family:
     return FAMILIES[name]
 
 
-def check(family: Family, preset: str | None, seeds: int | None, kappas: list[float] | None) -> str | None:
+def check(family: Family, preset: str | None, seeds: tuple | None, kappas: list[float] | None) -> str | None:
     """The spec's preset to use (None: the base spec); refuses what cannot run, before anything is written."""
     from emarule.spec import read_yaml, spec_path
     from emarule.tasks import RUNNABLE_TASKS
@@ -67,13 +68,15 @@ def check(family: Family, preset: str | None, seeds: int | None, kappas: list[fl
     return chosen
 
 
-def command_text(family: Family, preset: str | None, seeds: int | None, kappas: list[float] | None,
+def command_text(family: Family, preset: str | None, seeds: tuple | None, kappas: list[float] | None,
                  out: Path, data: Path | None) -> str:
+    from emarule.seeds import seeds_text
+
     parts = ["emarule", "reproduce", family.name]
     if preset is not None:
         parts += ["--preset", preset]
     if seeds is not None:
-        parts += ["--seeds", str(seeds)]
+        parts += ["--seeds", seeds_text(seeds)]
     if kappas is not None:
         parts += ["--kappas", ",".join(f"{k:g}" for k in kappas)]
     if data is not None:
@@ -82,20 +85,25 @@ def command_text(family: Family, preset: str | None, seeds: int | None, kappas: 
     return shlex.join(parts)
 
 
-def reproduce(console, name: str, *, preset: str | None, seeds: int | None, kappas: list[float] | None,
+def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, kappas: list[float] | None,
               out: str | None, data: Path | None, resolver: Callable) -> dict:
-    """`resolver(experiment, preset)` → `resolve_run(kappa, rule, baseline)` as `emarule sweep` builds it."""
+    """`resolver(experiment, preset)` → `resolve_run(kappa, rule, baseline, arm=None)` as `emarule sweep`
+    builds it; an arm (`claims.Arm`) adds its --set overrides and --progressive schedule. `seeds`: the
+    seeds (`emarule.seeds.parse_seeds`), None for the family's default."""
     family = family_of(name)
     spec_preset = check(family, preset, seeds, kappas)
+    chosen = preset if preset is not None else family.preset
+    family = replace(family, arms=tuple(a.for_preset(chosen) for a in family.arms))
     root = checks.out_dir(out) or Path("runs") / "reproduce" / family.name
     checks.out_dir(root)
     text = command_text(family, preset, seeds, kappas, root, data)
     t0, load0 = time.monotonic(), os.getloadavg()[0]
     resolve_run = resolver(family.experiment, spec_preset)
     args = {"preset": preset if preset is not None else family.preset, "command": text,
-            "seeds": seeds if seeds is not None else (family.seeds if family.kind == "sweep" else None),
+            "seeds": list(seeds if seeds is not None else family.seeds) if family.kind == "sweep" else None,
             "kappas": kappas if kappas is not None else list(family.kappas)}
     if family.kind == "sweep":
+        args["arms"] = R.arms_rows(family, spec_preset)
         result = _sweep(console, family, args, root, data, resolve_run)
     else:
         result = _study(console, family, root, resolve_run)
@@ -113,8 +121,9 @@ def reproduce(console, name: str, *, preset: str | None, seeds: int | None, kapp
 
 def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, resolve_run) -> tuple | None:
     from emarule import sweep
+    from emarule.seeds import seeds_label
 
-    runs = sweep.plan_runs(args["kappas"], ["exponential", None], args["seeds"])
+    runs = sweep.plan_runs(args["kappas"], ["exponential", None], args["seeds"], family.arms)
     # The sweep's own comparison on the target model's metric, which every run logs from its first
     # evaluation (a teacher's `pl_wer` exists only once pseudo-labeling starts, at κ=4 sometimes never).
     done = sweep.execute(console, runs, resolve_run, root, data=data, metric=family.target_metric.name)
@@ -125,18 +134,21 @@ def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, r
     from emarule.compare import load_runs
     from emarule.reproduce import figures, measure
 
+    # Only the runs this invocation planned: runs of other seeds (or κ) in the same root are not mixed in.
     loaded = load_runs([Path(d["run"]) for d in done])
-    measured = measure.measure(family, loaded)
+    arms = {str(Path(d["run"])): d["arm"] for d in done if d.get("arm")}
+    measured = measure.measure(family, loaded, arms)
     if family.ema_metric.name == "probe_top1":  # does the tracking probe measure the teacher?
         from emarule.reproduce.probe_check import probe_check
 
-        measured["probe_check"] = check_probe = probe_check(loaded)
+        # The probe check groups by κ and rule, so the arms (which share them) are left out of it.
+        measured["probe_check"] = check_probe = probe_check([r for r in loaded if str(r.path) not in arms])
         for c in measured["claims"]:
             if c["metric"] == "probe_top1" and check_probe:
                 c["probe_check"] = check_probe["summary"]
     fig = figures.plot(family, measured, loaded, root / "figures" / f"{family.name}.png",
                        f"{family.experiment} ({family.section}), preset {args['preset']}: mean ± std over "
-                       f"{args['seeds']} seed(s)")
+                       f"seeds {seeds_label(args['seeds'])}")
     figs = [str(fig.relative_to(root))]
     exp_dir = Path(done[0]["run"]).parent
     for name in measured["tables"]:  # emarule sweep's own per-κ panel, when it drew one

@@ -20,6 +20,7 @@ from emarule.compare import mean_curve
 from emarule.rundir import atomic_write_bytes
 
 COLORMAPS = {"with": "Blues", "without": "Reds", "linear": "Purples"}
+ARM_COLORMAPS = ("Greens", "Oranges", "Greys", "YlOrBr")  # a reproduction's arms, in the family's order
 LABELS = {"with": "with EMA rule", "without": "without EMA rule", "linear": "linear EMA rule"}
 
 
@@ -99,14 +100,18 @@ def plot(family, measured: dict, runs: list, out: Path, title: str) -> Path:
         for (rule, k), row in table["rows"].items():
             if rule == "baseline":
                 continue
-            cmap = plt.get_cmap(COLORMAPS.get(rule, "Greys"))
-            color = cmap(pos[k])
+            arm = rule not in COLORMAPS
+            arm_index = [a.name for a in getattr(family, "arms", ())].index(rule) if arm and any(
+                a.name == rule for a in family.arms) else 0
+            cmap = plt.get_cmap(ARM_COLORMAPS[arm_index % len(ARM_COLORMAPS)] if arm else COLORMAPS[rule])
+            color = cmap(0.75 if arm else pos.get(k, 0.75))
             xs, mean, std = mean_curve(row["curves"])
             if not xs:
                 continue
-            first = next((r for r in runs if r.kappa == k and r.rule_label == rule), None)
+            first = None if arm else next((r for r in runs if r.kappa == k and r.rule_label == rule), None)
             rho = panel_momentum(first, metric.name) if first else None
-            label = (f"κ={k:g} {LABELS.get(rule, rule)}" + (f", ρ={momentum_text(rho)}" if rho is not None else "")
+            label = (f"κ={k:g} {LABELS.get(rule, f'arm {rule}')}"
+                     + (f", ρ={momentum_text(rho)}" if rho is not None else "")
                      + (f", progressive {first.progressive}" if first and first.progressive else ""))
             ax.plot([x * scale for x in xs], mean, color=color, lw=1.5, **marker(len(xs), rule),
                     label=f"{label} (n={len(row['curves'])})")

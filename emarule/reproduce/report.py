@@ -30,18 +30,30 @@ def decision_rules() -> str:
 
 
 def settings_rows(measured: dict) -> list[dict]:
-    """One row per metric and setting: final value (mean ± std over seeds) and the two gap statistics."""
+    """One row per metric and setting (the EMA metric's and the target's, every κ, rule and arm): final value
+    (mean ± std over seeds), the paired gaps with their bootstrap intervals and per-seed values, and the
+    unpaired gaps (against the baselines' mean) beside them. The baseline's row holds its pair spread."""
     rows = []
     for name, table in measured["tables"].items():
         for (rule, k), row in table["rows"].items():
             finals = [v for v in row["finals"] if v is not None]
             m = sum(finals) / len(finals) if finals else None
             sd = math.sqrt(sum((v - m) ** 2 for v in finals) / len(finals)) if len(finals) > 1 else None
-            g = row["gaps"] or {}
+            g, u = row["gaps"] or {}, row.get("unpaired") or {}
             rows.append({"metric": name, "setting": "κ=1 baseline (its own spread)" if rule == "baseline" else rule,
-                         "kappa": k, "seeds": len(row["curves"]), "final_mean": m, "final_std": sd,
-                         "gap_run": g.get("run"), "gap_end": g.get("end"), "incomplete": g.get("incomplete", 0)})
+                         "kappa": k, "seeds": len(row["curves"]), "seed_list": row.get("seeds"),
+                         "final_mean": m, "final_std": sd, "gap_run": g.get("run"), "gap_end": g.get("end"),
+                         "ci_run": g.get("ci_run"), "ci_end": g.get("ci_end"),
+                         "per_seed_run": g.get("per_seed_run"), "per_seed_end": g.get("per_seed_end"),
+                         "unpaired_gap_run": u.get("run"), "unpaired_gap_end": u.get("end"),
+                         "incomplete": g.get("incomplete", 0)})
     return rows
+
+
+def arms_rows(family, spec_preset: str | None) -> list[dict]:
+    """The family's arms as run: κ under the preset, and the --progressive schedule resolved from its spec."""
+    return [{"name": a.name, "kappa": a.kappa, "rule": "with" if a.rule else "without", "set": list(a.sets),
+             "progressive": a.schedule(family.experiment, spec_preset), "what": a.what} for a in family.arms]
 
 
 def payload(family, args: dict, claims: list, measured: dict | None, figures: list, timing: dict) -> dict:
@@ -50,6 +62,8 @@ def payload(family, args: dict, claims: list, measured: dict | None, figures: li
         "preset": args.get("preset"), "seeds": args.get("seeds"), "kappas": list(args.get("kappas") or []),
         "command": args["command"], "claims": [{k: v for k, v in c.items()} for c in claims],
         "settings": settings_rows(measured) if measured else [],
+        "arms": args.get("arms") or [],
+        "optimizer_check": (measured or {}).get("optimizer_check"),
         "probe_check": (measured or {}).get("probe_check") or None,
         "goal": (measured or {}).get("goal"),
         "figures": figures, "timing": timing,
@@ -84,6 +98,25 @@ def _kappa(v) -> str:
     return "—" if v is None else f"{v:g}"
 
 
+def _gci(v, ci) -> str:
+    """A gap with its bootstrap interval: 1.2 [0.8, 1.6]."""
+    return _g(v) + (f" [{_g(ci[0])}, {_g(ci[1])}]" if ci and v is not None else "")
+
+
+def optimizer_lines(oc: dict) -> list[str]:
+    lines = ["## The optimizer-rule check", "",
+             f"The target model's {oc['metric']} ({oc['statistic']}): each setting's paired gap (mean over seeds, "
+             f"95 % bootstrap CI) against the baseline's pair spread {_g(oc['spread'])}. "
+             f"{oc['rule'][:1].upper() + oc['rule'][1:]}. An EMA claim "
+             f"at a setting where the target strays is inconclusive.", "",
+             "| setting | κ | gap [95 % CI] | × spread | target |", "|---|---:|---:|---:|---|"]
+    for r in oc["rows"]:
+        times = (r["gap"] / oc["spread"]) if r["gap"] is not None and oc["spread"] else None
+        lines.append(f"| {r['setting']} | {_kappa(r['kappa'])} | {_gci(r['gap'], r['ci'])} | {_g(times)} | "
+                     f"{r['state'] or '—'} |")
+    return lines + ["", f"**{oc['summary'][0].upper() + oc['summary'][1:]}.**", ""]
+
+
 def markdown(data: dict, family) -> str:
     t = data["timing"]
     lines = [f"# Reproduction: {family.name} ({family.experiment}, {family.section})", "",
@@ -105,12 +138,26 @@ def markdown(data: dict, family) -> str:
             lines.append(f"| {i} | {_cell(_short(c['claim'], 90))} | {c['paper']} | {_cell(c['why'])} | "
                          f"**{c['verdict']}** |")
     else:
-        lines += ["| # | claim | paper | metric | κ | statistic | gap with rule | gap without rule | baseline spread | "
-                  "verdict |", "|---:|---|---|---|---:|---|---:|---:|---:|---|"]
+        lines += ["Gaps are paired (each run against its own seed's baseline), mean over seeds with a 95 % "
+                  "bootstrap CI; A and B are \"with\" and \"without\" the rule unless the claim names other settings.",
+                  "", "| # | claim | paper | metric | κ | statistic | gap A (with) | gap B (without) | B − A, paired "
+                  "[95 % CI] | baseline spread | verdict |", "|---:|---|---|---|---:|---|---:|---:|---:|---:|---|"]
         for i, c in enumerate(data["claims"], 1):
+            pd = c.get("paired_difference") or {}
             lines.append(f"| {i} | {_cell(_short(c['claim'], 90))} | {c['paper']} | {c['metric']} | "
-                         f"{_kappa(c['kappa'])} | {_cell(c['statistic'])} | {_g(c['gap_with_rule'])} | "
-                         f"{_g(c['gap_without_rule'])} | {_g(c['baseline_spread'])} | **{c['verdict']}** |")
+                         f"{_kappa(c['kappa'])} | {_cell(c['statistic'])} | "
+                         f"{_gci(c['gap_with_rule'], c.get('ci_with'))} | "
+                         f"{_gci(c['gap_without_rule'], c.get('ci_without'))} | {_gci(pd.get('mean'), pd.get('ci'))} | "
+                         f"{_g(c['baseline_spread'])} | **{c['verdict']}** |")
+    if data.get("optimizer_check"):
+        lines += [""] + optimizer_lines(data["optimizer_check"])
+    if data.get("arms"):
+        lines += ["## Arms: extra settings run beside the sweep", "", "| arm | κ | EMA rule | --set | --progressive | "
+                  "what |", "|---|---:|---|---|---|---|"]
+        for a in data["arms"]:
+            lines.append(f"| {a['name']} | {_kappa(a['kappa'])} | {a['rule']} | {', '.join(a['set']) or '—'} | "
+                         f"{_cell(a['progressive'] or 'the spec’s own')} | {_cell(a['what'])} |")
+        lines.append("")
     g = data.get("goal")
     if g:
         lines += ["", "## The issue's goal", "",
@@ -130,6 +177,11 @@ def markdown(data: dict, family) -> str:
         lines += [f"### {i}. {c['paper']}" + (f" ({c['where']})" if c.get("where") else ""), "",
                   f"> {c['claim']}", "",
                   f"- **Verdict: {c['verdict']}.** {c['why']}."]
+        if c.get("settings"):
+            lines.append(f"- Settings compared: A = {c['settings']['A']}, B = {c['settings']['B']}.")
+        if c.get("verdict_if_target_tracked"):
+            lines.append(f"- Had the target model tracked, the rules would have said: "
+                         f"{c['verdict_if_target_tracked']}.")
         if c.get("diagnosis"):
             lines.append(f"- Why it falls short: {c['diagnosis']}.")
         if c.get("probe_check"):
@@ -150,13 +202,18 @@ def markdown(data: dict, family) -> str:
         lines += [f"- Command: `{data['command']}`", ""]
     if data["settings"]:
         lines += ["## Every setting", "",
-                  "Final value (mean ± std over seeds) and the gap statistics; the baseline's row holds its "
-                  "leave-one-out spread.", "",
-                  "| metric | setting | κ | seeds | final | ± std | mean \\|Δ\\| over the run | \\|Δ\\| at the end |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+                  "Final value (mean ± std over seeds) and the paired gap statistics with their 95 % bootstrap CI "
+                  "(each run against its own seed's baseline); the baseline's row holds its pair spread (each "
+                  "baseline seed against each other one). The unpaired gap (against the mean of the baselines) "
+                  "is beside it for comparison.", "",
+                  "| metric | setting | κ | seeds | final | ± std | mean \\|Δ\\| over the run [CI] | "
+                  "\\|Δ\\| at the end [CI] | unpaired, run | unpaired, end |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in data["settings"]:
             lines.append(f"| {r['metric']} | {r['setting']} | {_kappa(r['kappa'])} | {r['seeds']} | "
-                         f"{_g(r['final_mean'])} | {_g(r['final_std'])} | {_g(r['gap_run'])} | {_g(r['gap_end'])} |")
+                         f"{_g(r['final_mean'])} | {_g(r['final_std'])} | {_gci(r['gap_run'], r.get('ci_run'))} | "
+                         f"{_gci(r['gap_end'], r.get('ci_end'))} | {_g(r.get('unpaired_gap_run'))} | "
+                         f"{_g(r.get('unpaired_gap_end'))} |")
         lines.append("")
     if data.get("probe_check"):
         pc = data["probe_check"]
@@ -204,6 +261,11 @@ def print_verdicts(console, data: dict) -> None:
                       "end" if "end" in c["statistic"] else "run", _g(c["gap_with_rule"]),
                       _g(c["gap_without_rule"]), _g(c["baseline_spread"]), verdict)
     console.print(t)
+    oc = data.get("optimizer_check")
+    if oc:
+        rows = ", ".join(f"κ={_kappa(r['kappa'])} {r['setting']} {_gci(r['gap'], r['ci'])}" for r in oc["rows"])
+        console.print(f"optimizer-rule check ({oc['metric']}, spread {_g(oc['spread'])}): {rows}; {oc['summary']}",
+                      highlight=False, markup=False)
     g = data.get("goal")
     if g and g.get("met") is not None:
         console.print(f"goal at κ={_kappa(g['kappa'])} ({g['metric']}, over the run): gap with the rule "
