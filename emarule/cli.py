@@ -459,7 +459,8 @@ def sweep(
     from emarule import sweep as sw
 
     check_run_options(wandb, max_device_batch)
-    runs = sw.plan_runs(numbers(kappas, "--kappas"), sw.parse_rules(rule), check_seeds(seeds))
+    seed_list = check_seeds(seeds)
+    runs = sw.plan_runs(numbers(kappas, "--kappas"), sw.parse_rules(rule), seed_list)
 
     def resolve_run(k: float, ema: Optional[str], baseline: bool):
         return resolve(experiment, spec, preset, overrides, repr(k), None, ema is None, ema and EmaRule(ema),

@@ -75,11 +75,11 @@ def parse_seeds(text) -> tuple[int, ...]:
 
 
 def seeds_text(seeds) -> str:
-    """The shortest `--seeds` form naming `seeds`: 5, 100-104 or 3,7,11."""
+    """The shortest `--seeds` form naming `seeds`: 5, 100-104, 7-7 or 3,7,11."""
     s = list(seeds)
     if s == list(range(len(s))):
         return str(len(s))
-    if len(s) > 1 and s == list(range(s[0], s[0] + len(s))):
+    if s == list(range(s[0], s[0] + len(s))):  # one seed alone too: 7-7 (a bare 7 is a count)
         return f"{s[0]}-{s[-1]}"
     return ",".join(map(str, s))
 

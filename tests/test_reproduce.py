@@ -553,18 +553,27 @@ def test_tiny_byol_reproduction_end_to_end_then_reused(tmp_path):
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     v = json.loads((tmp_path / "verdict.json").read_text())
-    assert v["family"] == "byol" and v["seeds"] == 2 and v["kappas"] == [1.0, 2.0]
-    assert len(v["claims"]) == 2  # "until 4096", judged at the only κ run: 2, over the run and at the end
+    assert v["family"] == "byol" and v["seeds"] == [0, 1] and v["kappas"] == [1.0, 2.0]
+    # "until 4096", judged at the only κ run: 2, over the run and at the end; Fig. 5 (right) on its two arms,
+    # at κ=2 under tiny (its 128 digits cannot hold κ=8 × 32).
+    assert len(v["claims"]) == 3 and v["claims"][2]["settings"] == {"A": "k8-after-warmup at κ=2", "B": "k8 at κ=2"}
+    assert [a["progressive"] for a in v["arms"]] == ["constant", "step:1"]
+    assert {(r["setting"], r["kappa"]) for r in v["optimizer_check"]["rows"]} == {
+        ("with", 2.0), ("without", 2.0), ("k8", 2.0), ("k8-after-warmup", 2.0)}
     for c in v["claims"]:
         assert {"claim", "paper", "metric", "kappa", "gap_with_rule", "gap_without_rule", "baseline_spread",
                 "verdict"} <= set(c)
         assert c["kappa"] == 2.0 and c["metric"] == "probe_top1" and c["verdict"] in V.VERDICTS
         assert c["baseline_spread"] is not None and c["gap_with_rule"] is not None
+        assert len(c["ci_with"]) == 2 and len(c["paired_difference"]["per_seed"]) == 2
     assert {r["metric"] for r in v["settings"]} == {"probe_top1", "byol_loss"}
+    assert {r["setting"] for r in v["settings"]} == {"κ=1 baseline (its own spread)", "with", "without", "k8",
+                                                    "k8-after-warmup"}
     assert (tmp_path / "figures" / "byol.png").stat().st_size > 10_000
     report = (tmp_path / "report.md").read_text()
     assert "emarule reproduce byol --preset tiny --seeds 2 --kappas 1,2" in report and "**Verdict:" in report
-    assert v["timing"]["runs"] == 6 and v["timing"]["reused"] == 0
+    assert v["timing"]["runs"] == 10 and v["timing"]["reused"] == 0
+    assert "## The optimizer-rule check" in report and "## Arms" in report
     check = v["probe_check"]["settings"]  # the offline probe of every final teacher, beside the tracking probe
     assert set(check) == {"baseline", "κ=2 with", "κ=2 without"}
     assert all(0 <= x <= 100 for row in check.values() for x in row["offline"]["values"])
@@ -574,4 +583,11 @@ def test_tiny_byol_reproduction_end_to_end_then_reused(tmp_path):
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     again = json.loads((tmp_path / "verdict.json").read_text())
-    assert again["timing"]["reused"] == 6 and again["claims"] == v["claims"]
+    assert again["timing"]["reused"] == 10 and again["claims"] == v["claims"]
+    # Seed 1 alone: its runs are reused, and seed 0's, there in the same root, are not mixed in.
+    res = runner.invoke(app, [*args[:4], "--seeds", "1-1", *args[6:]])
+    assert res.exit_code == 0, res.output
+    one = json.loads((tmp_path / "verdict.json").read_text())
+    assert one["seeds"] == [1] and one["timing"]["runs"] == one["timing"]["reused"] == 5
+    assert all(r["seed_list"] == [1] for r in one["settings"] if r["setting"] != "κ=1 baseline (its own spread)")
+    assert "--seeds 1-1" in one["command"]

@@ -108,9 +108,11 @@ def step_after_warmup(spec: dict) -> str:
 
 
 def slower_ramp(spec: dict) -> str:
-    """App. F.9's second ramp: from the spec's start over twice its length (60 → 180 of 300 epochs)."""
+    """App. F.9's second ramp: from the spec's start over twice its length (60 → 180 of 300 epochs), ending
+    no later than half-way from the spec's end to the end of training (a ramp must end before it)."""
     a, b = _spec_value(spec, "progressive.start_epoch"), _spec_value(spec, "progressive.end_epoch")
-    return f"smooth:{a:g}-{2 * b - a:g}"
+    end = min(2 * b - a, (b + _spec_value(spec, "schedule.epochs")) / 2)
+    return f"smooth:{a:g}-{end:g}"
 
 
 @dataclass(frozen=True)

@@ -111,11 +111,11 @@ def bootstrap_ci(values: list, resamples: int = BOOTSTRAP_RESAMPLES, level: floa
     """Percentile bootstrap interval of the mean over seeds: `resamples` draws of n seeds with
     replacement. The values are sorted first, so the order of the seeds changes nothing; a constant's
     interval is that constant. None without values. An infinite value (a run that stopped early)
-    makes every resample that draws it infinite."""
+    makes every resample that draws it infinite. None below 2 values: one seed gives no interval."""
     import numpy as np
 
     vals = sorted(float(v) for v in values if v is not None)
-    if not vals:
+    if len(vals) < 2:
         return None
     if vals[0] == vals[-1]:
         return vals[0], vals[0]
@@ -353,8 +353,10 @@ def decide_with_better(diffs: dict, s_end: float | None, cis: dict | None = None
 def decide_arm_closer(g_a: float | None, g_b: float | None, diff_ci: tuple | None) -> tuple[str, str]:
     """arm_closer: A is closer to the baseline than B, judged on the paired difference g_B − g_A alone
     (both settings are measured against the same seeds' baselines, so no spread enters)."""
-    if g_a is None or g_b is None or diff_ci is None:
+    if g_a is None or g_b is None:
         return "inconclusive", "a setting has no gap (not run, or a run never logged the metric)"
+    if diff_ci is None:
+        return "inconclusive", "no paired interval: fewer than 2 seeds ran both settings"
     r = f"gap of A {_n(g_a)}, of B {_n(g_b)}; paired difference B − A, 95 % CI {_ci(diff_ci)}"
     if diff_ci[0] > 0:
         return "reproduced", f"{r}: A is closer, the CI excludes 0"

@@ -1,0 +1,219 @@
+"""The paired statistics of `emarule reproduce`: the bootstrap interval's properties, the paired rules, the
+optimizer-rule check and the gate it puts on EMA claims, and the arms (on synthetic run directories)."""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from emarule.compare import load_runs
+from emarule.reproduce import claims as K
+from emarule.reproduce import measure as M
+from emarule.reproduce import verdict as V
+from test_reproduce import T, polyak_runs, write_run
+
+finite = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False)
+
+
+# --- the bootstrap interval ---------------------------------------------------------------------
+
+
+@given(st.floats(-1e9, 1e9, allow_nan=False), st.integers(2, 30))
+def test_the_interval_of_a_constant_is_that_constant(c, n):
+    assert V.bootstrap_ci([c] * n) == (c, c)
+    assert V.bootstrap_ci([c]) is None  # one seed: no interval
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(finite, min_size=2, max_size=12), st.randoms(use_true_random=False))
+def test_permuting_the_seeds_changes_nothing(values, rnd):
+    shuffled = list(values)
+    rnd.shuffle(shuffled)
+    assert V.bootstrap_ci(shuffled) == V.bootstrap_ci(values)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(finite, min_size=2, max_size=12))
+def test_the_interval_lies_within_the_values_and_holds_the_middle(values):
+    lo, hi = V.bootstrap_ci(values)
+    assert min(values) <= lo <= hi <= max(values)
+    mean = sum(values) / len(values)
+    assert lo <= mean + 1e-9 * (1 + abs(mean)) and mean - 1e-9 * (1 + abs(mean)) <= hi
+
+
+def test_the_interval_is_fixed_and_narrows_with_more_seeds():
+    vals = [0.3, 1.1, -0.4, 0.8, 0.2]
+    assert V.bootstrap_ci(vals) == V.bootstrap_ci(vals)  # a fixed RNG seed: the same runs, the same interval
+    wide, narrow = V.bootstrap_ci(vals), V.bootstrap_ci(vals * 8)
+    assert narrow[1] - narrow[0] < wide[1] - wide[0]
+
+
+def test_a_paired_shift_is_detected_where_an_unpaired_test_is_not():
+    """Seeds far apart (init and data order), each shifted by 0.5 in the second setting: the per-seed
+    differences are all 0.5, but the two samples overlap completely."""
+    a = [0.0, 10.0, 20.0, 30.0, 40.0]
+    b = [x + 0.5 for x in a]
+    paired = V.bootstrap_ci(V.differences(a, b))
+    unpaired = V.bootstrap_ci_unpaired(a, b)
+    assert paired == (0.5, 0.5) and paired[0] > 0
+    assert unpaired[0] < 0 < unpaired[1]
+
+
+def test_runs_that_both_stopped_early_differ_by_nothing():
+    assert V.differences([math.inf, 1.0, 2.0], [math.inf, math.inf, 3.0]) == [0.0, math.inf, 1.0]
+    assert V.bootstrap_ci([1.0, math.inf])[1] == math.inf
+
+
+# --- gaps against each seed's own baseline ------------------------------------------------------
+
+
+def test_paired_gaps_and_the_pair_spread_by_hand():
+    base = [(T, [t + o for t in T]) for o in (-1.0, 0.0, 2.0)]
+    runs = [(T, [t + o + d for t in T]) for o, d in zip((-1.0, 0.0, 2.0), (0.5, -0.5, 1.0), strict=True)]
+    g = V.paired_gaps(runs, base)
+    assert g["per_seed_run"] == pytest.approx([0.5, 0.5, 1.0]) and g["run"] == pytest.approx(2 / 3)
+    assert g["per_seed_end"] == pytest.approx([0.5, 0.5, 1.0]) and g["ci_run"][0] >= 0.5
+    # Ordered pairs of baselines: |−1 − 0|, |−1 − 2|, |0 − 2|, each twice.
+    assert V.pair_spread(base)["run"] == pytest.approx((1 + 3 + 2) / 3) and V.pair_spread(base[:1]) is None
+    stopped = [(T[:5], [0.0] * 5)] + runs[1:]
+    assert math.isinf(V.paired_gaps(stopped, base)["run"])
+
+
+@pytest.mark.parametrize("ci,verdict", [((0.5, 3.0), "reproduced"), ((-0.2, 3.0), "inconclusive"),
+                                        (None, "reproduced")])
+def test_rule_needed_needs_the_paired_ci_to_exclude_zero(ci, verdict):
+    assert V.decide("rule_needed", 0.5, 3.0, 1.0, ci)[0] == verdict
+
+
+def test_same_either_way_is_contradicted_only_on_a_real_difference():
+    assert V.decide("same_either_way", 0.5, 3.0, 1.0, (1.0, 4.0))[0] == "contradicted"
+    assert V.decide("same_either_way", 0.5, 3.0, 1.0, (-1.0, 4.0))[0] == "inconclusive"
+
+
+def test_strays_needs_the_ci_above_the_spread():
+    assert V.strays(3.0, 1.0, (2.0, 4.0)) is True
+    assert V.strays(3.0, 1.0, (0.5, 4.0)) is False  # > 2× on average, but one seed's worth of noise
+    assert V.strays(None, 1.0) is None
+    assert V.decide_optimizer(3.0, 1.0, (0.5, 4.0))[0] == "inconclusive"
+    assert V.decide_target(3.0, 1.0, 3.0, 1.0, (0.5, 4.0))[0] == "inconclusive"
+    assert V.decide_target(3.0, 1.0, 3.0, 1.0, (2.0, 4.0))[0] == "reproduced"
+
+
+def test_arm_closer_and_matches_or_better():
+    assert V.decide_arm_closer(1.0, 2.0, (0.2, 1.8))[0] == "reproduced"
+    assert V.decide_arm_closer(2.0, 1.0, (-1.8, -0.2))[0] == "contradicted"
+    assert V.decide_arm_closer(1.0, 1.1, (-0.3, 0.5))[0] == "inconclusive"
+    assert V.decide_matches_or_better(-1.0, (-2.0, 0.0), 1.0)[0] == "reproduced"  # within 2× spread
+    assert V.decide_matches_or_better(3.0, (1.0, 5.0), 1.0)[0] == "reproduced"  # surpasses
+    assert V.decide_matches_or_better(-5.0, (-7.0, -3.0), 1.0)[0] == "contradicted"
+    assert V.decide_matches_or_better(-5.0, (-9.0, 1.0), 1.0)[0] == "inconclusive"
+
+
+def test_with_better_needs_the_paired_ci():
+    assert V.decide_with_better({2.0: 0.5, 4.0: 3.0}, 1.0, {2.0: (0.1, 0.9), 4.0: (2.0, 4.0)})[0] == "reproduced"
+    assert V.decide_with_better({2.0: 0.5, 4.0: 3.0}, 1.0, {2.0: (0.1, 0.9), 4.0: (-1.0, 6.0)})[0] == "inconclusive"
+    assert V.decide_with_better({4.0: -3.0}, 1.0, {4.0: (-6.0, 1.0)})[0] == "inconclusive"
+
+
+# --- the optimizer-rule check and the gate ------------------------------------------------------
+
+
+def test_the_optimizer_check_names_the_first_kappa_where_the_target_strays(tmp_path):
+    """The target tracks at κ=2 and strays at κ=4 (the same offset, but runs at κ=4 also add 2)."""
+    dirs = []
+    for s, o in enumerate((-0.3, 0.0, 0.3)):
+        dirs.append(write_run(tmp_path, f"k1-s{s}", 1.0, "exponential", s,
+                              {"ema_top1": lambda t, o=o: t + o, "top1": lambda t, o=o: t - 1 + o}))
+        for k, target in ((2.0, 0.1), (4.0, 2.0)):
+            for rule, ema in (("exponential", 0.1), (None, -3.0)):
+                dirs.append(write_run(tmp_path, f"k{k:g}-{rule}-s{s}", k, rule, s,
+                                      {"ema_top1": lambda t, o=o, e=ema: t + o + e,
+                                       "top1": lambda t, o=o, g=target: t - 1 + o + g}))
+    m = M.measure(K.POLYAK, load_runs(dirs))
+    oc = m["optimizer_check"]
+    assert oc["metric"] == "top1" and oc["first_strays_kappa"] == 4.0 and oc["ema_blind"]
+    states = {(r["setting"], r["kappa"]): r["state"] for r in oc["rows"]}
+    assert states == {("with", 2.0): "tracks", ("without", 2.0): "tracks", ("with", 4.0): "strays",
+                      ("without", 4.0): "strays"}
+    by = {(c["kind"], c["kappa"], c["statistic"]): c for c in m["claims"]}
+    at2 = by[("rule_needed", 2.0, M.STATISTIC["run"])]
+    assert at2["verdict"] == "reproduced"  # the target tracks: the EMA claim stands
+    at4 = by[("rule_needed", 4.0, M.STATISTIC["end"])]
+    assert at4["verdict"] == "inconclusive" and at4["verdict_if_target_tracked"] == "reproduced"
+    assert "the target model strays (with at κ=4: top1 gap 2" in at4["why"]
+    # target_explains is about the target itself: not set aside
+    assert by[("target_explains", 4.0, M.STATISTIC["run"])]["verdict"] == "inconclusive"  # no EMA gap
+
+
+def test_a_target_that_depends_on_the_ema_gates_nothing(tmp_path):
+    dirs = []
+    for s, o in enumerate((-0.3, 0.0, 0.3)):
+        dirs.append(write_run(tmp_path, f"k1-s{s}", 1.0, "exponential", s,
+                              {"probe_top1": lambda t, o=o: t + o, "byol_loss": lambda t, o=o: 1 + o}, "byol-r18"))
+        for rule, e in (("exponential", 0.1), (None, -5.0)):
+            dirs.append(write_run(tmp_path, f"k4-{rule}-s{s}", 4.0, rule, s,
+                                  {"probe_top1": lambda t, o=o, e=e: t + o + e,
+                                   "byol_loss": lambda t, o=o: 10 + o}, "byol-r18"))
+    m = M.measure(K.BYOL, load_runs(dirs))
+    assert not m["optimizer_check"]["ema_blind"] and "depends on the EMA" in m["optimizer_check"]["summary"]
+    c = next(c for c in m["claims"] if c["kappa"] == 4.0 and c["statistic"] == M.STATISTIC["run"])
+    assert c["verdict"] == "reproduced" and "verdict_if_target_tracked" not in c
+
+
+# --- arms ---------------------------------------------------------------------------------------
+
+
+def test_arms_are_their_own_settings_and_claims_compare_them(tmp_path):
+    """Polyak's bn-scale arm at κ=2 shares κ and rule with the standard run: only the arm map tells them
+    apart. Its top1 sits 0.2 closer to each seed's baseline than the standard run's."""
+    runs = polyak_runs(tmp_path, ema_with=0.5, ema_without=-3.0, target_with=0.5)
+    arm_dirs, arms = [], {}
+    for s, o in enumerate((-0.3, 0.0, 0.3)):
+        d = write_run(tmp_path, f"k2-rule-arm-bn-scale-s{s}", 2.0, "exponential", s,
+                      {"ema_top1": lambda t, o=o: t + o + 0.3, "top1": lambda t, o=o: t - 1 + o + 0.3})
+        arm_dirs.append(d)
+        arms[str(d)] = "bn-scale"
+    m = M.measure(K.POLYAK, runs + load_runs(arm_dirs), arms)
+    assert m["kappas"] == [2.0, 4.0]  # the arm's κ is not a κ of the sweep
+    assert ("bn-scale", 2.0) in m["tables"]["top1"]["rows"]
+    assert len(m["tables"]["top1"]["rows"][("with", 2.0)]["curves"]) == 3  # the arm's runs are not mixed in
+    closer = [c for c in m["claims"] if c["kind"] == "arm_closer"]
+    assert {c["metric"] for c in closer} == {"top1", "ema_top1"}
+    for c in closer:
+        assert c["verdict"] == "reproduced" and c["settings"] == {"A": "bn-scale at κ=2", "B": "with at κ=2"}
+        assert c["paired_difference"]["ci"] == pytest.approx((0.2, 0.2))
+    # Without the arm's runs its claims say what was not run.
+    m = M.measure(K.POLYAK, polyak_runs(tmp_path / "b", ema_with=0.5, ema_without=-3.0, target_with=0.5))
+    c = next(c for c in m["claims"] if c["kind"] == "arm_closer")
+    assert c["verdict"] == "inconclusive" and "bn-scale at κ=2 was not run" in c["why"]
+
+
+def test_matches_or_better_on_final_values_per_seed(tmp_path):
+    dirs, arms = [], {}
+    for s, o in enumerate((-2.0, 0.0, 2.0)):
+        dirs.append(write_run(tmp_path, f"k1-s{s}", 1.0, "exponential", s,
+                              {"probe_top1": lambda t, o=o: 50 + t + o, "byol_loss": lambda t: 1.0},
+                              "byol-r50-lars"))
+        for name, rule, d in (("with", "exponential", 1.0), ("without", None, -9.0), ("slower-ramp", "exponential",
+                                                                                      -30.0)):
+            p = write_run(tmp_path, f"k4-{name}-s{s}", 4.0, rule, s,
+                          {"probe_top1": lambda t, o=o, d=d: 50 + t + o + d, "byol_loss": lambda t: 1.0},
+                          "byol-r50-lars")
+            dirs.append(p)
+            if name == "slower-ramp":
+                arms[str(p)] = name
+    m = M.measure(K.BYOL_R50_LARS, load_runs(dirs), arms)
+    first, second = [c for c in m["claims"] if c["kind"] == "matches_or_better"]
+    assert first["verdict"] == "reproduced" and first["a_minus_baseline"]["mean"] == pytest.approx(1.0)
+    assert second["verdict"] == "contradicted" and second["a_minus_baseline"]["ci"] == pytest.approx((-30.0, -30.0))
+
+
+def test_an_arm_takes_its_kappa_and_schedule_from_the_preset():
+    k8, after = K.BYOL.arms
+    assert k8.for_preset("tiny").kappa == 2.0 and k8.for_preset("cpu").kappa == 8.0
+    assert after.schedule("byol-r18", "cpu") == "step:3"  # the cpu preset's warm-up ends at epoch 3
+    (ramp,) = K.BYOL_R50_LARS.arms
+    assert ramp.schedule("byol-r50-lars", "cpu") == "smooth:4-12"  # from epoch 4 over twice 4 → 8
+    assert ramp.schedule("byol-r50-lars", None) == "smooth:60-180"  # the paper's 120-epoch ramp
+    assert ramp.schedule("byol-r50-lars", "tiny") == "smooth:1-3.5"  # 4 epochs: it ends before training does
