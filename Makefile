@@ -30,10 +30,10 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
-# Every family's `emarule reproduce` with its defaults (cpu presets, 3 seeds), one after another, into
-# runs/reproduce/<family>/ (report.md, verdict.json, figures/). Not part of CI: about an hour on 2 cores.
+# Every family's `emarule reproduce` with its defaults (cpu presets, 5 seeds, each family's arms), one after
+# another, into runs/reproduce/<family>/ (report.md, verdict.json, figures/). Not part of CI.
 # A family whose task cannot run yet prints its one-line reason and the next one starts.
-REPRO_FAMILIES := parabola precision byol polyak dino ctc-polyak ctc-pseudo-label
+REPRO_FAMILIES := parabola precision byol byol-vit byol-r50-lars polyak dino ctc-polyak ctc-pseudo-label
 
 repro: $(STAMP)
 	@for f in $(REPRO_FAMILIES); do $(BIN)/emarule reproduce $$f || echo "make repro: $$f did not complete"; done

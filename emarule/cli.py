@@ -495,7 +495,8 @@ def compare_cmd(
 @friendly
 def reproduce(
     family: str = typer.Argument(..., metavar="FAMILY",
-                                 help="parabola, precision, polyak, byol, dino, ctc-polyak or ctc-pseudo-label"),
+                                 help="parabola, precision, polyak, byol, byol-vit, byol-r50-lars, dino, ctc-polyak or "
+                                      "ctc-pseudo-label"),
     preset: Optional[str] = typer.Option(None, "--preset", metavar="NAME",
                                          help="the spec's preset (default: the family's, cpu for training families); "
                                               "full: the paper's recipe"),

@@ -1,36 +1,54 @@
 """Gaps to the baseline, the baseline's own seed spread, and the decision rule. Torch-free.
 
-The statistics (README, "Reproduction: how a verdict is reached"), applied exactly as written:
+The statistics (docs/reproduce.md, "How a verdict is reached"), applied exactly as written:
 
-- **Baseline curve**: the mean over the κ=1 seeds on the first seed's evaluation grid
-  (`emarule.compare.mean_curve`), in epochs. Per-step training metrics are first smoothed by a
-  trailing mean over `Metric.smooth_epochs`, the same window for every run.
-- **Gap of a setting** (κ, with or without the rule): for each seed, the run's curve is
-  interpolated onto the baseline's grid (`emarule.compare.gap`); "run" is the mean |Δ| over the
-  whole run, "end" the |Δ| at the last grid point; both are averaged over seeds.
-- **Baseline spread**: the same two statistics for each baseline seed against the mean of the
-  OTHER baseline seeds (leave-one-out), averaged over seeds. Undefined with fewer than 2 seeds.
-- A run that stops before the baseline's end (it diverged) has an infinite gap; a setting with a run that
+- Pairing: every seed runs the κ=1 baseline and each setting from the same initial weights and the same
+  data order, so each setting's run is compared with ITS OWN seed's baseline. Per-step training metrics
+  are first smoothed by a trailing mean over `Metric.smooth_epochs`, the same window for every run.
+- Paired gap of a setting (κ with or without the rule, or an arm), per seed s: the run's curve
+  interpolated onto baseline s's evaluation grid (`emarule.compare.gap`); "run" is the mean |Δ| over the
+  part both cover, "end" the |Δ| at the last grid point. The gap is the mean over seeds, shown with a
+  95 % percentile bootstrap interval of that mean (10,000 resamples of the seeds, RNG seed 0, the values
+  sorted first so that the seeds' order changes nothing; no interval from one seed).
+- Pair spread, the noise reference: each baseline seed against each OTHER baseline seed, one run against
+  one run as a paired gap is, the same two statistics averaged over the n(n − 1) ordered pairs.
+  Undefined below 2 seeds. Two baselines differ in initial weights and data order; a paired run shares
+  both with its baseline, so this is an upper bound on the gap of a setting the rule makes exact.
+- Paired difference of two settings A and B (A = with the rule, B = without, unless the claim names
+  others): per seed gap_B − gap_A (two runs that both stopped early differ by 0), its mean and interval.
+- A run that stops before its baseline's end (it diverged) has an infinite gap; a setting with a run that
   never logged the metric (its pseudo-labeling never started) has no gap, and its claims are not measured.
+- Beside them, for comparison only: the unpaired gap against the baselines' mean curve, and the
+  leave-one-out spread (each baseline seed against the mean of the others).
 
-Decision rules (FACTOR = 2; g_with, g_without, spread are the claim's statistic, "run" or "end"):
+Decision rules (FACTOR = 2; g_A, g_B, spread are the claim's statistic, "run" or "end"; CI(D) the paired
+difference g_B − g_A's interval; "with" is A and "without" B):
 
-    rule_needed      reproduced   g_without ≥ 2·g_with and g_with ≤ 2·spread
-                     contradicted g_with ≥ g_without and max(g_with, g_without) > 2·spread
-    rule_closer      reproduced   g_without ≥ 2·g_with and g_without > 2·spread
-                     contradicted g_with ≥ g_without and max(g_with, g_without) > 2·spread
-    same_either_way  reproduced   g_with ≤ 2·spread and g_without ≤ 2·spread
-                     contradicted g_without > 2·spread and g_without > 2·g_with
+    rule_needed      reproduced   g_B ≥ 2·g_A and g_A ≤ 2·spread and CI(D) above 0
+                     contradicted g_A ≥ g_B and max(g_A, g_B) > 2·spread
+    rule_closer      reproduced   g_B ≥ 2·g_A and g_B > 2·spread and CI(D) above 0
+                     contradicted g_A ≥ g_B and max(g_A, g_B) > 2·spread
+    same_either_way  reproduced   g_A ≤ 2·spread and g_B ≤ 2·spread
+                     contradicted g_B > 2·spread and g_B > 2·g_A and CI(D) above 0
+    arm_closer       reproduced   CI(D) above 0 (A closer); contradicted CI(D) below 0
+    matches_or_better d = final(A) − final(own seed's baseline), per seed, > 0 better; mean and CI
+                     reproduced   d ≥ −2·spread_end; contradicted d < −2·spread_end and CI(d) below 0
     target_explains  (needs an EMA gap: g_with > 2·spread, else inconclusive)
-                     reproduced   the target metric's g_with > 2 × its spread
+                     reproduced   the target metric strays with the rule (below)
                      contradicted the target metric's g_with ≤ its spread
-    optimizer_strays reproduced   the target metric's g_with > 2·spread (an optimizer rule breaks)
+    optimizer_strays reproduced   the target metric strays with the rule (below)
                      contradicted the target metric's g_with ≤ spread
-    with_better      d_κ = final(with) − final(without), signed so that > 0 is better
-                     reproduced   d_κ > 0 at every κ run, and d_κ > 2·spread_end at one κ at least
-                     contradicted d_κ < −2·spread_end at some κ
+    with_better      d_κ = final(with) − final(without) per seed, > 0 better; mean and CI per κ
+                     reproduced   d_κ > 0 at every κ run, and d_κ > 2·spread_end with CI above 0 at one κ
+                     contradicted d_κ < −2·spread_end with CI below 0 at some κ
     ema_above_target d_i = final EMA metric − final target metric of baseline seed i (> 0 better)
                      reproduced   d_i > 0 for every seed; contradicted d_i < 0 for every seed
+
+The target model STRAYS at a setting when its paired gap over the run is > 2·spread and its interval
+lies above 1·spread; it TRACKS when the gap is ≤ 1·spread. The optimizer-rule check lists this for every
+setting. A claim of kind rule_needed, rule_closer, same_either_way, arm_closer, matches_or_better or
+with_better on an EMA-dependent metric, at a setting where a target metric blind to the EMA strays, is
+"inconclusive", with the target's numbers as the reason (the verdict it would have had is kept).
 
 Anything else is "inconclusive"; so is every claim with fewer than 2 baseline seeds (no spread).
 """
