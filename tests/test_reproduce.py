@@ -573,7 +573,7 @@ def test_tiny_byol_reproduction_end_to_end_then_reused(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "emarule reproduce byol --preset tiny --seeds 2 --kappas 1,2" in report and "**Verdict:" in report
     assert v["timing"]["runs"] == 10 and v["timing"]["reused"] == 0
-    assert "## The optimizer-rule check" in report and "## Arms" in report
+    assert "## The optimizer-rule check" in report and "## Arms" in report and "Seeds: 0, 1 (2)" in report
     check = v["probe_check"]["settings"]  # the offline probe of every final teacher, beside the tracking probe
     assert set(check) == {"baseline", "κ=2 with", "κ=2 without"}
     assert all(0 <= x <= 100 for row in check.values() for x in row["offline"]["values"])

@@ -121,6 +121,11 @@ def markdown(data: dict, family) -> str:
     t = data["timing"]
     lines = [f"# Reproduction: {family.name} ({family.experiment}, {family.section})", "",
              f"Command: `{data['command']}`", ""]
+    if data.get("seeds"):
+        from emarule.seeds import seeds_label
+
+        lines += [f"Seeds: {seeds_label(data['seeds'])} ({len(data['seeds'])}); every setting's run of a seed is "
+                  f"compared with that seed's baseline.", ""]
     lines.append(f"Wall time of this invocation: {t['wall_s']:.0f} s"
                  + (f"; the runs' own training time (as logged, reused runs included): {t['runs_wall_s']:.0f} s"
                     if t.get("runs_wall_s") is not None else "")
