@@ -162,8 +162,8 @@ def test_help_names_every_value_and_shows_no_type_labels(command):
         assert label not in text, (command, label)
     if command in ("run", "sweep", "plan"):
         assert "EXPERIMENT" in text
-    metavars = {"run": ("INT", "DIR", "NAME"), "sweep": ("RULE,RULE", "NAME", "N "),
-                "reproduce": ("FAMILY", "N ", "DIR"), "compare": ("RUN_DIR", "NAME", "PNG")}
+    metavars = {"run": ("INT", "DIR", "NAME"), "sweep": ("RULE,RULE", "NAME", "N|A-B|S,S,..."),
+                "reproduce": ("FAMILY", "N|A-B|S,S,...", "DIR"), "compare": ("RUN_DIR", "NAME", "PNG")}
     for m in metavars.get(command, ()):
         assert m in text, (command, m)
 
