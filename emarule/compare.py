@@ -22,6 +22,7 @@ import io
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +57,7 @@ class Run:
     rows: list = field(default_factory=list)
     dataset_size: float | None = None
     hparams: dict = field(default_factory=dict)  # hparams.json as read, for what the fields above leave out
+    arm: str | None = None  # a reproduction's arm (`...-arm-<name>-s<seed>`): a setting of its own
 
     @property
     def name(self) -> str:
@@ -71,12 +73,13 @@ class Run:
 
     @property
     def group(self) -> tuple:
-        return ("baseline",) if self.is_baseline else (self.kappa, self.rule_label, self.progressive)
+        return ("baseline",) if self.is_baseline else (self.kappa, self.rule_label, self.progressive, self.arm)
 
     def group_label(self) -> str:
         if self.is_baseline:
             return "κ=1 baseline"
-        return rule_names(self.rule).label + (f", progressive {self.progressive}" if self.progressive else "")
+        return (rule_names(self.rule).label + (f", progressive {self.progressive}" if self.progressive else "")
+                + (f", arm {self.arm}" if self.arm else ""))
 
     def metrics(self) -> set[str]:
         out = set()
@@ -98,6 +101,13 @@ class Run:
                 pts[x] = v
         xs = sorted(pts)
         return xs, [pts[x] for x in xs]
+
+
+def arm_of_name(name: str) -> str | None:
+    """The arm a run belongs to, from the name `emarule.context.default_run_name` gives it: an arm differs
+    from a standard setting by --set or --progressive, so without this `compare` would pool the two."""
+    m = re.search(r"-arm-([a-z0-9][a-z0-9-]*)-s\d+$", name)
+    return m.group(1) if m else None
 
 
 def finite_number(v) -> float | None:
@@ -136,7 +146,7 @@ def load_run(path: Path) -> Run:
               kappa=float(h["kappa"]), rule=rule_of_hparams(h), seed=seed if isinstance(seed, int) else None,
               progressive=progressive_label(h.get("progressive")), batch_size=_scaled(h, "batch_size"),
               ema_momentum=_scaled(h, "ema.momentum"), rows=rows, dataset_size=finite_number(h.get("dataset_size")),
-              hparams=h)
+              hparams=h, arm=arm_of_name(p.name))
     return run
 
 

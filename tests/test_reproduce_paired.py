@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from emarule import compare as C
 from emarule.compare import load_runs
 from emarule.reproduce import claims as K
 from emarule.reproduce import measure as M
@@ -183,6 +184,12 @@ def test_arms_are_their_own_settings_and_claims_compare_them(tmp_path):
     for c in closer:
         assert c["verdict"] == "reproduced" and c["settings"] == {"A": "bn-scale at κ=2", "B": "with at κ=2"}
         assert c["paired_difference"]["ci"] == pytest.approx((0.2, 0.2))
+    # The run names say which runs are the arm's: without the map, the same verdicts; `emarule compare`
+    # keeps the arm apart from the standard setting at its κ too.
+    again = M.measure(K.POLYAK, runs + load_runs(arm_dirs))
+    assert [c["verdict"] for c in again["claims"]] == [c["verdict"] for c in m["claims"]]
+    labels = {g["label"] for g in C.compare([r.path for r in runs] + arm_dirs, "top1")["groups"]}
+    assert "with EMA rule, arm bn-scale" in labels and "with EMA rule" in labels
     # Without the arm's runs its claims say what was not run.
     m = M.measure(K.POLYAK, polyak_runs(tmp_path / "b", ema_with=0.5, ema_without=-3.0, target_with=0.5))
     c = next(c for c in m["claims"] if c["kind"] == "arm_closer")
