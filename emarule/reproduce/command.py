@@ -1,8 +1,9 @@
 """`emarule reproduce FAMILY`: run (or reuse) what a family needs, measure every claim, write the report.
 
 A sweep family runs `emarule.sweep.execute` — the κ=1 baseline and every κ with and without the
-EMA Scaling Rule, N seeds each, into OUT/<experiment>/<run> — which keeps finished runs and resumes
-interrupted ones, so the same command picks up where it stopped. A study family (parabola,
+EMA Scaling Rule, and the family's arms, for every seed, into OUT/<experiment>/<run> — which keeps
+finished runs and resumes interrupted ones, so the same command picks up where it stopped. Only the
+runs of this invocation's seeds and settings are measured, whatever else OUT holds. A study family (parabola,
 precision) runs once into OUT/<experiment>/<run> and is reused when its results.json is there.
 Then OUT/report.md, OUT/verdict.json and OUT/figures/ are written and the verdict table printed.
 """
