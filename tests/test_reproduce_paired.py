@@ -142,7 +142,7 @@ def test_the_optimizer_check_names_the_first_kappa_where_the_target_strays(tmp_p
     assert at2["verdict"] == "reproduced"  # the target tracks: the EMA claim stands
     at4 = by[("rule_needed", 4.0, M.STATISTIC["end"])]
     assert at4["verdict"] == "inconclusive" and at4["verdict_if_target_tracked"] == "reproduced"
-    assert "the target model strays (with at κ=4: top1 gap 2" in at4["why"]
+    assert "the target model strays (with the rule at κ=4: top1 gap 2" in at4["why"]
     # target_explains is about the target itself: not set aside
     assert by[("target_explains", 4.0, M.STATISTIC["run"])]["verdict"] == "inconclusive"  # no EMA gap
 
@@ -182,7 +182,8 @@ def test_arms_are_their_own_settings_and_claims_compare_them(tmp_path):
     closer = [c for c in m["claims"] if c["kind"] == "arm_closer"]
     assert {c["metric"] for c in closer} == {"top1", "ema_top1"}
     for c in closer:
-        assert c["verdict"] == "reproduced" and c["settings"] == {"A": "bn-scale at κ=2", "B": "with at κ=2"}
+        assert c["verdict"] == "reproduced"
+        assert c["settings"] == {"A": "arm bn-scale at κ=2", "B": "with the rule at κ=2"}
         assert c["paired_difference"]["ci"] == pytest.approx((0.2, 0.2))
     # The run names say which runs are the arm's: without the map, the same verdicts; `emarule compare`
     # keeps the arm apart from the standard setting at its κ too.
@@ -193,7 +194,7 @@ def test_arms_are_their_own_settings_and_claims_compare_them(tmp_path):
     # Without the arm's runs its claims say what was not run.
     m = M.measure(K.POLYAK, polyak_runs(tmp_path / "b", ema_with=0.5, ema_without=-3.0, target_with=0.5))
     c = next(c for c in m["claims"] if c["kind"] == "arm_closer")
-    assert c["verdict"] == "inconclusive" and "bn-scale at κ=2 was not run" in c["why"]
+    assert c["verdict"] == "inconclusive" and "arm bn-scale at κ=2 was not run" in c["why"]
 
 
 def test_matches_or_better_on_final_values_per_seed(tmp_path):

@@ -229,7 +229,10 @@ def setting_key(family: Family, name: str, kappa: float | None) -> tuple:
 
 
 def _label(name: str, kappa: float | None) -> str:
-    return f"{name} at κ={kappa:g}" if kappa is not None else name
+    """`with the rule at κ=4`, `arm bn-scale at κ=2`."""
+    names = {"with": "with the rule", "without": "without the rule", "linear": "the linear rule"}
+    what = names.get(name, f"arm {name}")
+    return f"{what} at κ={kappa:g}" if kappa is not None else what
 
 
 def judge(family: Family, claim: Claim, tables: dict, base: list, kappas: list, gate: dict | None = None) -> dict:
@@ -251,8 +254,9 @@ def judge(family: Family, claim: Claim, tables: dict, base: list, kappas: list, 
         need = [ka] if claim.kind in ("optimizer_strays", "matches_or_better") else [ka, kb]
         absent = [key for key in need if key not in table["rows"]]
         if absent:
-            what = ", ".join(_label(*key) for key in absent)
-            out.update(verdict="inconclusive", why=f"not measured: {what} was not run (see --kappas)")
+            what = " and ".join(_label(*key) for key in absent)
+            out.update(verdict="inconclusive", why=f"not measured: {what} {'were' if len(absent) > 1 else 'was'} not "
+                                                   f"run (see --kappas)")
             return out
     if claim.kind == "optimizer_strays":
         gw = _stat(table, *ka, over)
