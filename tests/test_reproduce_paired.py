@@ -50,6 +50,12 @@ def test_the_interval_is_fixed_and_narrows_with_more_seeds():
     assert narrow[1] - narrow[0] < wide[1] - wide[0]
 
 
+def test_with_two_or_three_seeds_the_interval_is_their_range():
+    """As docs/reproduce.md says: every seed must agree in sign there; with 5, one seed may disagree."""
+    assert V.bootstrap_ci([1.0, 2.0]) == (1.0, 2.0) and V.bootstrap_ci([3.0, 1.0, 2.0]) == (1.0, 3.0)
+    assert V.bootstrap_ci([-0.5, 1.0, 2.0, 3.0, 4.0])[0] > 0
+
+
 def test_a_paired_shift_is_detected_where_an_unpaired_test_is_not():
     """Seeds far apart (init and data order), each shifted by 0.5 in the second setting: the per-seed
     differences are all 0.5, but the two samples overlap completely."""
