@@ -17,7 +17,7 @@ import typer
 
 from emarule import __version__
 from emarule.render import wide_console
-from emarule.seeds import MAX_SEED, MAX_SEEDS
+from emarule.seeds import MAX_SEED, MAX_SEEDS, parse_seeds
 
 try:  # typer ≥ 0.20 vendors click; older releases use the click package
     from typer._click import exceptions as click_exc
@@ -160,8 +160,6 @@ def check_seed(seed: int | None) -> None:
 
 def check_seeds(seeds: str | None) -> tuple[int, ...] | None:
     """--seeds as a count, a range or a list (`emarule.seeds`); None when not given."""
-    from emarule.seeds import parse_seeds
-
     return None if seeds is None else parse_seeds(seeds)
 
 
