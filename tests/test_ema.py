@@ -99,7 +99,8 @@ def test_start_samples_copies_until_accumulation_starts():
     assert ema.update(model, samples_seen=96) == 0.9
     for b, e, p in zip(before, ema.module.parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(e, torch.lerp(b, p, 0.1))
-    assert ema.momentum_at(64) == 0.0 and ema.momentum_at(65) == 0.9
+    fresh = ModelEma(model, 0.9, start_samples=64)
+    assert fresh.momentum_at(64) == 0.0 and fresh.momentum_at(65) == 0.9
 
 
 def test_set_momentum_and_state_dict_round_trip():
