@@ -158,6 +158,7 @@ class ModelEma(nn.Module):
                 self._apply(lambda t: t.to(device))
         self._pending, self._calls, self.updates = 0.0, 0, 0
         self._sig: tuple | None = None
+        self._mods: list = []
         self._groups: list = []
         self._copies: list = []
         self.eval()
@@ -355,8 +356,7 @@ class ModelEma(nn.Module):
 
     def _pair(self, source: nn.Module) -> None:
         """Pair shadow and model tensors by name, once per set of model tensors; group by (device, dtype)."""
-        sig = (id(source), *map(id, source.parameters()), *map(id, source.buffers()))
-        if sig == self._sig:
+        if self._sig is not None and self._signature(source) == self._sig:
             return
         params, bufs = list(source.named_parameters()), list(source.named_buffers())
         src = {**{n: (t, True) for n, t in params}, **{n: (t, False) for n, t in bufs}}
@@ -384,7 +384,14 @@ class ModelEma(nn.Module):
             raise ValueError(f"the model has {extra[0]!r}, which the EMA does not: build the EMA from this model")
         self._groups = [(key, es, ss) for key, (es, ss) in groups.items()]
         self._copies = copies
-        self._sig = sig
+        self._mods = list(source.modules())
+        self._sig = self._signature(source)
+
+    def _signature(self, source: nn.Module) -> tuple:
+        """Which tensors and submodules the model holds now (assign=True or a new submodule changes it).
+        Read from the modules' own dicts: ten times cheaper than source.parameters() on a ResNet-50."""
+        return (id(source), *(id(v) for m in self._mods for d in (m._parameters, m._buffers, m._modules)
+                              for v in d.values()))
 
     @torch.no_grad()
     def update(self, model: nn.Module, *args, samples_seen: float | None = None, batch_size: float | None = None,
@@ -401,12 +408,12 @@ class ModelEma(nn.Module):
                             "samples seen, or update(model, batch_size=B); a positional value (timm passes a step) "
                             "is not read as samples")
         rho, s, due = self._step(samples_seen, batch_size, momentum)
-        source = unwrap(model)
-        self._pair(source)  # raises on a model that does not match, before anything changes
-        self._calls += 1
         if not due:
+            self._calls += 1
             self._pending += float(batch_size or 0.0)
             return 1.0
+        self._pair(unwrap(model))  # raises on a model that does not match, before anything changes
+        self._calls += 1
         if rho == 0.0:
             self._copy()
         elif rho != 1.0:

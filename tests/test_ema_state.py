@@ -52,6 +52,10 @@ def test_a_model_loaded_with_assign_is_followed():
     before = ema.module[0].weight.clone()
     ema.update(model)
     torch.testing.assert_close(ema.module[0].weight, 0.5 * before + 0.5 * model[0].weight)
+    model[3] = nn.Linear(6, 3)  # a new submodule: its tensors are paired too
+    before = ema.module[3].weight.clone()
+    ema.update(model)
+    torch.testing.assert_close(ema.module[3].weight, 0.5 * before + 0.5 * model[3].weight)
 
 
 def test_a_positional_step_is_refused_and_momentum_keeps_the_rule():
