@@ -154,3 +154,18 @@ def test_rho_to_the_kappa_once_matches_kappa_sequential_updates(kappa):
         assert err_wrong > 20 * err
         errors.append(err)
     assert errors[1] == pytest.approx(errors[0] / 2, rel=0.05)
+
+
+def test_the_engines_emas_are_model_emas_that_raise_rho_to_kappa_once():
+    """The engine sets the plan's ρ̂ = ρ^κ with no base batch: an update at κB applies ρ^κ, not ρ^(κ²)."""
+    import emarule
+    from emarule.train import build_emas
+
+    spec = {"batch": {"size": 32}, "ema": {"momentum": 0.9, "also": [0.99]}}
+    plan = emarule.scale(spec, 2)
+    model = net()
+    emas = build_emas(spec, model, plan)
+    assert all(type(e) is emarule.ModelEma and e.base_batch_size is None for e in emas.values())
+    perturb(model)
+    used = [e.update(model, samples_seen=64) for e in emas.values()]
+    assert used == [plan["ema.momentum"], plan["ema.momentum/0.99"]] == [0.9**2, 0.99**2]
