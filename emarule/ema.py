@@ -416,14 +416,13 @@ class ModelEma(nn.Module):
         self._calls += 1
         if rho == 0.0:
             self._copy()
-        elif rho != 1.0:
-            weight = 1.0 - rho
-            for (dev, dt), es, ss in self._groups:
+        else:
+            for (dev, dt), es, ss in self._groups if rho != 1.0 else ():
                 ss = [_local(x) for x in ss] if self._sharded else ss
                 # lerp needs one device and dtype: a temporary cast of a bf16 model is cheaper than
                 # losing the update to bf16 rounding in the shadow
                 ss = [x if x.device == dev and x.dtype == dt else x.to(dev, dt) for x in ss]
-                torch._foreach_lerp_(es, ss, weight)
+                torch._foreach_lerp_(es, ss, 1.0 - rho)
             for e, x in self._copies:
                 e.copy_(x)
         if s is not None:
@@ -443,6 +442,12 @@ class ModelEma(nn.Module):
                 e.copy_(_local(s))
         for e, s in self._copies:
             e.copy_(s)
+
+    def __getstate__(self) -> dict:
+        """A deep copy or pickle of the EMA must not carry the model's tensors along: pair again after."""
+        state = self.__dict__.copy()
+        state.update(_sig=None, _mods=[], _groups=[], _copies=[])
+        return state
 
     def extra_repr(self) -> str:
         base = "" if self.base_batch_size is None else f", base_batch_size={self.base_batch_size:g}"

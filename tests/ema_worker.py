@@ -52,6 +52,11 @@ def train(mode: str) -> dict:
         ema.update(model, samples_seen=(step + 1) * BATCH)
     if mode != "fsdp":
         return {k: v.clone() for k, v in ema.module.state_dict().items()}
+    # each rank's saved state holds its own shards, and a new EMA restores them
+    again = ModelEma(model, 0.5)
+    again.load_state_dict(ema.state_dict())
+    assert again.base_batch_size == BASE and all(
+        torch.equal(a, b) for a, b in zip(again.state_dict().values(), ema.state_dict().values()) if torch.is_tensor(a))
     with ema.swap_into(model):
         return {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
 

@@ -160,3 +160,15 @@ def test_a_different_model_is_named_not_averaged():
     assert torch.equal(before, ema.module[0].weight)
     with pytest.raises(ValueError, match="the model has no parameter '0.weight'"):
         ema.update(nn.Sequential(nn.Identity(), nn.Linear(4, 6)))
+
+
+def test_a_deep_copy_does_not_hold_the_models_tensors():
+    import copy
+
+    model = net()
+    ema = ModelEma(model, 0.5)
+    ema.update(model)
+    twin = copy.deepcopy(ema)
+    assert twin._groups == [] and max_gap(twin.module, ema.module) == 0
+    shift(model)
+    assert twin.update(model) == ema.update(model) == 0.5 and max_gap(twin.module, ema.module) == 0
