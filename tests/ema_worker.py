@@ -55,8 +55,8 @@ def train(mode: str) -> dict:
     # each rank's saved state holds its own shards, and a new EMA restores them
     again = ModelEma(model, 0.5)
     again.load_state_dict(ema.state_dict())
-    assert again.base_batch_size == BASE and all(
-        torch.equal(a, b) for a, b in zip(again.state_dict().values(), ema.state_dict().values()) if torch.is_tensor(a))
+    pairs = zip(again.state_dict().values(), ema.state_dict().values(), strict=True)
+    assert again.base_batch_size == BASE and all(torch.equal(a, b) for a, b in pairs if torch.is_tensor(a))
     with ema.swap_into(model):
         return {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
 

@@ -172,3 +172,15 @@ def test_a_deep_copy_does_not_hold_the_models_tensors():
     assert twin._groups == [] and max_gap(twin.module, ema.module) == 0
     shift(model)
     assert twin.update(model) == ema.update(model) == 0.5 and max_gap(twin.module, ema.module) == 0
+
+
+def test_schedules_and_every_are_saved_and_win_over_the_constructor():
+    model = net()
+    saved = ModelEma(model, 0.999, base_batch_size=8, warmup_power=0.75, schedule="cosine", total_samples=800,
+                     every=2, start_samples=16)
+    saved.update(model, samples_seen=8)  # a skipped call: the next one is due
+    restored = ModelEma(net(), 0.9)
+    restored.load_state_dict(saved.state_dict())
+    assert restored.settings() == saved.settings()
+    assert restored.momentum_at(samples_seen=40) == saved.momentum_at(samples_seen=40) == pytest.approx(
+        saved.scheduled(40) ** (40 / 8))
