@@ -99,15 +99,16 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if _is_dtensor(t) else t
 
 
-def _excluder(exclude) -> Callable[[str], bool]:
+def _excluder(exclude) -> tuple[Callable[[str], bool], tuple]:
+    """The test for a tensor's name, and the names given (each must match something)."""
     if exclude is None:
-        return lambda name: False
+        return (lambda name: False), ()
     if callable(exclude):
-        return exclude
+        return exclude, ()
     if isinstance(exclude, str) or not isinstance(exclude, Iterable):
         raise ValueError(f"exclude must be a list of names or a function of the name, got {exclude!r}")
     names = tuple(exclude)
-    return lambda name: any(name == n or name.startswith(n + ".") for n in names)
+    return (lambda name: any(name == n or name.startswith(n + ".") for n in names)), names
 
 
 class ModelEma(nn.Module):
@@ -136,7 +137,7 @@ class ModelEma(nn.Module):
                 "base_batch_size", base_batch_size)
         self._set(settings)  # everything checked before the copy is made
         self._last = _number("samples_seen", samples_seen, strict=False)
-        self._excluded = _excluder(exclude)
+        self._excluded, excluded_names = _excluder(exclude)
         source = unwrap(model)
         self._sharded = any(_is_dtensor(p) for p in source.parameters())
         if self._sharded:
@@ -147,11 +148,10 @@ class ModelEma(nn.Module):
                 p.requires_grad_(False)
                 p.grad = None
             self.module = shadow.eval()
-        if exclude is not None and not callable(exclude):
-            names = [n for n, _, _ in self._shadow()]
-            for n in exclude:
-                if not any(x == n or x.startswith(n + ".") for x in names):
-                    raise ValueError(f"exclude: the model has no parameter or buffer {n!r}")
+        names = [n for n, _, _ in self._shadow()]
+        for n in excluded_names:
+            if not any(x == n or x.startswith(n + ".") for x in names):
+                raise ValueError(f"exclude: the model has no parameter or buffer {n!r}")
         with torch.no_grad():
             self._cast()  # before a move, which reads the shadow's dtype back
             if device is not None:

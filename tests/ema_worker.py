@@ -52,6 +52,7 @@ def train(mode: str) -> dict:
         ema.update(model, samples_seen=(step + 1) * BATCH)
     if mode != "fsdp":
         return {k: v.clone() for k, v in ema.module.state_dict().items()}
+    assert not hasattr(ema, "module")  # a rank holds shards only: evaluate with swap_into
     # each rank's saved state holds its own shards, and a new EMA restores them
     again = ModelEma(model, 0.5)
     again.load_state_dict(ema.state_dict())

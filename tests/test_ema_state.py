@@ -147,8 +147,9 @@ def test_exclude_by_name_or_predicate_copies_instead_of_averaging():
         ema.update(model)
         assert torch.equal(ema.module[3].weight, model[3].weight) and torch.equal(ema.module[3].bias, model[3].bias)
         torch.testing.assert_close(ema.module[0].weight, 0.5 * w0 + 0.5 * model[0].weight)
-    with pytest.raises(ValueError, match="no parameter or buffer 'head'"):
-        ModelEma(net(), 0.5, exclude=["head"])
+    for names in (["head"], iter(["3", "head"])):  # a generator's names are checked too
+        with pytest.raises(ValueError, match="no parameter or buffer 'head'"):
+            ModelEma(net(), 0.5, exclude=names)
 
 
 def test_a_different_model_is_named_not_averaged():
