@@ -296,8 +296,9 @@ class ModelEma(nn.Module):
 
     def set_momentum(self, momentum: float) -> None:
         """ρ̂ for the current κ (Progressive Scaling calls this whenever κ changes); with
-        base_batch_size, the base ρ that updates raise to ΔS / base_batch_size."""
-        object.__setattr__(self, "momentum", _momentum(momentum))
+        base_batch_size, the base ρ that updates raise to ΔS / base_batch_size. Unlike the
+        constructor it accepts 1: a later stage's ρ̂ = ρ^κ can round to 1 (the plan warns)."""
+        object.__setattr__(self, "momentum", _momentum(momentum, allow_one=True))
 
     def scheduled(self, samples_seen: float) -> float:
         """ρ(t) at the base batch after `samples_seen` global samples (warm-up, then the ramp)."""

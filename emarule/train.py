@@ -174,6 +174,9 @@ def build_emas(spec: dict, source: nn.Module, plan) -> dict:
     start = (plan.get("ema.start_steps", 0) or 0) * plan["batch_size"]
     emas = {}
     for name in names:
+        if plan[momentum_key(name)] >= 1.0:  # ρ^κ can round to 1 in float64; the plan warns, a run refuses
+            raise UserError(f"{momentum_key(name)}: ρ̂ = {plan[momentum_key(name)]:g} at κ={plan.kappa:g} never "
+                            f"moves the EMA; use a smaller ρ or a larger κ (see `emarule limits`)")
         e = ModelEma(source, plan[momentum_key(name)], buffers=get(spec, "ema.buffers", "copy"), start_samples=start,
                      dtype=get(spec, "ema.dtype", "float32"))
         e.module.train()

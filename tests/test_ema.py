@@ -169,3 +169,14 @@ def test_the_engines_emas_are_model_emas_that_raise_rho_to_kappa_once():
     perturb(model)
     used = [e.update(model, samples_seen=64) for e in emas.values()]
     assert used == [plan["ema.momentum"], plan["ema.momentum/0.99"]] == [0.9**2, 0.99**2]
+
+
+def test_the_engine_refuses_a_first_stage_rho_hat_that_rounds_to_one_in_one_line():
+    import emarule
+    from emarule.train import build_emas
+
+    spec = {"batch": {"size": 256}, "ema": {"momentum": 0.9999999999999999}}
+    plan = emarule.scale(spec, 0.5)
+    assert plan["ema.momentum"] == 1.0 and plan.warnings  # the plan warns; a run would never move its EMA
+    with pytest.raises(emarule.UserError, match="ema.momentum: ρ̂ = 1 at κ=0.5 never moves the EMA"):
+        build_emas(spec, net(), plan)
