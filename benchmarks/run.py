@@ -5,7 +5,9 @@ Compares, in one process on the same model and device:
   timm      timm.utils.ModelEmaV3 (foreach lerp over the whole state_dict, buffers averaged too)
   swa_utils torch.optim.swa_utils.AveragedModel with get_ema_multi_avg_fn (parameters only)
   naive     a Python loop of ζ ← ρζ + (1 − ρ)θ per tensor (lightly's update_momentum)
-Methods take turns; prints the best and the median of repeated updates, and each relative to emarule.
+  and emarule's features: the samples_seen clock with the rule, warm-up, exclude=, every=4 (4 calls)
+Methods take turns; prints the best and the median of repeated updates, each relative to emarule,
+and emarule's relative to timm's.
 """
 
 from __future__ import annotations
@@ -68,6 +70,20 @@ def main() -> None:
 
     ours = ModelEma(model, rho)
     methods = {"emarule": lambda: ours.update(model)}
+    # the new features' cost: the global clock (with the rule), warm-up, exclude, every=4 (4 calls: 1 update)
+    clocked = ModelEma(model, rho, base_batch_size=256)
+    warm = ModelEma(model, rho, base_batch_size=256, warmup_power=0.75)
+    masked = ModelEma(model, rho, exclude=["fc"])
+    every = ModelEma(model, rho, base_batch_size=256, every=4)
+    clock = {"s": 0}
+
+    def tick(ema):
+        clock["s"] += 256
+        return ema.update(model, samples_seen=clock["s"])
+
+    features = {"emarule samples_seen clock": lambda: tick(clocked), "emarule + warm-up": lambda: tick(warm),
+                "emarule exclude=['fc']": lambda: masked.update(model),
+                "emarule every=4 (4 calls)": lambda: [every.update(model, batch_size=256) for _ in range(4)]}
 
     try:
         from timm.utils import ModelEmaV3
@@ -92,6 +108,7 @@ def main() -> None:
             e.data = e.data * rho + p.data * (1.0 - rho)
 
     methods["naive per-tensor loop"] = naive
+    methods.update(features)
 
     print(f"one EMA update of a ResNet-50 ({n_params / 1e6:.1f}M parameters) on {device}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.repeats} calls each")
@@ -102,6 +119,12 @@ def main() -> None:
     for name, (best, med) in results.items():
         print(f"  {name:<{width}}  {best * 1e3:8.2f} ms   {med * 1e3:8.2f} ms   {best / base_best:8.2f}x  "
               f"{med / base_med:12.2f}x")
+    if "timm ModelEmaV3" in results:
+        t_best, t_med = results["timm ModelEmaV3"]
+        print("  time relative to timm ModelEmaV3 (below 1: faster):")
+        for name in [n for n in results if n.startswith("emarule")]:
+            best, med = results[name]
+            print(f"    {name:<{width}}  best {best / t_best:.2f}x  median {med / t_med:.2f}x")
     print("  (best = least-disturbed call; on a shared machine the median also measures other processes)")
 
 

@@ -3,7 +3,8 @@
 Torch-free, so it can run wherever a config is built. Every bad value raises `UserError` with
 the one-line message `emarule plan` prints for the same problem: a spec is read and checked by
 the loader and schema the CLI uses, and scaled by the same core. Only `kappa`, `batch_size`
-and `samples_*` are checked here, because the CLI checks them as command-line text.
+and `samples_*` are checked here, because the CLI checks them as command-line text (and its
+messages name the options, `--kappa`, which an API error must not).
 """
 
 from __future__ import annotations
@@ -36,11 +37,29 @@ def scale(spec: str | os.PathLike | Mapping, kappa: float | None = None, *, batc
     None keeps the spec's own. `plan["optimizer.lr"]` is a scaled value; `plan.values[name]`
     holds base, scaled, unit and rule; `plan.stages` the per-stage plans (see `plan_at`).
     """
-    s = _load(spec)
-    if batch_size is not None:
-        _positive("batch_size", batch_size)
-    k = kappa_from(s, kappa, batch_size)
-    return _plan(s, k, ema_rule, _schedule(progressive))
+    if kappa is not None and batch_size is not None:
+        raise UserError("give kappa or batch_size, not both")
+    for name, value in (("kappa", kappa), ("batch_size", batch_size)):
+        if value is not None:
+            _positive(name, value)
+    try:
+        s = _load(spec)
+        k = kappa_from(s, kappa, batch_size)
+        return _plan(s, k, ema_rule, _schedule(progressive))
+    except UserError as e:
+        raise _in_api_words(e) from None
+
+
+# The core's messages name the CLI's options; an API caller passes arguments.
+CLI_WORDS = {"--progressive": "progressive", "--ema-rule exponential": "ema_rule='exponential'",
+             "--ema-rule": "ema_rule", "--kappa": "kappa", "--batch-size": "batch_size"}
+
+
+def _in_api_words(e: UserError) -> UserError:
+    text = str(e)
+    for cli, api in CLI_WORDS.items():
+        text = text.replace(cli, api)
+    return type(e)(text)
 
 
 def plan_at(plan: Plan, samples_seen: float, samples_per_epoch: float | None = None) -> Plan:

@@ -1,43 +1,48 @@
 """The model EMA ζ ← ρ ζ + (1 − ρ) θ (the paper's Definition 1.1), fast and scaling-aware.
 
-- Shadow weights are kept in float32 (spec `ema.dtype`) even when the model holds bfloat16
-  weights: 1 − ρ̂ is far below bfloat16's resolution for the momenta the paper uses.
+Reference with examples: docs/model-ema.md.
+
+- Shadow weights are kept in float32 (`dtype`) even when the model holds bfloat16 weights:
+  1 − ρ̂ is far below bfloat16's resolution for the momenta the paper uses.
 - The update is one `torch._foreach_lerp_` per (device, dtype) group: ζ.lerp_(θ, 1 − ρ).
   lerp keeps ζ's rounding error proportional to the step (1 − ρ)(θ − ζ), whereas
   ζ·ρ + θ·(1 − ρ) adds an error of order eps·|ζ| at every update, which with ρ near 1 is
   of the same size as the update itself.
-- The momentum can change during training (`set_momentum`, or passed per update), which is
-  what Progressive Scaling needs: ρ̂ = ρ^κ is re-derived each time κ changes.
-- Or the EMA scales itself: built with `base_batch_size` B (the batch at which ρ was tuned),
-  `update(model, batch_size=B̂)` applies ρ^(B̂/B), the EMA Scaling Rule, whatever the batch is
-  now. Without `base_batch_size` it is a plain EMA at the momentum given (the training engine's
-  use: it passes the plan's ρ̂ itself).
-- A model wrapped in DistributedDataParallel, DataParallel or torch.compile is unwrapped: the
-  shadow and the pairing are built from the inner module, which holds the same tensors.
-- Accumulation starts after `start_samples` samples seen (the training loop passes the plan's
-  `ema.start_steps`, N/κ steps, times the batch κB): before that the EMA is a copy of θ, as
-  Polyak averaging and pseudo-labeling recipes do. `momentum_at` returns 0 there; `update` then copies.
-- Buffers (BatchNorm running statistics) are copied (default) or averaged with the same momentum.
+- With `base_batch_size` B (the batch at which ρ was tuned) the EMA scales itself: an update
+  after ΔS more samples applies ρ(t)^(ΔS/B), the EMA Scaling Rule, where ρ(t) is the momentum
+  schedule read at the base batch (constant, timm's warm-up, BYOL's/DINO's cosine ramp to 1).
+  ΔS comes from a global clock: `samples_seen` (all ranks, all micro-batches, EDM2's way) or
+  `batch_size` per call, or both, checked against each other. Updating every N calls raises ρ
+  to the samples actually seen in between. Without `base_batch_size` the momentum is used as
+  given (the training engine's use: it sets the plan's ρ̂ per stage, so ρ is raised to κ once,
+  in the plan, never again here).
+- Parameters are paired with the model's by name and re-paired whenever the model's tensors
+  change (`load_state_dict(assign=True)`, a new model of the same architecture).
+- A model wrapped in DistributedDataParallel, DataParallel or torch.compile is unwrapped. A
+  model sharded with FSDP2 (`fully_shard`, DTensor parameters) gets a shard-local shadow.
 
-Which θ is averaged (spec `ema.update_from`) is the training loop's choice, not this class's:
-"post" (BYOL, DINO) calls `update` after `optimizer.step()`, averaging θ_{t+1}; "pre" (the
-paper's Definition, ζ_{t+1} = ρ ζ_t + (1 − ρ) θ_t) calls it before the step, once the gradients
-are computed, which averages θ_t without a snapshot copy.
-
-The split into `momentum_at` (what ρ to use now) and `update` (apply it) follows timm's
-ModelEmaV3 `get_decay` / `apply_update_`; the formula is lightly's `update_momentum`.
+Which θ is averaged (spec `ema.update_from`) is the training loop's choice: "post" (BYOL, DINO)
+calls `update` after `optimizer.step()`, averaging θ_{t+1}; "pre" (the paper's Definition) calls
+it before the step, once the gradients are computed, which averages θ_t without a snapshot copy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
+import numbers
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import torch
 from torch import nn
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 WRAPPERS = (nn.parallel.DistributedDataParallel, nn.DataParallel)
+BUFFER_MODES = ("copy", "average")
+SCHEDULES = ("constant", "cosine")
+SETTINGS = ("momentum", "base_batch_size", "buffers", "dtype", "start_samples", "warmup_power", "warmup_gamma",
+            "schedule", "total_samples", "every")
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -52,150 +57,413 @@ def unwrap(model: nn.Module) -> nn.Module:
         model = inner
 
 
-def _check_momentum(momentum: float) -> float:
-    m = float(momentum)
-    if not 0.0 <= m <= 1.0:  # NaN fails too
-        raise ValueError(f"EMA momentum must be in [0, 1], got {momentum}")
+def _number(name: str, value, *, low: float = 0.0, strict: bool = True, optional: bool = False) -> float | None:
+    """A finite real > low (≥ low unless strict); a bool or a string is refused, not converted."""
+    if value is None and optional:
+        return None
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    v = float(value) if ok else math.nan
+    if not (math.isfinite(v) and (v > low if strict else v >= low)):
+        kind = "" if ok else f" (a {type(value).__name__})"
+        raise ValueError(f"{name} must be a finite number {'>' if strict else '≥'} {low:g}, got {value!r}{kind}")
+    return v
+
+
+def _momentum(value, name: str = "momentum", *, allow_one: bool = False) -> float:
+    m = _number(name, value, strict=False)
+    if m > 1.0 or (m == 1.0 and not allow_one):
+        fix = ("ρ = 1 never moves the EMA (and ρ^κ stays 1); give ρ in [0, 1)" if m == 1.0
+               else "give ρ in [0, 1)")
+        raise ValueError(f"{name} {value!r} is not a usable EMA momentum: {fix}")
     return m
 
 
-class ModelEma:
-    """EMA copy of `source`. `ema.module` is an nn.Module with the averaged weights (the teacher).
+def _dtype(value) -> torch.dtype:
+    if isinstance(value, torch.dtype) and value in DTYPES.values():
+        return value
+    if isinstance(value, str) and value in DTYPES:
+        return DTYPES[value]
+    raise ValueError(f"dtype {value!r} is not a shadow dtype: use one of {', '.join(DTYPES)} (or the torch dtype)")
 
-    `momentum` is ρ at `base_batch_size` when that is given (then every update passes its
-    batch_size and applies ρ^(batch_size / base_batch_size)); otherwise it is used as is.
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return next(k for k, v in DTYPES.items() if v == dtype)
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    return hasattr(t, "to_local") and hasattr(t, "placements")
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The shard this rank holds of an FSDP2 (DTensor) parameter; any other tensor as is."""
+    return t.to_local() if _is_dtensor(t) else t
+
+
+def _excluder(exclude) -> tuple[Callable[[str], bool], tuple]:
+    """The test for a tensor's name, and the names given (each must match something)."""
+    if exclude is None:
+        return (lambda name: False), ()
+    if callable(exclude):
+        return exclude, ()
+    if isinstance(exclude, str) or not isinstance(exclude, Iterable):
+        raise ValueError(f"exclude must be a list of names or a function of the name, got {exclude!r}")
+    names = tuple(exclude)
+    return (lambda name: any(name == n or name.startswith(n + ".") for n in names)), names
+
+
+class ModelEma(nn.Module):
+    """EMA copy of `model`. Calling it runs the averaged model; `ema.module` is that model.
+
+    `momentum` is ρ at `base_batch_size` when that is given (every update then raises the
+    scheduled ρ to ΔS / base_batch_size); otherwise it is applied as is at every update.
     """
 
-    def __init__(self, source: nn.Module, momentum: float, *, base_batch_size: float | None = None,
-                 buffers: str = "copy", start_samples: float = 0, dtype: torch.dtype | str = torch.float32):
-        if buffers not in ("copy", "average"):
-            raise ValueError(f"buffers must be copy or average, got {buffers!r}")
-        if base_batch_size is not None and not 0.0 < float(base_batch_size) < math.inf:
-            raise ValueError(f"base_batch_size must be finite and > 0, got {base_batch_size!r}")
-        self.dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
-        self.module = copy.deepcopy(unwrap(source))
-        for p in self.module.parameters():
-            p.requires_grad_(False)
-        # Floating-point parameters (and averaged buffers) are held in self.dtype; integer buffers
-        # (BatchNorm's num_batches_tracked) are always copied.
+    def __init__(self, model: nn.Module, momentum: float, *, base_batch_size: float | None = None,
+                 buffers: str = "copy", start_samples: float = 0, start_steps: float | None = None,
+                 warmup_power: float | None = None, warmup_gamma: float = 1.0, schedule: str = "constant",
+                 total_samples: float | None = None, every: int = 1, samples_seen: float = 0,
+                 dtype: torch.dtype | str = torch.float32, device: torch.device | str | None = None,
+                 exclude: Iterable[str] | Callable[[str], bool] | None = None):
+        super().__init__()
+        settings = {"momentum": momentum, "base_batch_size": base_batch_size, "buffers": buffers,
+                    "dtype": dtype, "start_samples": start_samples, "warmup_power": warmup_power,
+                    "warmup_gamma": warmup_gamma, "schedule": schedule, "total_samples": total_samples,
+                    "every": every}
+        if start_steps is not None:
+            if base_batch_size is None:
+                raise ValueError("start_steps counts steps at the base batch: give base_batch_size, "
+                                 "or start_samples instead")
+            settings["start_samples"] = _number("start_steps", start_steps, strict=False) * _number(
+                "base_batch_size", base_batch_size)
+        self._set(settings)  # everything checked before the copy is made
+        self._last = _number("samples_seen", samples_seen, strict=False)
+        self._excluded, excluded_names = _excluder(exclude)
+        source = unwrap(model)
+        self._sharded = any(_is_dtensor(p) for p in source.parameters())
+        if self._sharded:
+            self.shards, self._kinds = _shard_shadow(source)
+        else:
+            shadow = copy.deepcopy(source)
+            for p in shadow.parameters():
+                p.requires_grad_(False)
+                p.grad = None
+            self.module = shadow.eval()
+        names = [n for n, _, _ in self._shadow()]
+        for n in excluded_names:
+            if not any(x == n or x.startswith(n + ".") for x in names):
+                raise ValueError(f"exclude: the model has no parameter or buffer {n!r}")
         with torch.no_grad():
-            for p in self.module.parameters():
-                if p.is_floating_point():
-                    p.data = p.data.to(self.dtype)
-            if buffers == "average":
-                for b in self.module.buffers():
-                    if b.is_floating_point():
-                        b.data = b.data.to(self.dtype)
-        self.momentum = _check_momentum(momentum)
-        self.base_batch_size = None if base_batch_size is None else float(base_batch_size)
-        self.buffers = buffers
-        self.start_samples = float(start_samples)
-        self._pairs_for: int | None = None
+            self._cast()  # before a move, which reads the shadow's dtype back
+            if device is not None:
+                self._apply(lambda t: t.to(device))
+        self._pending, self._calls, self.updates = 0.0, 0, 0
+        self._sig: tuple | None = None
+        self._mods: list = []
         self._groups: list = []
         self._copies: list = []
+        self.eval()
 
-    # -- the schedule (what ρ now) -----------------------------------------------------------
+    # -- settings and state ----------------------------------------------------------------------
+
+    def _set(self, s: Mapping) -> None:
+        """Check every setting, then apply them all (nothing changes on bad input)."""
+        base = _number("base_batch_size", s["base_batch_size"], optional=True)
+        if s["buffers"] not in BUFFER_MODES:
+            raise ValueError(f"buffers must be one of {', '.join(BUFFER_MODES)}, got {s['buffers']!r}")
+        if s["schedule"] not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {s['schedule']!r}")
+        power = _number("warmup_power", s["warmup_power"], optional=True)
+        total = _number("total_samples", s["total_samples"], optional=True)
+        if s["schedule"] == "cosine" and total is None:
+            raise ValueError("schedule='cosine' ramps ρ to 1 over the run: give total_samples, the global samples "
+                             "the run will see")
+        if base is None and (power is not None or s["schedule"] != "constant"):
+            raise ValueError("a momentum schedule counts steps at the base batch: give base_batch_size (your "
+                             "batch, if you do not scale)")
+        every = s["every"]
+        if isinstance(every, bool) or not isinstance(every, numbers.Integral) or every < 1:
+            raise ValueError(f"every must be a whole number of calls ≥ 1, got {every!r}")
+        values = {"momentum": _momentum(s["momentum"]), "base_batch_size": base, "dtype": _dtype(s["dtype"]),
+                  "start_samples": _number("start_samples", s["start_samples"], strict=False),
+                  "warmup_power": power, "warmup_gamma": _number("warmup_gamma", s["warmup_gamma"]),
+                  "schedule": s["schedule"], "total_samples": total, "every": int(every), "buffers": s["buffers"]}
+        for k, v in values.items():
+            object.__setattr__(self, k, v)
+
+    def settings(self) -> dict:
+        return {k: _dtype_name(self.dtype) if k == "dtype" else getattr(self, k) for k in SETTINGS}
+
+    def get_extra_state(self) -> dict:
+        """Saved with the weights (also inside a parent's state_dict): the settings and the clock."""
+        return {**self.settings(), "samples_seen": self._last, "pending": self._pending, "calls": self._calls,
+                "updates": self.updates}
+
+    def set_extra_state(self, state: Mapping) -> None:
+        """The saved settings win over the constructor's: buffers mode, dtype and clock included."""
+        self._set({**self.settings(), **{k: state[k] for k in SETTINGS if k in state}})
+        self._last = state.get("samples_seen")
+        self._pending = float(state.get("pending", 0.0))
+        self._calls, self.updates = int(state.get("calls", 0)), int(state.get("updates", 0))
+        with torch.no_grad():
+            self._cast()
+        self._sig = None
+
+    def load_state_dict(self, state_dict: Mapping, strict: bool = True, assign: bool = False):
+        """Also reads the engine's checkpoint form {"module": weights, settings...} and older dicts
+        (no dtype or clock; an `updates` counter)."""
+        if isinstance(state_dict.get("module"), Mapping):
+            state_dict = self._flat(state_dict)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def _flat(self, nested: Mapping) -> dict:
+        if self._sharded:
+            raise ValueError("this EMA holds a shard-local shadow (FSDP2): load its own state_dict(), not a "
+                             "{'module': ...} checkpoint of an unsharded model")
+        extra = {k: v for k, v in nested.items() if k != "module"}
+        # an older dict has no clock: an update in rule mode then needs batch_size to know ΔS
+        extra.setdefault("samples_seen", None)
+        return {**{f"module.{k}": v for k, v in nested["module"].items()}, "_extra_state": extra}
+
+    def checkpoint(self) -> dict:
+        """{"module": the averaged model's state_dict, settings..., clock...}: the engine's checkpoint form."""
+        if self._sharded:
+            raise ValueError("this EMA holds a shard-local shadow (FSDP2): save its state_dict() per rank")
+        return {"module": self.module.state_dict(), **self.get_extra_state()}
+
+    def _cast(self) -> None:
+        """Floating parameters (and averaged buffers) in self.dtype; integer buffers untouched."""
+        for _, t, is_param in self._shadow():
+            if t.is_floating_point() and (is_param or self.buffers == "average") and t.dtype != self.dtype:
+                t.data = t.data.to(self.dtype)
+
+    def _apply(self, fn, recurse: bool = True):
+        out = super()._apply(fn, recurse)
+        self._sig = None  # `.to()` moved or cast the shadow: pair again
+        dtypes = [t.dtype for _, t, p in self._shadow() if p and t.is_floating_point()]
+        if dtypes and dtypes[0] in DTYPES.values():
+            object.__setattr__(self, "dtype", dtypes[0])
+        return out
+
+    def train(self, mode: bool = True):
+        """A parent's train() leaves the averaged model in eval mode; use ema.module.train() to change it."""
+        self.training = mode
+        return self
+
+    # -- the averaged model ------------------------------------------------------------------------
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        if name == "module" and self.__dict__.get("_sharded"):
+            raise AttributeError("this EMA averages an FSDP2-sharded model and holds only this rank's shards: "
+                                 "evaluate with `with ema.swap_into(model): model(x)`")
+        return super().__getattr__(name)
+
+    def _shadow(self) -> Iterator[tuple[str, torch.Tensor, bool]]:
+        """(name, shadow tensor, is a parameter) in the model's order."""
+        if self.__dict__.get("_sharded"):
+            for key, t in self.shards.named_buffers():
+                name = key.replace("/", ".")
+                yield name, t, self._kinds[name]
+            return
+        for name, p in self.module.named_parameters():
+            yield name, p, True
+        for name, b in self.module.named_buffers():
+            yield name, b, False
+
+    @contextlib.contextmanager
+    def swap_into(self, model: nn.Module):
+        """Evaluate with the averaged weights in `model` (sharded or not); its own come back after."""
+        self._pair(unwrap(model))
+        saved = []
+        with torch.no_grad():
+            for _, es, ss in self._groups:
+                for e, s in zip(es, ss, strict=True):
+                    s = _local(s)
+                    saved.append((s, s.clone()))
+                    s.copy_(e)
+        try:
+            yield model
+        finally:
+            with torch.no_grad():
+                for s, keep in saved:
+                    s.copy_(keep)
+
+    apply_to = swap_into
+
+    # -- the momentum path (the engine's and yours) --------------------------------------------------
 
     def set_momentum(self, momentum: float) -> None:
         """ρ̂ for the current κ (Progressive Scaling calls this whenever κ changes); with
-        base_batch_size, the base ρ that updates raise to batch_size / base_batch_size."""
-        self.momentum = _check_momentum(momentum)
+        base_batch_size, the base ρ that updates raise to ΔS / base_batch_size. Unlike the
+        constructor it accepts 1: a later stage's ρ̂ = ρ^κ can round to 1 (the plan warns)."""
+        object.__setattr__(self, "momentum", _momentum(momentum, allow_one=True))
 
-    def momentum_at(self, samples_seen: float | None = None, batch_size: float | None = None) -> float:
-        """0 (copy θ) until accumulation starts, then the momentum for this batch.
+    def scheduled(self, samples_seen: float) -> float:
+        """ρ(t) at the base batch after `samples_seen` global samples (warm-up, then the ramp)."""
+        rho = self.momentum
+        if self.schedule == "cosine":
+            f = min(max(samples_seen / self.total_samples, 0.0), 1.0)
+            rho = 1.0 - (1.0 - rho) * (math.cos(math.pi * f) + 1.0) / 2.0
+        if self.warmup_power is not None:
+            steps = max(samples_seen - self.start_samples, 0.0) / self.base_batch_size
+            rho = min(rho, 1.0 - (1.0 + steps / self.warmup_gamma) ** -self.warmup_power)
+        return rho
 
-        `samples_seen` counts samples including the batch of the step just taken, so with
-        start_samples = S·B the first S base steps copy and step S+1 is the first average.
-        """
-        if samples_seen is not None and samples_seen <= self.start_samples:
-            return 0.0
+    def momentum_at(self, samples_seen: float | None = None, batch_size: float | None = None,
+                    momentum: float | None = None) -> float:
+        """The ρ an update with these arguments would apply now (0 means a copy); changes nothing."""
+        return self._step(samples_seen, batch_size, momentum)[0]
+
+    def _step(self, samples_seen, batch_size, momentum) -> tuple:
+        """(ρ, S after, due): the whole momentum path, checked before anything changes."""
+        s = _number("samples_seen", samples_seen, strict=False, optional=True)
+        b = _number("batch_size", batch_size, optional=True)
+        m = None if momentum is None else _momentum(momentum, allow_one=True)
+        due = (self._calls + 1) % self.every == 0  # the next call is due to average
+        pending = self._pending + (b or 0.0)
+        delta = None
+        if s is not None and self._last is not None:
+            delta = s - self._last
+            if delta <= 0:
+                raise ValueError(f"samples_seen must grow from one update to the next (it was {self._last:g}, now "
+                                 f"{s:g}): pass the global samples seen after this step, all ranks and micro-batches")
+            if b is not None and due and abs(delta - pending) > 1e-6 * max(delta, 1.0):
+                over = f" over {self.every} calls" if self.every > 1 else ""
+                raise ValueError(f"samples_seen grew by {delta:g} since the last update but batch_size adds up to "
+                                 f"{pending:g}{over}: both must count the global batch (all ranks, all "
+                                 f"micro-batches)")
+        elif b is not None:
+            delta = pending
+            if s is None:
+                s = None if self._last is None else self._last + pending
+        if not due:
+            return 1.0, s, False
+        if s is not None and s <= self.start_samples:
+            return 0.0, s, True
         if self.base_batch_size is None:
-            return self.momentum  # a plain EMA: batch_size does not enter
-        if batch_size is None:
-            raise ValueError(f"this EMA scales ρ with the batch (base_batch_size={self.base_batch_size:g}); "
-                             f"pass update(model, batch_size=B)")
-        if not 0.0 < float(batch_size) < math.inf:
-            raise ValueError(f"batch_size must be finite and > 0, got {batch_size!r}")
-        return self.momentum ** (float(batch_size) / self.base_batch_size)
+            return (self.momentum if m is None else m), s, True
+        if delta is None:
+            raise ValueError(f"this EMA scales ρ with the batch (base_batch_size={self.base_batch_size:g}): pass "
+                             f"update(model, samples_seen=S) with S the global samples seen, or batch_size=B")
+        if m is None:
+            if s is None and (self.schedule != "constant" or self.warmup_power is not None):
+                raise ValueError("a momentum schedule needs the clock: pass samples_seen=S")
+            m = self.momentum if s is None else self.scheduled(s)
+        return m ** (delta / self.base_batch_size), s, True
 
-    # -- the update --------------------------------------------------------------------------
+    # -- the update --------------------------------------------------------------------------------
 
-    def _build(self, source: nn.Module) -> None:  # source already unwrapped
-        """Pair shadow and source tensors once, grouped by (device, shadow dtype, source dtype)."""
-        ema_p = list(self.module.parameters())
-        src_p = list(source.parameters())
-        if len(ema_p) != len(src_p):
-            raise ValueError("EMA source has a different set of parameters than the EMA copy")
-        lerp_pairs = list(zip(ema_p, src_p, strict=True))
+    def _pair(self, source: nn.Module) -> None:
+        """Pair shadow and model tensors by name, once per set of model tensors; group by (device, dtype)."""
+        if self._sig is not None and self._signature(source) == self._sig:
+            return
+        params, bufs = list(source.named_parameters()), list(source.named_buffers())
+        src = {**{n: (t, True) for n, t in params}, **{n: (t, False) for n, t in bufs}}
+        groups: dict = {}
         copies = []
-        ema_b = list(self.module.buffers())
-        src_b = list(source.buffers())
-        if len(ema_b) != len(src_b):
-            raise ValueError("EMA source has a different set of buffers than the EMA copy")
-        for e, s in zip(ema_b, src_b, strict=True):
-            if self.buffers == "average" and e.is_floating_point():
-                lerp_pairs.append((e, s))
+        seen = set()
+        for name, e, is_param in self._shadow():
+            kind = "parameter" if is_param else "buffer"
+            if name not in src or src[name][1] != is_param:
+                raise ValueError(f"the model has no {kind} {name!r}, which this EMA averages: update from the model "
+                                 f"the EMA was built from")
+            s = src[name][0]
+            if tuple(_local(s).shape) != tuple(e.shape):
+                raise ValueError(f"{kind} {name!r} has shape {tuple(_local(s).shape)} in the model but "
+                                 f"{tuple(e.shape)} in the EMA: build the EMA from this model")
+            seen.add(name)
+            if e.is_floating_point() and (is_param or self.buffers == "average") and not self._excluded(name):
+                g = groups.setdefault((e.device, e.dtype), ([], []))
+                g[0].append(e)
+                g[1].append(s)
             else:
                 copies.append((e, s))
-        groups: dict = {}
-        for e, s in lerp_pairs:
-            if not e.is_floating_point():
-                copies.append((e, s))
-                continue
-            groups.setdefault((e.device, e.dtype, s.dtype), ([], []))
-            groups[(e.device, e.dtype, s.dtype)][0].append(e)
-            groups[(e.device, e.dtype, s.dtype)][1].append(s)
+        extra = [n for n in src if n not in seen]
+        if extra:
+            raise ValueError(f"the model has {extra[0]!r}, which the EMA does not: build the EMA from this model")
         self._groups = [(key, es, ss) for key, (es, ss) in groups.items()]
         self._copies = copies
-        self._pairs_for = id(source)
+        self._mods = list(source.modules())
+        self._sig = self._signature(source)
+
+    def _signature(self, source: nn.Module) -> tuple:
+        """Which tensors and submodules the model holds now (assign=True or a new submodule changes it).
+        Read from the modules' own dicts: ten times cheaper than source.parameters() on a ResNet-50."""
+        return (id(source), *(id(v) for m in self._mods for d in (m._parameters, m._buffers, m._modules)
+                              for v in d.values()))
 
     @torch.no_grad()
-    def update(self, source: nn.Module, samples_seen: float | None = None, momentum: float | None = None, *,
-               batch_size: float | None = None) -> float:
-        """One EMA step from `source`; returns the momentum used (0 means a copy).
+    def update(self, model: nn.Module, *args, samples_seen: float | None = None, batch_size: float | None = None,
+               momentum: float | None = None) -> float:
+        """One EMA step from `model`; returns the momentum used (0: a copy; 1: a call skipped by `every`).
 
-        `momentum`, when given, is used as is for this step (no scaling, no start delay).
+        samples_seen: the GLOBAL samples seen after this step (all ranks, all micro-batches); each
+        update infers its batch from the change since the previous one. batch_size: the global batch
+        of this call (checked against samples_seen when both are given). momentum: this update's ρ
+        at the base batch (a schedule of your own); the rule still raises it to ΔS / base_batch_size.
         """
-        source = unwrap(source)
-        if self._pairs_for != id(source):
-            self._build(source)
-        rho = self.momentum_at(samples_seen, batch_size) if momentum is None else _check_momentum(momentum)
+        if args:
+            raise TypeError("update() takes its clock by keyword: update(model, samples_seen=S) with S the global "
+                            "samples seen, or update(model, batch_size=B); a positional value (timm passes a step) "
+                            "is not read as samples")
+        rho, s, due = self._step(samples_seen, batch_size, momentum)
+        if not due:
+            self._calls += 1
+            self._pending += float(batch_size or 0.0)
+            return 1.0
+        self._pair(unwrap(model))  # raises on a model that does not match, before anything changes
+        self._calls += 1
         if rho == 0.0:
-            self.copy_from(source)
-            return 0.0
-        weight = 1.0 - rho
-        for (_, ema_dtype, src_dtype), es, ss in self._groups:
-            if src_dtype != ema_dtype:
-                # lerp needs one dtype; a temporary cast of a bf16 model is cheaper than losing
-                # the update to bf16 rounding in the shadow.
-                ss = [s.to(ema_dtype) for s in ss]
-            torch._foreach_lerp_(es, ss, weight)
-        for e, s in self._copies:
-            e.copy_(s)
+            self._copy()
+        else:
+            for (dev, dt), es, ss in self._groups if rho != 1.0 else ():
+                ss = [_local(x) for x in ss] if self._sharded else ss
+                # lerp needs one device and dtype: a temporary cast of a bf16 model is cheaper than
+                # losing the update to bf16 rounding in the shadow
+                ss = [x if x.device == dev and x.dtype == dt else x.to(dev, dt) for x in ss]
+                torch._foreach_lerp_(es, ss, 1.0 - rho)
+            for e, x in self._copies:
+                e.copy_(x)
+        if s is not None:
+            self._last = s
+        self._pending, self.updates = 0.0, self.updates + 1
         return rho
 
     @torch.no_grad()
-    def copy_from(self, source: nn.Module) -> None:
+    def copy_from(self, model: nn.Module) -> None:
         """ζ ← θ (before accumulation starts, or to reset)."""
-        source = unwrap(source)
-        if self._pairs_for != id(source):
-            self._build(source)
+        self._pair(unwrap(model))
+        self._copy()
+
+    def _copy(self) -> None:
         for _, es, ss in self._groups:
             for e, s in zip(es, ss, strict=True):
-                e.copy_(s)
+                e.copy_(_local(s))
         for e, s in self._copies:
             e.copy_(s)
 
-    # -- persistence ---------------------------------------------------------------------------
+    def __getstate__(self) -> dict:
+        """A deep copy or pickle of the EMA must not carry the model's tensors along: pair again after."""
+        state = self.__dict__.copy()
+        state.update(_sig=None, _mods=[], _groups=[], _copies=[])
+        return state
 
-    def state_dict(self) -> dict:
-        return {"module": self.module.state_dict(), "momentum": self.momentum, "base_batch_size": self.base_batch_size,
-                "buffers": self.buffers, "start_samples": self.start_samples}
+    def extra_repr(self) -> str:
+        base = "" if self.base_batch_size is None else f", base_batch_size={self.base_batch_size:g}"
+        return f"momentum={self.momentum}{base}, buffers={self.buffers}, dtype={_dtype_name(self.dtype)}"
 
-    def load_state_dict(self, state: dict) -> None:
-        """Also reads older dicts (no base_batch_size; an `updates` counter, ignored)."""
-        self.module.load_state_dict(state["module"])
-        self.momentum = float(state["momentum"])
-        base = state.get("base_batch_size", self.base_batch_size)
-        self.base_batch_size = None if base is None else float(base)
-        self.start_samples = float(state.get("start_samples", self.start_samples))
+
+def _shard_shadow(source: nn.Module) -> tuple[nn.Module, dict]:
+    """FSDP2 cannot be deep-copied: keep this rank's shard of every parameter (and the buffers) as
+    plain tensors, named like the model's with '/' for '.' (a buffer name cannot hold a dot)."""
+    holder, kinds = nn.Module(), {}
+    with torch.no_grad():
+        for name, p in source.named_parameters():
+            holder.register_buffer(name.replace(".", "/"), _local(p).detach().clone())
+            kinds[name] = True
+        for name, b in source.named_buffers():
+            holder.register_buffer(name.replace(".", "/"), b.detach().clone())
+            kinds[name] = False
+    return holder, kinds

@@ -174,6 +174,9 @@ def build_emas(spec: dict, source: nn.Module, plan) -> dict:
     start = (plan.get("ema.start_steps", 0) or 0) * plan["batch_size"]
     emas = {}
     for name in names:
+        if plan[momentum_key(name)] >= 1.0:  # ρ^κ can round to 1 in float64; the plan warns, a run refuses
+            raise UserError(f"{momentum_key(name)}: ρ̂ = {plan[momentum_key(name)]:g} at κ={plan.kappa:g} never "
+                            f"moves the EMA; use a smaller ρ or a larger κ (see `emarule limits`)")
         e = ModelEma(source, plan[momentum_key(name)], buffers=get(spec, "ema.buffers", "copy"), start_samples=start,
                      dtype=get(spec, "ema.dtype", "float32"))
         e.module.train()
@@ -528,8 +531,10 @@ def clip_gradients(params: list, aux_ids: frozenset, clip: float | None) -> floa
 
 
 def update_emas(run: Run, seen_after: float) -> None:
+    """Each EMA holds the plan's ρ̂ for the stage (set_momentum) and no base batch, so ρ is raised to κ once."""
     for name, e in run.emas.items():
-        run.momenta["ema_momentum" if name == MAIN_EMA else f"ema_momentum/{name}"] = e.update(run.source, seen_after)
+        key = "ema_momentum" if name == MAIN_EMA else f"ema_momentum/{name}"
+        run.momenta[key] = e.update(run.source, samples_seen=seen_after)
 
 
 # --- log, evaluate, checkpoint -----------------------------------------------------------------
@@ -582,7 +587,7 @@ def save(run: Run, finished: bool = False) -> None:
         # never overwrite the last good checkpoint with a diverged model
         raise diverged(run, "the weights became non-finite")
     checkpoint.save(run.ctx.out, {
-        "model": run.model.state_dict(), "emas": {k: e.state_dict() for k, e in run.emas.items()},
+        "model": run.model.state_dict(), "emas": {k: e.checkpoint() for k, e in run.emas.items()},
         "optimizer": run.optimizer.state_dict(), "clock": asdict(run.clock), "fingerprint": fingerprint(run.ctx),
         "task_state": run.parts.state.state_dict() if run.parts.state is not None else None,
         "finished": finished, "final_metrics": run.final})

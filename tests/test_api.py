@@ -142,8 +142,10 @@ def test_named_experiment_and_yaml_path_match_the_cli_json():
 
 def test_rule_and_experiment_errors_read_as_the_cli_prints_them():
     assert api_error("byol-vit", 11) == cli_error("plan", "byol-vit", "--kappa", "11")
+    # the same message, naming the argument where the CLI names its option
     assert api_error("byol-r18", 300, ema_rule="linear") == cli_error(
-        "plan", "byol-r18", "--kappa", "300", "--ema-rule", "linear")
+        "plan", "byol-r18", "--kappa", "300", "--ema-rule", "linear").replace("--ema-rule exponential",
+                                                                              "ema_rule='exponential'")
     assert api_error("no-such-recipe", 2) == cli_error("plan", "no-such-recipe", "--kappa", "2")
     missing = str(ROOT / "no-such.yaml")
     assert api_error(missing, 2) == cli_error("plan", "--spec", missing, "--kappa", "2")
@@ -165,13 +167,13 @@ def test_dict_errors_are_the_cli_messages_without_the_file_name(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"kappa": float("nan")}, "κ must be finite and > 0, got nan"),
-    ({"kappa": 0}, "κ must be finite and > 0, got 0"),
-    ({"kappa": "four"}, "κ must be a number, got 'four'"),
+    ({"kappa": float("nan")}, "kappa must be finite and > 0, got nan"),
+    ({"kappa": 0}, "kappa must be finite and > 0, got 0"),
+    ({"kappa": "four"}, "kappa must be finite and > 0, got 'four'"),
     ({"batch_size": -1}, "batch_size must be finite and > 0, got -1"),
-    ({"kappa": 2, "batch_size": 512}, "give --kappa or --batch-size, not both"),
+    ({"kappa": 2, "batch_size": 512}, "give kappa or batch_size, not both"),
     ({"kappa": 2, "ema_rule": "cubic"}, "unknown EMA rule 'cubic'; use exponential or linear"),
-    ({"kappa": 2, "progressive": "step"}, "--progressive 'step': cannot parse"),
+    ({"kappa": 2, "progressive": "step"}, "progressive 'step': cannot parse"),
 ])
 def test_bad_arguments_are_user_errors(kwargs, message):
     assert api_error(ADAMW, **kwargs).startswith(message)
@@ -273,13 +275,13 @@ def test_without_base_batch_size_a_plain_ema():
 def test_a_scaling_ema_needs_the_batch_size_and_valid_values():
     model = net()
     ema = emarule.ModelEma(model, 0.9, base_batch_size=32)
-    with pytest.raises(ValueError, match="pass update\\(model, batch_size=B\\)"):
+    with pytest.raises(ValueError, match="pass update\\(model, samples_seen=S\\)"):
         ema.update(model)
-    with pytest.raises(ValueError, match="batch_size must be finite and > 0"):
+    with pytest.raises(ValueError, match="batch_size must be a finite number > 0"):
         ema.update(model, batch_size=0)
-    with pytest.raises(ValueError, match="base_batch_size must be finite and > 0"):
+    with pytest.raises(ValueError, match="base_batch_size must be a finite number > 0"):
         emarule.ModelEma(model, 0.9, base_batch_size=-32)
-    with pytest.raises(ValueError, match="EMA momentum must be in \\[0, 1\\]"):
+    with pytest.raises(ValueError, match="not a usable EMA momentum"):
         emarule.ModelEma(model, 1.5)
 
 
@@ -303,14 +305,14 @@ def test_state_dict_round_trip_and_old_dicts():
     nudge(model)
     ema.update(model, batch_size=512)
     state = ema.state_dict()
-    assert "updates" not in state and state["base_batch_size"] == 128
+    assert state["_extra_state"]["base_batch_size"] == 128 and state["_extra_state"]["samples_seen"] == 512
     other = emarule.ModelEma(net(), 0.5)
     other.load_state_dict(state)
     assert other.momentum == 0.99 and other.base_batch_size == 128
     assert other.momentum_at(batch_size=512) == 0.99**4
     for a, b in zip(other.module.state_dict().values(), ema.module.state_dict().values(), strict=True):
         assert torch.equal(a, b)
-    old = {"module": state["module"], "momentum": 0.9, "buffers": "copy", "start_samples": 0.0, "updates": 17}
+    old = {"module": ema.module.state_dict(), "momentum": 0.9, "buffers": "copy", "start_samples": 0.0, "updates": 17}
     plain = emarule.ModelEma(net(), 0.5)
     plain.load_state_dict(old)  # a checkpoint written before base_batch_size existed
     assert plain.momentum == 0.9 and plain.base_batch_size is None and plain.update(model) == 0.9
@@ -361,3 +363,17 @@ def test_example_script_runs_and_the_rule_keeps_the_emas_close():
     (acc1, _), (acc_rule, d_rule), (acc_none, d_none) = row("κ=1"), row("κ=4 with the EMA rule"), row("κ=4 without it")
     assert min(acc1, acc_rule) > 0.8 and abs(acc1 - acc_rule) < min(0.03, abs(acc1 - acc_none))
     assert d_rule < 0.1 and d_none > 4 * d_rule and not math.isnan(d_none)
+
+
+def test_scale_refuses_a_string_or_a_bool_kappa_in_api_words():
+    for kwargs in ({"kappa": "2"}, {"kappa": True}, {"batch_size": "64"}, {"kappa": 2, "batch_size": 64}):
+        with pytest.raises(emarule.UserError) as err:
+            emarule.scale(ADAMW, **kwargs)
+        assert "--" not in str(err.value) and ("kappa" in str(err.value) or "batch_size" in str(err.value))
+
+
+def test_linear_rules_give_the_readmes_values_not_float_noise():
+    recipe = {"batch": {"size": 256}, "optimizer": {"name": "adamw", "lr": 1e-3, "betas": [0.9, 0.999]},
+              "ema": {"momentum": 0.9998}}
+    assert emarule.scale(recipe, 4)["optimizer.betas"] == [0.6, 0.996]
+    assert emarule.scale(recipe, 4, ema_rule="linear")["ema.momentum"] == 0.9992

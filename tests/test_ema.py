@@ -99,7 +99,8 @@ def test_start_samples_copies_until_accumulation_starts():
     assert ema.update(model, samples_seen=96) == 0.9
     for b, e, p in zip(before, ema.module.parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(e, torch.lerp(b, p, 0.1))
-    assert ema.momentum_at(64) == 0.0 and ema.momentum_at(65) == 0.9
+    fresh = ModelEma(model, 0.9, start_samples=64)
+    assert fresh.momentum_at(64) == 0.0 and fresh.momentum_at(65) == 0.9
 
 
 def test_set_momentum_and_state_dict_round_trip():
@@ -153,3 +154,29 @@ def test_rho_to_the_kappa_once_matches_kappa_sequential_updates(kappa):
         assert err_wrong > 20 * err
         errors.append(err)
     assert errors[1] == pytest.approx(errors[0] / 2, rel=0.05)
+
+
+def test_the_engines_emas_are_model_emas_that_raise_rho_to_kappa_once():
+    """The engine sets the plan's ρ̂ = ρ^κ with no base batch: an update at κB applies ρ^κ, not ρ^(κ²)."""
+    import emarule
+    from emarule.train import build_emas
+
+    spec = {"batch": {"size": 32}, "ema": {"momentum": 0.9, "also": [0.99]}}
+    plan = emarule.scale(spec, 2)
+    model = net()
+    emas = build_emas(spec, model, plan)
+    assert all(type(e) is emarule.ModelEma and e.base_batch_size is None for e in emas.values())
+    perturb(model)
+    used = [e.update(model, samples_seen=64) for e in emas.values()]
+    assert used == [plan["ema.momentum"], plan["ema.momentum/0.99"]] == [0.9**2, 0.99**2]
+
+
+def test_the_engine_refuses_a_first_stage_rho_hat_that_rounds_to_one_in_one_line():
+    import emarule
+    from emarule.train import build_emas
+
+    spec = {"batch": {"size": 256}, "ema": {"momentum": 0.9999999999999999}}
+    plan = emarule.scale(spec, 0.5)
+    assert plan["ema.momentum"] == 1.0 and plan.warnings  # the plan warns; a run would never move its EMA
+    with pytest.raises(emarule.UserError, match="ema.momentum: ρ̂ = 1 at κ=0.5 never moves the EMA"):
+        build_emas(spec, net(), plan)

@@ -85,6 +85,11 @@ def _clean(x: Any) -> Any:
     return x
 
 
+def _linear(v: float) -> float:
+    """1 − κ(1 − x) at 15 digits: the subtraction's noise (0.6000000000000001) is not part of the value."""
+    return float(f"{v:.15g}")
+
+
 def ema_momentum(rho: float, kappa: float, ema_rule: str | None, name: str = "ema.momentum") -> Scaled:
     """ρ̂ under the chosen form of the EMA Scaling Rule, or ρ unchanged for the baseline."""
     rules.check_unit_interval(name, rho)
@@ -93,7 +98,7 @@ def ema_momentum(rho: float, kappa: float, ema_rule: str | None, name: str = "em
     if ema_rule == "exponential":
         return Scaled(rho, rules.ema_exponential(rho, kappa), "momentum", "EMA Scaling Rule: ρ̂ = ρ^κ")
     if ema_rule == "linear":
-        v = rules.ema_linear(rho, kappa)
+        v = _linear(rules.ema_linear(rho, kappa))
         if not 0.0 <= v < 1.0:
             raise ScalingError(
                 f"{name}: the linear EMA rule 1 − κ(1 − ρ) gives {v:.6g} at κ={kappa:g}, outside [0, 1); "
@@ -142,7 +147,7 @@ def _optimizer(spec: dict, kappa: float, out: dict[str, Scaled]) -> None:
             if not adaptive:
                 scaled.append(b)
                 continue
-            v = rules.beta_linear(b, kappa)
+            v = _linear(rules.beta_linear(b, kappa))
             if not 0.0 <= v < 1.0:
                 raise ScalingError(
                     f"{label}: 1 − κ(1 − β) = {v:.6g} at κ={kappa:g} for β={b}, outside [0, 1); "

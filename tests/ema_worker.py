@@ -1,0 +1,74 @@
+"""Train a small net with ModelEma in one process or under torchrun (DDP, or FSDP2 `fully_shard`).
+
+Every run sees the same global batches in the same order; under torchrun each rank takes its half
+and tells the EMA the GLOBAL samples seen. `torchrun --nproc_per_node 2 tests/ema_worker.py DIR`
+trains with DDP, then with FSDP2, and rank 0 writes each run's averaged weights, in full, to
+DIR/ddp.pt and DIR/fsdp.pt.
+"""
+
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from emarule import ModelEma
+
+STEPS, BATCH, BASE = 6, 16, 8  # κ = 2 against the base batch
+
+
+def net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 3))
+
+
+def data() -> tuple:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(STEPS * BATCH, 6, generator=g), torch.randint(0, 3, (STEPS * BATCH,), generator=g)
+
+
+def train(mode: str) -> dict:
+    """The averaged weights, full, after STEPS steps; `mode` is one, ddp or fsdp."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if mode != "one" else (0, 1)
+    model = net()
+    if mode == "ddp":
+        model = nn.parallel.DistributedDataParallel(model)
+    elif mode == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(model[0])
+        fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    ema = ModelEma(model, 0.9, base_batch_size=BASE)
+    x, y = data()
+    local = BATCH // world
+    for step in range(STEPS):
+        lo = step * BATCH + rank * local
+        loss = F.cross_entropy(model(x[lo:lo + local]), y[lo:lo + local])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ema.update(model, samples_seen=(step + 1) * BATCH)
+    if mode != "fsdp":
+        return {k: v.clone() for k, v in ema.module.state_dict().items()}
+    assert not hasattr(ema, "module")  # a rank holds shards only: evaluate with swap_into
+    # each rank's saved state holds its own shards, and a new EMA restores them
+    again = ModelEma(model, 0.5)
+    again.load_state_dict(ema.state_dict())
+    pairs = zip(again.state_dict().values(), ema.state_dict().values(), strict=True)
+    assert again.base_batch_size == BASE and all(torch.equal(a, b) for a, b in pairs if torch.is_tensor(a))
+    with ema.swap_into(model):
+        return {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
+
+
+if __name__ == "__main__":
+    dist.init_process_group("gloo")
+    try:
+        for mode in ("ddp", "fsdp"):
+            weights = train(mode)
+            if dist.get_rank() == 0:
+                torch.save(weights, f"{sys.argv[1]}/{mode}.pt")
+        dist.barrier()  # no rank tears the group down while another still uses it
+    finally:
+        dist.destroy_process_group()
