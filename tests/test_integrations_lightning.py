@@ -1,0 +1,121 @@
+"""emarule.integrations.lightning: a few optimizer steps through Lightning's real Trainer on CPU."""
+
+import warnings
+
+import lightning.pytorch as L
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from emarule.integrations.lightning import EmaCallback
+
+RHO, BASE = 0.9, 4  # ρ tuned at a global batch of 4
+
+
+class Regression(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Linear(4, 1)
+
+    def training_step(self, batch, _):
+        x, y = batch
+        return nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class Reference(L.Callback):
+    """The EMA computed by hand from the weights after each optimizer step, at ρ^(global batch / BASE)."""
+
+    def __init__(self, batch):
+        self.rho, self.z, self.last = RHO ** (batch / BASE), None, 0
+
+    def setup(self, trainer, pl_module, stage):
+        self.z = [p.detach().clone() for p in pl_module.parameters()]
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step > self.last:
+            self.last = trainer.global_step
+            params = pl_module.parameters()
+            self.z = [self.rho * z + (1 - self.rho) * p.detach() for z, p in zip(self.z, params, strict=True)]
+
+
+def loader():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 4, generator=g)
+    return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)  # 8 per device
+
+
+def fit(callbacks, max_steps, ckpt_path=None, accumulate=2):
+    model = Regression()
+    trainer = L.Trainer(max_steps=max_steps, accumulate_grad_batches=accumulate, accelerator="cpu", devices=1,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=callbacks)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning's advice about DataLoader workers
+        trainer.fit(model, loader(), ckpt_path=ckpt_path)
+    return trainer, model
+
+
+def test_updates_once_per_optimizer_step_with_the_global_batch():
+    cb, ref = EmaCallback(RHO, base_batch_size=BASE), Reference(16)
+    trainer, model = fit([cb, ref], max_steps=4)
+    assert cb.global_batch == 16  # 8 per device × 1 process × 2 accumulated batches
+    assert trainer.global_step == 4 and cb._last_step == 4
+    for z, e in zip(ref.z, cb.ema.module.parameters(), strict=True):
+        torch.testing.assert_close(e, z)
+    assert not torch.equal(next(cb.ema.module.parameters()), next(model.parameters()))
+
+
+def test_samples_seen_are_steps_times_global_batch():
+    cb = EmaCallback(RHO, base_batch_size=BASE)
+    calls = []
+
+    class Spy(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            update = cb.ema.update
+            cb.ema.update = lambda m, **kw: calls.append(kw) or update(m, **kw)
+
+    fit([cb, Spy()], max_steps=3, accumulate=4)
+    assert calls == [{"samples_seen": 32 * t, "batch_size": 32} for t in (1, 2, 3)]
+
+
+def test_world_size_enters_the_global_batch():
+    # The Trainer is built for 2 processes, not launched: world_size and accumulation are read from it.
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", accumulate_grad_batches=3, logger=False)
+    cb = EmaCallback(RHO, base_batch_size=BASE, batch_size=8)
+    cb.on_train_start(trainer, None)
+    assert cb.global_batch == 8 * 2 * 3
+
+
+def test_resume_from_a_lightning_checkpoint_continues_the_ema(tmp_path):
+    first_cb = EmaCallback(RHO, base_batch_size=BASE)
+    trainer, _ = fit([first_cb], max_steps=4)
+    trainer.save_checkpoint(tmp_path / "a.ckpt")
+    saved = [p.detach().clone() for p in first_cb.ema.module.parameters()]
+
+    class FromSaved(Reference):  # the hand-made EMA, continued from the saved one over the resumed steps
+        def setup(self, trainer, pl_module, stage):
+            self.z, self.last = [z.clone() for z in saved], 4
+
+    resumed_cb, ref = EmaCallback(RHO, base_batch_size=BASE), FromSaved(16)
+    trainer, model = fit([resumed_cb, ref], max_steps=6, ckpt_path=tmp_path / "a.ckpt")
+    assert resumed_cb._last_step == 6 and ref.last == 6
+    for z, e in zip(ref.z, resumed_cb.ema.module.parameters(), strict=True):
+        torch.testing.assert_close(e, z)
+
+
+def test_a_loader_without_batch_size_asks_for_it():
+    cb = EmaCallback(RHO, base_batch_size=BASE)
+
+    class NoSize:
+        batch_size = None
+
+    trainer = type("T", (), {"train_dataloader": NoSize(), "world_size": 1, "accumulate_grad_batches": 1})()
+    with pytest.raises(ValueError, match="batch_size=B"):
+        cb.on_train_start(trainer, None)
+    with pytest.raises(ValueError, match="per-device batch"):
+        EmaCallback(RHO, base_batch_size=BASE, batch_size=0)
