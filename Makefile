@@ -42,7 +42,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check emarule tests benchmarks
+	$(BIN)/ruff check emarule tests benchmarks examples
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .hypothesis
