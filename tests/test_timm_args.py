@@ -96,6 +96,13 @@ def test_format_timm_writes_a_file_timm_reads_back(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["new_args.yaml"]  # no temporary file left
 
 
+def test_a_short_file_gets_only_the_values_the_rules_change():
+    p, out = timm_args.timm_plan({"batch_size": 64, "opt": "sgd", "lr": 0.1}, "x", kappa=2)
+    assert out == {"batch_size": 128, "opt": "sgd", "lr": 0.2, "warmup_lr": 2e-5,
+                   "model_ema_decay": pytest.approx(0.9998 ** 2)}  # train.py's defaults, scaled
+    assert p["weight_decay"] == 2e-5 and p["momentum"] == 0.9  # printed, unchanged, not written
+
+
 def test_format_timm_without_out_prints_yaml():
     assert yaml.safe_load(cli("--timm-args", SGD, "-k", "2", "-f", "timm"))["batch_size"] == 512
 
@@ -147,6 +154,8 @@ def test_bad_options(tmp_path):
     assert not (tmp_path / "x.yaml").exists() and not (tmp_path / "no").exists()
 
 
-def test_api_refuses_a_bad_world_size():
+def test_api_refuses_a_bad_world_size_and_a_bad_dict():
     with pytest.raises(UserError, match="world size"):
         timm_args.timm_plan(timm_args.load(SGD), "x", kappa=2, world_size=0)
+    with pytest.raises(UserError, match="lr must be a number or null"):
+        timm_args.timm_plan({"batch_size": 64, "opt": "sgd", "lr": "0.1"}, "x", kappa=2)

@@ -63,7 +63,8 @@ def _family(opt: str) -> tuple[str | None, bool]:
 
 
 def load(path: Path) -> dict:
-    """args.yaml as a dict, every key that is read here checked for type; one-line errors."""
+    """args.yaml as a dict (as written: train.py's defaults fill the keys it lacks later), every key
+    that is read here checked for type; one-line errors."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -81,9 +82,7 @@ def load(path: Path) -> dict:
     if not isinstance(args, dict) or "batch_size" not in args or "opt" not in args:
         raise UserError(f"{path} is not a timm args.yaml (a mapping with batch_size, opt, ...); pass the "
                         f"args.yaml that timm's train.py writes into its output folder")
-    for key, default in DEFAULTS.items():
-        args.setdefault(key, default)
-    _check(path, args)
+    _check(path, {**DEFAULTS, **args})
     return args
 
 
@@ -91,7 +90,7 @@ def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _check(path: Path, a: dict) -> None:
+def _check(path: Path | str, a: dict) -> None:
     def bad(key: str, want: str) -> UserError:
         return UserError(f"{path}: {key} must be {want}, got {a[key]!r}; fix it or write args.yaml again with train.py")
 
@@ -131,9 +130,12 @@ def _timm_p(a: dict) -> float:
     return 0.5 if scale_ == "sqrt" else 1.0
 
 
-def timm_plan(a: dict, name: str, *, kappa: float | None = None, batch_size: float | None = None,
+def timm_plan(args: dict, name: str, *, kappa: float | None = None, batch_size: float | None = None,
               world_size: int = 1) -> tuple[Plan, dict]:
-    """(the plan, keyed by timm's argument names; the scaled args for `train.py --config`)."""
+    """(the plan, keyed by timm's argument names; the scaled args for `train.py --config`: the keys of
+    `args` with the changed values, plus any value the rules had to write out)."""
+    a = {**DEFAULTS, **args}
+    _check(name, a)
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise UserError(f"world size must be a whole number ≥ 1, got {world_size!r}")
     per_step = a["grad_accum_steps"] * world_size
@@ -168,12 +170,12 @@ def timm_plan(a: dict, name: str, *, kappa: float | None = None, batch_size: flo
     except ScalingError as e:  # a beta or ρ out of range: name the args.yaml key
         raise UserError(str(e).replace("optimizer.betas", "opt_betas").replace("ema.momentum", "model_ema_decay")
                         ) from None
-    out = dict(a)
+    out = dict(args)
     out["batch_size"] = int(per_device)
     lr = core.values["optimizer.lr"]
     if a["lr"] is not None:
-        values["lr"] = Scaled(a["lr"], lr.scaled, "learning rate", lr.rule)
-        out["lr"] = lr.scaled
+        out["lr"] = _clean(lr.scaled)
+        values["lr"] = Scaled(a["lr"], out["lr"], "learning rate", lr.rule)
     else:
         p_rule, p_timm = _rule_p(family), _timm_p(a)
         if p_rule is not None and p_rule != p_timm:
@@ -233,6 +235,8 @@ def timm_plan(a: dict, name: str, *, kappa: float | None = None, batch_size: flo
     if a.get("train_batch_sizes"):
         warnings.append("train_batch_sizes (scheduled resolutions) is set: scale each batch by κ and each "
                         "learning rate by its rule yourself; only batch_size is scaled here")
+    # A default the file left out is written only when the rules changed it.
+    out = {k: v for k, v in out.items() if k in args or v != DEFAULTS.get(k)}
     return Plan(name, kappa, "exponential", values, warnings + core.warnings), out
 
 
