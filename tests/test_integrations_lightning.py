@@ -112,6 +112,17 @@ def test_resume_from_a_lightning_checkpoint_continues_the_ema(tmp_path):
         torch.testing.assert_close(e, z)
 
 
+def test_two_emas_keep_separate_checkpoint_states(tmp_path):
+    fast, slow = EmaCallback(0.5, base_batch_size=BASE), EmaCallback(RHO, base_batch_size=BASE)
+    trainer, _ = fit([fast, slow], max_steps=4)
+    trainer.save_checkpoint(tmp_path / "a.ckpt")
+    fast2, slow2 = EmaCallback(0.5, base_batch_size=BASE), EmaCallback(RHO, base_batch_size=BASE)
+    fit([fast2, slow2], max_steps=4, ckpt_path=tmp_path / "a.ckpt")  # restores, trains no further step
+    for before, after in ((fast, fast2), (slow, slow2)):
+        for a, b in zip(before.ema.module.parameters(), after.ema.module.parameters(), strict=True):
+            torch.testing.assert_close(a, b)
+
+
 def test_a_loader_without_batch_size_asks_for_it():
     cb = EmaCallback(RHO, base_batch_size=BASE)
 

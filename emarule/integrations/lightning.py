@@ -49,6 +49,11 @@ class EmaCallback(pl.Callback):
         self._last_step = 0
         self._pending: dict | None = None
 
+    @property
+    def state_key(self) -> str:
+        # Two EMAs at different momenta in one Trainer keep separate states in the checkpoint.
+        return self._generate_state_key(momentum=self.momentum, base_batch_size=self.base_batch_size)
+
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage == "fit" and self.ema is None:
             from emarule import ModelEma
