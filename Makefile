@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip 2>/dev/null || true
 	$(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,lightning,hf]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -42,7 +42,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check emarule tests benchmarks
+	$(BIN)/ruff check emarule tests benchmarks examples
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .hypothesis

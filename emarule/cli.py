@@ -42,6 +42,7 @@ class Fmt(str, Enum):
     table = "table"
     json = "json"
     yaml = "yaml"
+    timm = "timm"  # with --timm-args: the scaled args.yaml
 
 
 class TableFmt(str, Enum):
@@ -274,15 +275,25 @@ def plan(
     progressive: Optional[str] = ProgOpt,
     preset: Optional[str] = PresetOpt,
     overrides: Optional[List[str]] = SetOpt,
-    format: Fmt = typer.Option(Fmt.table, "--format", "-f"),
+    format: Fmt = typer.Option(Fmt.table, "--format", "-f", help="table, json, yaml; timm: the scaled args.yaml"),
     verbose: bool = typer.Option(False, "--verbose", "-v",
                                  help="with Progressive Scaling: a full table per stage, not one row per stage"),
+    timm_args: Optional[Path] = typer.Option(None, "--timm-args", metavar="PATH",
+                                             help="scale the args.yaml of a timm train.py run (--batch-size: global)"),
+    world_size: int = typer.Option(1, "--world-size", min=1, metavar="N",
+                                   help="with --timm-args: processes of that run"),
+    out: Optional[Path] = typer.Option(None, "--out", metavar="PATH", help="with --format timm: write it here"),
 ) -> None:
     """Every hyperparameter, base → scaled, with the rule that produced it (and one row per stage)."""
     from emarule.render import print_plan
 
     if kappa is None and batch_size is None:
         raise UserError("give --kappa K or --batch-size B, e.g. `emarule plan byol-vit --kappa 6`")
+    if timm_args is not None or format is Fmt.timm or out is not None:
+        from emarule.timm_plan import plan_timm
+
+        return plan_timm(console, timm_args, experiment or spec, kappa, batch_size, world_size, format.value, out,
+                         verbose or overrides or preset or progressive or no_ema_rule)
     *_, p = resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule, ema_rule, progressive)
     print_plan(console, p, format.value, verbose)
 

@@ -1,0 +1,93 @@
+"""`EmaCallback` for Lightning's Trainer: an `emarule.ModelEma` of the LightningModule, updated once per
+optimizer step with ρ^(global batch / base_batch_size).
+
+    from emarule.integrations.lightning import EmaCallback
+    ema = EmaCallback(0.999, base_batch_size=256)        # ρ as tuned at a global batch of 256
+    trainer = L.Trainer(callbacks=[ema], devices=8, accumulate_grad_batches=4)
+    trainer.fit(model, loader)                           # loader's batch_size: per device
+    ema.ema.module                                       # the averaged model
+
+The global batch is the DataLoader's batch_size (or `batch_size=`, per device) × trainer.world_size ×
+trainer.accumulate_grad_batches; samples seen after step t are t × that batch. The EMA's state is saved
+in Lightning checkpoints (the callback's state_dict) and restored on resume.
+"""
+
+from __future__ import annotations
+
+try:
+    import lightning.pytorch as pl
+except ImportError:  # pragma: no cover - the extra is not installed
+    try:
+        import pytorch_lightning as pl
+    except ImportError:
+        raise ImportError("emarule.integrations.lightning needs Lightning: pip install 'emarule[lightning]'") from None
+
+from emarule.integrations import global_batch
+
+
+def _per_device_batch(trainer: "pl.Trainer") -> int | None:
+    loader = trainer.train_dataloader
+    size = getattr(loader, "batch_size", None)
+    if size is None:  # a DataLoader built from a batch_sampler
+        size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    return size
+
+
+class EmaCallback(pl.Callback):
+    """`momentum`: ρ at `base_batch_size` (global samples). `batch_size`: the per-device batch, when the
+    train DataLoader does not state it. Other keyword arguments go to `emarule.ModelEma`."""
+
+    def __init__(self, momentum: float, base_batch_size: float, *, batch_size: int | None = None, **ema_kwargs):
+        from emarule.ema import ModelEma  # noqa: F401  (fail here, not mid-fit, if torch is missing)
+
+        if batch_size is not None:
+            global_batch(batch_size, 1, 1)
+        self.momentum, self.base_batch_size, self.batch_size = momentum, base_batch_size, batch_size
+        self.ema_kwargs = ema_kwargs
+        self.ema = None
+        self.global_batch: int | None = None
+        self._last_step = 0
+        self._pending: dict | None = None
+
+    @property
+    def state_key(self) -> str:
+        # Two EMAs at different momenta in one Trainer keep separate states in the checkpoint.
+        return self._generate_state_key(momentum=self.momentum, base_batch_size=self.base_batch_size)
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage == "fit" and self.ema is None:
+            from emarule import ModelEma
+
+            self.ema = ModelEma(pl_module, self.momentum, base_batch_size=self.base_batch_size, **self.ema_kwargs)
+            if self._pending is not None:
+                self._restore(self._pending)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        per_device = self.batch_size or _per_device_batch(trainer)
+        if per_device is None:
+            raise ValueError("EmaCallback cannot read the per-device batch from the train DataLoader; "
+                             "pass EmaCallback(..., batch_size=B) with the batch each device sees")
+        self.global_batch = global_batch(per_device, trainer.world_size, trainer.accumulate_grad_batches)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        # global_step counts optimizer steps: under accumulation it moves every N batches.
+        step = trainer.global_step
+        if step > self._last_step:
+            self.ema.update(pl_module, samples_seen=step * self.global_batch, batch_size=self.global_batch)
+            self._last_step = step
+
+    def state_dict(self) -> dict:
+        return {} if self.ema is None else {"ema": self.ema.state_dict(), "last_step": self._last_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        if not state:
+            return
+        if self.ema is None:  # restored before setup: applied once the EMA exists
+            self._pending = state
+        else:
+            self._restore(state)
+
+    def _restore(self, state: dict) -> None:
+        self.ema.load_state_dict(state["ema"])
+        self._last_step = int(state["last_step"])
+        self._pending = None

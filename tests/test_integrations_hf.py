@@ -1,0 +1,119 @@
+"""emarule.integrations.hf: a few optimizer steps through transformers' real Trainer on CPU."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+from emarule.integrations.hf import CHECKPOINT_FILE, EmaCallback
+
+RHO, BASE = 0.9, 4  # ρ tuned at a global batch of 4
+
+
+class Regression(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Linear(4, 1)
+
+    def forward(self, x, labels=None):
+        out = self.net(x)
+        return {"loss": nn.functional.mse_loss(out, labels), "logits": out}
+
+
+class Data(torch.utils.data.Dataset):
+    def __init__(self):
+        self.x = torch.randn(64, 4, generator=torch.Generator().manual_seed(1))
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "labels": self.x[i].sum(0, keepdim=True)}
+
+
+class Reference(TrainerCallback):
+    """The EMA computed by hand from the weights after each optimizer step (on_step_end), registered after
+    the EmaCallback, plus each step's global step."""
+
+    def __init__(self, batch):
+        self.rho, self.z, self.steps = RHO ** (batch / BASE), None, []
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.z = [p.detach().clone() for p in model.parameters()]
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.steps.append(state.global_step)
+        self.z = [self.rho * z + (1 - self.rho) * p.detach() for z, p in zip(self.z, model.parameters(), strict=True)]
+
+
+def train(tmp_path, callbacks, steps=4, save_steps=None):
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8, gradient_accumulation_steps=2,
+                             max_steps=steps, learning_rate=0.1, lr_scheduler_type="constant", optim="sgd",
+                             weight_decay=0.0, use_cpu=True, report_to=[], disable_tqdm=True, logging_strategy="no",
+                             save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
+                             remove_unused_columns=False, dataloader_num_workers=0, seed=0)
+    model = Regression()
+    Trainer(model=model, args=args, train_dataset=Data(), callbacks=callbacks).train()
+    return model
+
+
+def test_updates_once_per_optimizer_step_with_the_global_batch(tmp_path):
+    cb, ref = EmaCallback(RHO, base_batch_size=BASE), Reference(16)
+    calls = []
+
+    class Spy(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            update = cb.ema.update
+            cb.ema.update = lambda m, **kw: calls.append(kw) or update(m, **kw)
+
+    model = train(tmp_path, [cb, Spy(), ref])
+    assert cb.global_batch == 16  # 8 per device × 1 process × 2 accumulated batches
+    assert ref.steps == [1, 2, 3, 4]
+    assert calls == [{"samples_seen": 16 * t, "batch_size": 16} for t in (1, 2, 3, 4)]
+    for z, e in zip(ref.z, cb.ema.module.parameters(), strict=True):
+        torch.testing.assert_close(e, z)
+    assert not torch.equal(next(cb.ema.module.parameters()), next(model.parameters()))
+
+
+def test_checkpoint_saves_the_ema_and_resume_from_loads_it(tmp_path):
+    cb = EmaCallback(RHO, base_batch_size=BASE)
+    train(tmp_path, [cb], steps=2, save_steps=2)
+    folder = tmp_path / "checkpoint-2"
+    assert (folder / CHECKPOINT_FILE).is_file() and not list(folder.glob(f".{CHECKPOINT_FILE}*"))
+    resumed = EmaCallback(RHO, base_batch_size=BASE, resume_from=str(folder))
+    ref = Reference(16)
+    saved = [p.detach().clone() for p in cb.ema.module.parameters()]
+    ref.on_train_begin = lambda *a, **k: setattr(ref, "z", [z.clone() for z in saved])
+    train(tmp_path / "b", [resumed, ref], steps=2)
+    for z, e in zip(ref.z, resumed.ema.module.parameters(), strict=True):
+        torch.testing.assert_close(e, z)
+
+
+def test_resume_from_a_folder_without_ema_is_refused(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no ema.pt"):
+        EmaCallback(RHO, base_batch_size=BASE, resume_from=str(tmp_path))
+
+
+@pytest.mark.slow
+def test_two_ddp_processes_give_the_ema_of_one(tmp_path):
+    """A real 2-process run (torchrun, gloo) at 8 per device: the callback reads the global batch 16 from
+    the TrainingArguments and ends with the EMA of one process at 16."""
+    script = str(Path(__file__).parent / "hf_ddp_main.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    runs = {1: [sys.executable, script, str(tmp_path / "1.pt"), "1"],
+            2: [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", script,
+                str(tmp_path / "2.pt"), "2"]}
+    for cmd in runs.values():
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+        assert r.returncode == 0, r.stderr[-3000:]
+    one, two = (torch.load(tmp_path / f"{n}.pt") for n in (1, 2))
+    assert (one["world_size"], two["world_size"]) == (1, 2)
+    assert one["global_batch"] == two["global_batch"] == 16
+    for k in one["ema"]:
+        torch.testing.assert_close(two["ema"][k], one["ema"][k])

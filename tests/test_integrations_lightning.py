@@ -1,0 +1,155 @@
+"""emarule.integrations.lightning: a few optimizer steps through Lightning's real Trainer on CPU."""
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import lightning.pytorch as L
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from emarule.integrations.lightning import EmaCallback
+
+RHO, BASE = 0.9, 4  # ρ tuned at a global batch of 4
+
+
+class Regression(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Linear(4, 1)
+
+    def training_step(self, batch, _):
+        x, y = batch
+        return nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class Reference(L.Callback):
+    """The EMA computed by hand from the weights after each optimizer step, at ρ^(global batch / BASE)."""
+
+    def __init__(self, batch):
+        self.rho, self.z, self.last = RHO ** (batch / BASE), None, 0
+
+    def setup(self, trainer, pl_module, stage):
+        self.z = [p.detach().clone() for p in pl_module.parameters()]
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step > self.last:
+            self.last = trainer.global_step
+            params = pl_module.parameters()
+            self.z = [self.rho * z + (1 - self.rho) * p.detach() for z, p in zip(self.z, params, strict=True)]
+
+
+def loader():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 4, generator=g)
+    return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)  # 8 per device
+
+
+def fit(callbacks, max_steps, ckpt_path=None, accumulate=2):
+    model = Regression()
+    trainer = L.Trainer(max_steps=max_steps, accumulate_grad_batches=accumulate, accelerator="cpu", devices=1,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=callbacks)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning's advice about DataLoader workers
+        trainer.fit(model, loader(), ckpt_path=ckpt_path)
+    return trainer, model
+
+
+def test_updates_once_per_optimizer_step_with_the_global_batch():
+    cb, ref = EmaCallback(RHO, base_batch_size=BASE), Reference(16)
+    trainer, model = fit([cb, ref], max_steps=4)
+    assert cb.global_batch == 16  # 8 per device × 1 process × 2 accumulated batches
+    assert trainer.global_step == 4 and cb._last_step == 4
+    for z, e in zip(ref.z, cb.ema.module.parameters(), strict=True):
+        torch.testing.assert_close(e, z)
+    assert not torch.equal(next(cb.ema.module.parameters()), next(model.parameters()))
+
+
+def test_samples_seen_are_steps_times_global_batch():
+    cb = EmaCallback(RHO, base_batch_size=BASE)
+    calls = []
+
+    class Spy(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            update = cb.ema.update
+            cb.ema.update = lambda m, **kw: calls.append(kw) or update(m, **kw)
+
+    fit([cb, Spy()], max_steps=3, accumulate=4)
+    assert calls == [{"samples_seen": 32 * t, "batch_size": 32} for t in (1, 2, 3)]
+
+
+def test_world_size_enters_the_global_batch():
+    # The Trainer is built for 2 processes, not launched: world_size and accumulation are read from it.
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", accumulate_grad_batches=3, logger=False)
+    cb = EmaCallback(RHO, base_batch_size=BASE, batch_size=8)
+    cb.on_train_start(trainer, None)
+    assert cb.global_batch == 8 * 2 * 3
+
+
+def test_resume_from_a_lightning_checkpoint_continues_the_ema(tmp_path):
+    first_cb = EmaCallback(RHO, base_batch_size=BASE)
+    trainer, _ = fit([first_cb], max_steps=4)
+    trainer.save_checkpoint(tmp_path / "a.ckpt")
+    saved = [p.detach().clone() for p in first_cb.ema.module.parameters()]
+
+    class FromSaved(Reference):  # the hand-made EMA, continued from the saved one over the resumed steps
+        def setup(self, trainer, pl_module, stage):
+            self.z, self.last = [z.clone() for z in saved], 4
+
+    resumed_cb, ref = EmaCallback(RHO, base_batch_size=BASE), FromSaved(16)
+    trainer, model = fit([resumed_cb, ref], max_steps=6, ckpt_path=tmp_path / "a.ckpt")
+    assert resumed_cb._last_step == 6 and ref.last == 6
+    for z, e in zip(ref.z, resumed_cb.ema.module.parameters(), strict=True):
+        torch.testing.assert_close(e, z)
+
+
+def test_two_emas_keep_separate_checkpoint_states(tmp_path):
+    fast, slow = EmaCallback(0.5, base_batch_size=BASE), EmaCallback(RHO, base_batch_size=BASE)
+    trainer, _ = fit([fast, slow], max_steps=4)
+    trainer.save_checkpoint(tmp_path / "a.ckpt")
+    fast2, slow2 = EmaCallback(0.5, base_batch_size=BASE), EmaCallback(RHO, base_batch_size=BASE)
+    fit([fast2, slow2], max_steps=4, ckpt_path=tmp_path / "a.ckpt")  # restores, trains no further step
+    for before, after in ((fast, fast2), (slow, slow2)):
+        for a, b in zip(before.ema.module.parameters(), after.ema.module.parameters(), strict=True):
+            torch.testing.assert_close(a, b)
+
+
+def test_a_loader_without_batch_size_asks_for_it():
+    cb = EmaCallback(RHO, base_batch_size=BASE)
+
+    class NoSize:
+        batch_size = None
+
+    trainer = type("T", (), {"train_dataloader": NoSize(), "world_size": 1, "accumulate_grad_batches": 1})()
+    with pytest.raises(ValueError, match="batch_size=B"):
+        cb.on_train_start(trainer, None)
+    with pytest.raises(ValueError, match="per-device batch"):
+        EmaCallback(RHO, base_batch_size=BASE, batch_size=0)
+
+
+@pytest.mark.slow
+def test_two_ddp_processes_give_the_ema_of_one(tmp_path):
+    """A real 2-process run (torchrun, gloo) at 8 per device: the callback reads the global batch 16 and
+    ends with the EMA of one process at 16."""
+    script = str(Path(__file__).parent / "lightning_ddp_main.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    runs = {1: [sys.executable, script, str(tmp_path / "1.pt"), "1"],
+            2: [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", script,
+                str(tmp_path / "2.pt"), "2"]}
+    for cmd in runs.values():
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+        assert r.returncode == 0, r.stderr[-3000:]
+    one, two = (torch.load(tmp_path / f"{n}.pt") for n in (1, 2))
+    assert (one["world_size"], two["world_size"]) == (1, 2)
+    assert one["global_batch"] == two["global_batch"] == 16
+    for k in one["ema"]:
+        torch.testing.assert_close(two["ema"][k], one["ema"][k])
