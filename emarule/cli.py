@@ -468,7 +468,7 @@ def sweep(
 
     check_run_options(wandb, max_device_batch)
     check_seeds(seeds)
-    runs = sw.plan_runs(numbers(kappas, "--kappas"), sw.parse_rules(rule), seeds)
+    runs = sw.plan_runs(sw.distinct_kappas(numbers(kappas, "--kappas"), kappas), sw.parse_rules(rule), seeds)
 
     def resolve_run(k: float, ema: Optional[str], baseline: bool):
         return resolve(experiment, spec, preset, overrides, repr(k), None, ema is None, ema and EmaRule(ema),
@@ -527,7 +527,10 @@ def reproduce(
                            "constant" if baseline else None)
         return resolve_run
 
-    run_reproduction(console, family, preset=preset, seeds=seeds, kappas=numbers(kappas, "--kappas"), out=out,
+    from emarule.sweep import distinct_kappas
+
+    run_reproduction(console, family, preset=preset, seeds=seeds,
+                     kappas=distinct_kappas(numbers(kappas, "--kappas"), kappas), out=out,
                      data=data, resolver=resolver)
 
 
