@@ -35,12 +35,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from emarule import batching, checkpoint, distributed, evaluation, optimizers, schedules
+from emarule import batching, checkpoint, distributed, evaluation, optimizers, runlock, schedules
 from emarule.context import RunContext
 from emarule.ema import ModelEma
 from emarule.errors import UserError
 from emarule.progress import Progress, Window
-from emarule.rundir import FIGURES, MetricsLog, write_hparams
+from emarule.rundir import FIGURES, HPARAMS, UNSAVED, DiskFull, MetricsLog, atomic_write_text, write_hparams
 from emarule.scaling import BatchSchedule
 from emarule.scaling.plan import extra_ema_name
 from emarule.seeding import mix
@@ -114,6 +114,7 @@ class Run:
     next_ckpt: float = 0.0
     last_ckpt: tuple | None = None
     t_ckpt: float = field(default_factory=time.monotonic)
+    record: dict = field(default_factory=dict)  # what hparams.json holds; every checkpoint keeps a copy
 
     @property
     def epoch_measure(self) -> float:
@@ -236,6 +237,11 @@ def setup(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> Run:
     batches = BatchSchedule(ctx.progressive, base_batch, ctx.kappa, get(spec, "schedule.epochs"),
                             get(spec, "schedule.total_steps"))
     check_batches_fit(ctx, batcher, d.world_size)
+    if ctx.resume and not checkpoint.path_in(ctx.out).exists() and (ctx.out / UNSAVED).exists():
+        if d.is_main:
+            print(f"--resume: {ctx.out} stopped before its first checkpoint; starting it from the beginning",
+                  file=sys.stderr)
+        ctx.resume = False
     if ctx.resume and not checkpoint.path_in(ctx.out).exists():
         raise UserError(f"--resume: no checkpoint in {ctx.out}; drop --resume to start the run from scratch")
     if not ctx.resume and checkpoint.path_in(ctx.out).exists():
@@ -300,6 +306,7 @@ def differences(a, b, prefix: str = "") -> list[str]:
 
 def open_fresh(run: Run, log: MetricsLog) -> None:
     if run.d.is_main:
+        atomic_write_text(run.ctx.out / UNSAVED, "")  # first: whatever follows may be cut short
         (run.ctx.out / FIGURES).mkdir(parents=True, exist_ok=True)
     distributed.barrier()
     log.start_fresh()
@@ -313,6 +320,7 @@ def open_resumed(run: Run, log: MetricsLog) -> bool:
     ctx = run.ctx
     ck = checkpoint.load(ctx.out, run.d.device)
     check_same_settings(ctx, ck.get("fingerprint"))
+    check_record(ctx, ck.get("record"))
     run.model.load_state_dict(ck["model"])
     for name, e in run.emas.items():
         e.load_state_dict(ck["emas"][name])
@@ -324,8 +332,8 @@ def open_resumed(run: Run, log: MetricsLog) -> bool:
     enter_stage(run, run.batches.kappa_at(schedule_time(run)))
     if not checkpoint.restore_rng(ck):
         seed_everything(mix(ctx.seed, run.clock.samples), run.d.rank)
-    log.truncate_after(run.clock.samples)
     run.last_ckpt = (str(checkpoint.path_in(ctx.out)), where(run))
+    log.truncate_after(run.clock.samples)
     run.final = ck.get("final_metrics") or {}
     run.next_ckpt = next_checkpoint(run)
     for e in run.evals:
@@ -333,6 +341,41 @@ def open_resumed(run: Run, log: MetricsLog) -> bool:
     if run.d.is_main and not ck.get("finished"):
         print(f"resuming {ctx.out} at {where(run)}", file=sys.stderr)
     return bool(ck.get("finished"))
+
+
+# How a run executes, not what it computes: these may change from one --resume to the next.
+EXECUTION_KEYS = frozenset({"layout", "world_size", "max_device_batch", "device", "num_workers", "torch", "python",
+                            "sync_bn_effective", "data"})
+
+
+def check_record(ctx: RunContext, copy: dict | None) -> None:
+    """hparams.json says what the checkpoint's own copy says: a record edited, deleted or damaged after
+    the run wrote it would make the summary and `compare` report settings the run did not use."""
+    import json
+
+    from emarule.rundir import _jsonable
+
+    if copy is None:  # a checkpoint written before checkpoints kept a copy
+        return
+    p = ctx.out / HPARAMS
+    fix = "put back the file the run wrote (the checkpoint keeps a copy, see docs/faults.md) or start a new run " \
+          "with --out NEW_DIR"
+    if not p.is_file():
+        raise UserError(f"--resume: {p} is missing; {fix}")
+    try:
+        record = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        why = "not valid JSON" if isinstance(e, ValueError) else (e.strerror or str(e))
+        raise UserError(f"--resume: {p} is corrupt ({why}); {fix}") from None
+    if not isinstance(record, dict):
+        raise UserError(f"--resume: {p} is corrupt (not a JSON object); {fix}")
+    ours = json.loads(json.dumps(_jsonable(copy)))
+    diff = differences({k: v for k, v in ours.items() if k not in EXECUTION_KEYS},
+                       {k: v for k, v in record.items() if k not in EXECUTION_KEYS})
+    if diff:
+        shown = ", ".join(diff[:4]) + (f" and {len(diff) - 4} more" if len(diff) > 4 else "")
+        raise UserError(f"--resume: {p} was edited after the run wrote it ({shown} differ from the checkpoint's "
+                        f"copy); {fix}")
 
 
 def where(run: Run) -> str:
@@ -585,7 +628,9 @@ def save(run: Run, finished: bool = False) -> None:
         "model": run.model.state_dict(), "emas": {k: e.state_dict() for k, e in run.emas.items()},
         "optimizer": run.optimizer.state_dict(), "clock": asdict(run.clock), "fingerprint": fingerprint(run.ctx),
         "task_state": run.parts.state.state_dict() if run.parts.state is not None else None,
-        "finished": finished, "final_metrics": run.final})
+        "finished": finished, "final_metrics": run.final, "record": run.record})
+    if run.d.is_main:
+        (run.ctx.out / UNSAVED).unlink(missing_ok=True)
     run.last_ckpt = (str(checkpoint.path_in(run.ctx.out)), where(run))
     run.t_ckpt = time.monotonic()
 
@@ -611,6 +656,20 @@ def train(ctx: RunContext, parts: TaskParts) -> dict:
 
 def _train(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> dict:
     run = setup(ctx, parts, d)
+    with runlock.lock_dir(ctx.out, "run", enabled=d.is_main):  # after the checks, before the first write
+        try:
+            return _locked(run, ctx, parts, d)
+        except DiskFull as e:
+            raise e.kept(kept_after_disk_full(run)) from None
+
+
+def kept_after_disk_full(run: Run) -> str:
+    if run.last_ckpt:
+        return f"the last good checkpoint is kept ({run.last_ckpt[1]}), and `--resume` continues from it"
+    return "no checkpoint was written yet, so nothing is lost: the same command (or `--resume`) starts the run again"
+
+
+def _locked(run: Run, ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> dict:
     log = MetricsLog(ctx.out, enabled=d.is_main)
     if ctx.resume:
         if open_resumed(run, log):
@@ -618,7 +677,7 @@ def _train(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> dict:
             return run.final
     else:
         open_fresh(run, log)
-    hp = hparams(run)
+    hp = run.record = hparams(run)
     if d.is_main:
         write_hparams(ctx.out, hp)
     log.attach_wandb(ctx.wandb, ctx.out, ctx.out.name, hp)
@@ -675,7 +734,7 @@ def _train(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> dict:
             how = ctx.resume_hint or f"continue with the same command and --resume --out {ctx.out}"
             print(f"{e.signal}: checkpoint written at {where(run)}; {how}", file=sys.stderr)
         raise SystemExit(130 if e.signal == "SIGINT" else 143) from None
-    except TrainingDiverged:
+    except (TrainingDiverged, DiskFull):
         log.close()
         progress.stop()
         raise
