@@ -38,11 +38,13 @@ from torch import nn
 from emarule import batching, checkpoint, distributed, evaluation, optimizers, runlock, schedules
 from emarule.context import RunContext
 from emarule.ema import ModelEma
+from emarule.baditems import SKIP_KEY, Guarded, guarded_collate
 from emarule.errors import UserError
 from emarule.progress import Progress, Window
 from emarule.rundir import FIGURES, HPARAMS, UNSAVED, DiskFull, MetricsLog, atomic_write_text, write_hparams
 from emarule.scaling import BatchSchedule
 from emarule.scaling.plan import extra_ema_name
+from emarule.schema import SKIP_BAD_ITEMS
 from emarule.seeding import mix
 from emarule.spec import get
 from emarule.tasks.parts import MAIN_EMA, Now, TaskParts
@@ -62,6 +64,7 @@ class Clock:
     epoch: int = 0  # the epoch in progress
     pos: int = 0  # items of the epoch's order consumed
     batch: int = 0  # global batches done in the epoch
+    skipped: int = 0  # training items skipped because they failed to decode (data.skip_bad_items), all ranks
 
 
 @dataclass
@@ -115,6 +118,8 @@ class Run:
     last_ckpt: tuple | None = None
     t_ckpt: float = field(default_factory=time.monotonic)
     record: dict = field(default_factory=dict)  # what hparams.json holds; every checkpoint keeps a copy
+    skip_bad: bool = False  # data.skip_bad_items
+    new_skipped: int = 0  # this rank's skipped items not yet added to clock.skipped
 
     @property
     def epoch_measure(self) -> float:
@@ -268,7 +273,8 @@ def setup(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> Run:
               aux_ids=frozenset(id(named[k]) for k in parts.aux_params if k in named),
               evals=[[ev, evaluation.every_epochs(ev, base_batch, batcher.epoch_measure), 0.0]
                      for ev in parts.evaluations],
-              workers=parts_workers(parts, ctx, d))
+              workers=parts_workers(parts, ctx, d),
+              skip_bad=bool(get(spec, SKIP_KEY, SKIP_BAD_ITEMS.default)))
     enter_stage(run, batches.kappa_at(0))
     return run
 
@@ -453,7 +459,8 @@ def open_segment(run: Run) -> Segment:
     # Its own generator: a DataLoader iterator otherwise draws its worker seed from the global RNG,
     # and a resumed run (one more iterator, made mid-epoch) would shift dropout's random stream.
     gen = torch.Generator().manual_seed(mix(run.ctx.seed, c.epoch, run.d.rank))
-    loader = DataLoader(run.parts.train_set, batch_sampler=lists, collate_fn=run.parts.collate or default_collate,
+    loader = DataLoader(Guarded(run.parts.train_set), batch_sampler=lists,
+                        collate_fn=guarded_collate(run.parts.collate or default_collate),
                         num_workers=run.workers if lists else 0, pin_memory=run.d.device.type == "cuda",
                         generator=gen)
     return Segment(c.epoch, lay.global_batch, c.batch, rows, iter(loader))
@@ -469,11 +476,54 @@ def next_batch(run: Run):
         return None
     items, measure, mine, idle = seg.batches[seg.next]
     seg.next += 1
-    micro = [next(seg.loader) for _ in mine]
+    micro, measures, skipped = [], [], False
+    for m in mine:
+        got = next(seg.loader)
+        bad = {b.index for b in got.bad}
+        if bad:
+            count_bad_items(run, got.bad)
+            skipped = True
+        if got.batch is not None:
+            micro.append(got.batch)
+            measures.append(run.batcher.measure([i for i in m if i not in bad]))
+    if mine and not micro:
+        raise UserError(f"every item of a batch failed to decode (the first: {got.bad[0].path}); the data set is "
+                        f"too damaged to train on: check it")
+    if len(micro) < len(mine) and run.d.world_size > 1:
+        raise UserError(f"every item of a micro-batch failed to decode (the first: {got.bad[0].path}); with "
+                        f"several processes a rank cannot sit a micro-batch out: check the data set")
+    if skipped and run.d.world_size == 1:
+        measure = sum(measures)  # the skipped items' share of the step goes to the others
     c = run.clock
     last = seg.next == len(seg.batches)
-    seen_after = (c.epoch + 1) * run.epoch_measure if last else c.seen + measure
-    return micro, [run.batcher.measure(m) for m in mine], measure, len(items), seen_after, idle
+    seen_after = (c.epoch + 1) * run.epoch_measure if last else c.seen + seg.batches[seg.next - 1][1]
+    return micro, measures, measure, len(items), seen_after, idle
+
+
+SHOWN_BAD = 10  # skipped items named on stderr; the count goes on
+
+
+def count_bad_items(run: Run, bad: list) -> None:
+    """An item that failed to decode stops the run, naming the file, or is skipped and counted."""
+    if not run.skip_bad:
+        raise bad[0].error()
+    for b in bad:
+        run.new_skipped += 1
+        shown = run.clock.skipped + run.new_skipped
+        if shown <= SHOWN_BAD:
+            print(f"warning: skipped {b.path} ({b.why}) ({SKIP_KEY}: true)"
+                  + ("; further skips are counted, not named" if shown == SHOWN_BAD else ""), file=sys.stderr)
+
+
+def sync_skipped(run: Run) -> None:
+    """Every rank's newly skipped items into clock.skipped (a collective: all ranks call it together)."""
+    if not run.skip_bad:
+        return
+    new = run.new_skipped
+    if run.d.world_size > 1:
+        new = sum(distributed.gather_objects(new))
+    run.clock.skipped += new
+    run.new_skipped = 0
 
 
 def end_epoch(run: Run) -> None:
@@ -593,9 +643,11 @@ def advance_clock(run: Run, count: int, seen_after: float) -> int:
 
 
 def log_train(run: Run, log: MetricsLog, lr: float, window: Window, progress: Progress) -> None:
+    sync_skipped(run)
+    skipped = {"skipped_items": run.clock.skipped} if run.skip_bad else {}
     log.log({"kind": "train", **time_fields(run), "batch_size": run.lay.global_batch,
              "accumulation": run.lay.accumulation, "lr": lr, **(run.momenta or {"ema_momentum": None}),
-             **window.mean(), "samples_per_s": progress.rate(), "wall_s": progress.elapsed()})
+             **window.mean(), **skipped, "samples_per_s": progress.rate(), "wall_s": progress.elapsed()})
 
 
 def evaluate_due(run: Run, log: MetricsLog, at_end: bool) -> None:
@@ -624,6 +676,7 @@ def save(run: Run, finished: bool = False) -> None:
     if not all(bool(torch.isfinite(p).all()) for p in run.model.parameters()):
         # never overwrite the last good checkpoint with a diverged model
         raise diverged(run, "the weights became non-finite")
+    sync_skipped(run)
     checkpoint.save(run.ctx.out, {
         "model": run.model.state_dict(), "emas": {k: e.state_dict() for k, e in run.emas.items()},
         "optimizer": run.optimizer.state_dict(), "clock": asdict(run.clock), "fingerprint": fingerprint(run.ctx),
@@ -726,6 +779,9 @@ def _locked(run: Run, ctx: RunContext, parts: TaskParts, d: distributed.Dist) ->
                          "steps": run.clock.step, "kappa": run.kappa}
             if run.unit == batching.SECONDS:
                 run.final["seconds_seen"] = run.clock.seen
+            if run.skip_bad:
+                sync_skipped(run)
+                run.final["skipped_items"] = run.clock.skipped
             save(run, finished=True)
     except Interrupted as e:
         log.close()
