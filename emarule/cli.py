@@ -94,6 +94,11 @@ def friendly(fn):
         except UserError as e:
             fail(str(e))
         except OSError as e:
+            from emarule.rundir import no_space
+
+            if no_space(e):  # a write outside emarule.rundir's (a library's own file): still one line
+                fail(f"cannot write {e.filename or 'a file'}: {e.strerror or e}; free space (or raise the limit) "
+                     f"and run the command again")
             if e.filename is None:
                 raise
             fail(f"{e.filename}: {e.strerror or e}; check the path and its permissions")

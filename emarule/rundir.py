@@ -41,11 +41,11 @@ NO_SPACE = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
 class DiskFull(UserError):
     """A write that failed for lack of space; `path` and `size` (bytes) say what could not be written."""
 
-    def __init__(self, path: Path, size: int | None, reason: str, kept: str = "nothing else was changed"):
+    def __init__(self, path: Path, size: int | None, reason: str, kept: str | None = None):
         self.path, self.size, self.reason = Path(path), size, reason
         need = f"{size:,} bytes needed" if size is not None else "more space needed"
-        super().__init__(f"cannot write {path}: {reason} ({need}); {kept}; free space (or raise the limit) and run "
-                         f"the command again")
+        kept = kept or f"{self.path.name} is as it was; free space (or raise the limit) and run the command again"
+        super().__init__(f"cannot write {path}: {reason} ({need}); {kept}")
 
     def kept(self, kept: str) -> "DiskFull":
         """The same error, saying what the run keeps (its last good checkpoint, or nothing to lose)."""
@@ -82,7 +82,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
         if isinstance(e, OSError) and no_space(e):
-            raise DiskFull(path, len(data), _reason(e), f"{path.name} is as it was") from None
+            raise DiskFull(path, len(data), _reason(e)) from None
         raise
 
 
@@ -198,7 +198,8 @@ class MetricsLog:
             if not no_space(e):
                 raise
             self._drop_file()  # a torn last line is what a resumed run drops anyway
-            raise DiskFull(self.path, len(line.encode()), _reason(e), "the rows before it are kept") from None
+            raise DiskFull(self.path, len(line.encode()), _reason(e), "the rows before it are kept; free space "
+                           "(or raise the limit) and run the command again") from None
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in row.items() if isinstance(v, (int, float))})
 

@@ -717,9 +717,10 @@ def _train(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> dict:
 
 
 def kept_after_disk_full(run: Run) -> str:
+    fix = "free space (or raise the limit) and"
     if run.last_ckpt:
-        return f"the last good checkpoint is kept ({run.last_ckpt[1]}), and `--resume` continues from it"
-    return "no checkpoint was written yet, so nothing is lost: the same command (or `--resume`) starts the run again"
+        return f"the last good checkpoint is kept ({run.last_ckpt[1]}): {fix} continue with --resume"
+    return f"no checkpoint was written yet, so nothing is lost: {fix} run the same command again"
 
 
 def _locked(run: Run, ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> dict:
