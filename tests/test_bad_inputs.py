@@ -149,7 +149,8 @@ CASES = [
     # specs nested too deep, and YAML aliases that expand to huge (or endless) trees
     ("spec-nested-3000-deep", ["plan", "--spec", "deep.yaml", "--kappa", "2"], "deep.yaml: nested too deep to parse"),
     ("spec-nested-40-deep", ["run", "--spec", "deep40.yaml"], "nested more than 32 levels deep"),
-    ("set-nested-3000-deep", ["plan", "byol-r18", "--kappa", "2", "--set", "optimizer.betas=" + "[" * 3000 + "]" * 3000],
+    ("set-nested-3000-deep",
+     ["plan", "byol-r18", "--kappa", "2", "--set", "optimizer.betas=" + "[" * 3000 + "]" * 3000],
      "--set optimizer.betas: the value is nested too deep to parse"),
     ("spec-alias-bomb", ["plan", "--spec", "bomb.yaml", "--kappa", "2"], "expands to more than 100,000 values"),
     ("set-alias-bomb", ["plan", "byol-r18", "--kappa", "2", "--set", "title=" + "".join(
