@@ -17,6 +17,7 @@ import torch
 
 from emarule import distributed
 from emarule.baditems import Guarded, guarded_collate
+from emarule.errors import UserError
 from emarule.tasks.parts import MAIN_EMA, Evaluation, Now
 
 
@@ -74,7 +75,9 @@ def score(ev: Evaluation, net: torch.nn.Module, now: Now, device: torch.device, 
     sums: dict[str, torch.Tensor] = {}
     for got in loader:
         if got.bad:  # never skipped: a score over fewer items would not be the split's
-            raise got.bad[0].error()
+            b = got.bad[0]
+            raise UserError(f"cannot decode {b.path} ({b.why}), an item of an evaluation split; fix or remove the "
+                            f"file (evaluation items are never skipped)")
         batch = got.batch
         with autocast():
             out = ev.score(net, distributed.to_device(batch, device), now)

@@ -38,7 +38,7 @@ from torch import nn
 from emarule import batching, checkpoint, distributed, evaluation, optimizers, runlock, schedules
 from emarule.context import RunContext
 from emarule.ema import ModelEma
-from emarule.baditems import SKIP_KEY, Guarded, guarded_collate
+from emarule.baditems import SKIP_KEY, Guarded, ItemError, guarded_collate
 from emarule.errors import UserError
 from emarule.progress import Progress, Window
 from emarule.rundir import FIGURES, HPARAMS, UNSAVED, DiskFull, MetricsLog, atomic_write_text, write_hparams
@@ -294,8 +294,11 @@ def parts_workers(parts: TaskParts, ctx: RunContext, d: distributed.Dist) -> int
 
 
 def fingerprint(ctx: RunContext) -> dict:
-    """What must match for --resume to continue a run (not: world size, micro-batch, logging)."""
+    """What must match for --resume to continue a run (not: world size, micro-batch, logging, nor
+    data.skip_bad_items: a run stopped by a file that fails to decode continues with it turned on)."""
     spec = {k: v for k, v in ctx.spec.items() if k not in ("source",)}
+    if isinstance(spec.get("data"), dict) and "skip_bad_items" in spec["data"]:
+        spec["data"] = {k: v for k, v in spec["data"].items() if k != "skip_bad_items"}
     return {"spec": spec, "kappa": ctx.kappa, "ema_rule": ctx.ema_rule, "seed": ctx.seed,
             "progressive": ctx.progressive}
 
@@ -714,6 +717,11 @@ def _train(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> dict:
             return _locked(run, ctx, parts, d)
         except DiskFull as e:
             raise e.kept(kept_after_disk_full(run)) from None
+        except ItemError as e:
+            raise UserError(f"cannot decode {e.path} ({e.why}); fix or remove the file (or add --set "
+                            f"{SKIP_KEY}=true to skip such items, counted in the summary), then "
+                            + (f"continue from the last good checkpoint ({run.last_ckpt[1]}) with --resume"
+                               if run.last_ckpt else "run the same command again")) from None
 
 
 def kept_after_disk_full(run: Run) -> str:

@@ -148,3 +148,29 @@ def test_training_stops_on_a_bad_item_naming_it_or_skips_and_counts_it(tmp_path,
     assert f"skipped: {int(epochs)} training items that failed to decode (data.skip_bad_items)" in out
     rows = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert [r["skipped_items"] for r in rows if r["kind"] == "train"][-1] == int(epochs)  # once per epoch
+
+
+def test_skip_bad_items_may_be_turned_on_to_resume_a_run_a_bad_file_stopped(tmp_path):
+    from emarule.context import RunContext
+    from emarule.scaling import plan
+    from emarule.spec import load_spec
+    from emarule.train import fingerprint
+
+    def ctx(*sets):
+        s = load_spec("byol-r18", preset="tiny", overrides=list(sets))
+        return RunContext(spec=s, kappa=1.0, ema_rule="exponential", plan=plan(s, 1.0, "exponential"), out=tmp_path)
+
+    assert fingerprint(ctx("data.skip_bad_items=true")) == fingerprint(ctx())
+    assert fingerprint(ctx("data.train_samples=64")) != fingerprint(ctx())
+
+
+def test_a_bad_validation_file_is_an_error_naming_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    root = image_folder(tmp_path / "data")
+    bad = root / "val" / "n01" / "2.JPEG"
+    truncate(bad)
+    with pytest.raises(SystemExit) as e:
+        main([*TINY, "--set", "data.skip_bad_items=true", "--data", str(root), "--out", str(tmp_path / "a")])
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error")]
+    assert e.value.code == 2 and len(err) == 1
+    assert err[0].startswith(f"error: cannot decode {bad} (") and "evaluation items are never skipped" in err[0]
