@@ -133,8 +133,8 @@ class DirLock:
     def _busy(self, h: dict) -> None:
         who = _describe(h) if h else "a process that has not written its name yet"
         self.release()
-        raise UserError(f"{self.dir} is in use by another emarule {self.what} ({who}); wait for it to finish, "
-                        f"stop it, or pass another --out")
+        raise UserError(f"{self.dir} is in use by another emarule {h.get('what') or 'process'} ({who}); "
+                        f"wait for it to finish, stop it, or pass another --out")
 
     def _announce(self, previous: dict) -> None:
         if previous.get("pid") is None:
@@ -194,8 +194,8 @@ def check_free(directory: Path, what: str = "run") -> None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise UserError(f"{directory} is in use by another emarule {what} ({_describe(h)}); wait for it to "
-                            f"finish, stop it, or pass another --out") from None
+            raise UserError(f"{directory} is in use by another emarule {h.get('what') or what} ({_describe(h)}); "
+                            f"wait for it to finish, stop it, or pass another --out") from None
         except OSError:
             probe._check_pid(h)
     finally:

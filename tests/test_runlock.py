@@ -114,3 +114,31 @@ def test_check_free_is_silent_on_a_free_directory(tmp_path):
     (tmp_path / LOCK).write_text("{}")  # left behind, nobody holds it
     check_free(tmp_path)
     assert Path(tmp_path / LOCK).read_text() == "{}"
+
+
+def _hold(path: Path) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], cwd=ROOT, env=env(), stdout=subprocess.PIPE,
+                         text=True)
+    assert p.stdout.readline().strip() == "locked"
+    return p
+
+
+SWEEP = ["sweep", "byol-r18", "--preset", "tiny", "--kappas", "2", "--out", "{root}"]
+
+
+@pytest.mark.parametrize("argv,locked", [(SWEEP, "byol-r18"), (SWEEP, "byol-r18/tiny-k1-rule-s0"),
+                                         (["reproduce", "parabola", "--preset", "tiny", "--out", "{root}"], "")])
+def test_sweeps_and_reproductions_refuse_a_locked_folder(tmp_path, capsys, argv, locked):
+    """The sweep's experiment folder, one of its runs, a reproduction's --out: each held by another process."""
+    from emarule.cli import main
+
+    holder = _hold(tmp_path / "root" / locked)
+    try:
+        with pytest.raises(SystemExit) as e:
+            main([a.format(root=tmp_path / "root") for a in argv])
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, err
+    assert f"is in use by another emarule run (host {socket.gethostname()}, pid {holder.pid}" in err[0]
