@@ -38,6 +38,7 @@ def _tmp_files(d: Path) -> list:
 # --- disk full / file-size limit --------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_file_size_limit_is_one_line_and_the_same_command_then_works(tmp_path):
     spec = write_spec(tmp_path, toy_spec(**SPEC), "run.yaml")
     cases = {"ckpt": (8000, "checkpoint.pt"), "run": (1000, "hparams.json")}  # "run": run_toy's own --out

@@ -87,10 +87,11 @@ def test_the_lock_creates_nothing_it_does_not_remove(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_two_real_runs_into_one_out(tmp_path):
     """The issue's case: two `emarule run` into the same --out at once; the second is refused while
     the first runs, with one line naming the first's host and pid, and the first's files untouched."""
-    spec = write_spec(tmp_path, toy_spec(**{"schedule.epochs": 2000, "toy.samples": 64}))
+    spec = write_spec(tmp_path, toy_spec(**{"schedule.epochs": 5000, "toy.samples": 64}))
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "emarule", "run", "--spec", str(spec), "--out", str(out)]
     first = subprocess.Popen(argv, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
