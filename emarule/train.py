@@ -36,9 +36,9 @@ import torch
 from torch import nn
 
 from emarule import batching, checkpoint, distributed, evaluation, optimizers, runlock, schedules
+from emarule.baditems import SKIP_KEY, Guarded, ItemError, guarded_collate
 from emarule.context import RunContext
 from emarule.ema import ModelEma
-from emarule.baditems import SKIP_KEY, Guarded, ItemError, guarded_collate
 from emarule.errors import UserError
 from emarule.progress import Progress, Window
 from emarule.rundir import FIGURES, HPARAMS, UNSAVED, DiskFull, MetricsLog, atomic_write_text, write_hparams
