@@ -14,7 +14,8 @@ import tempfile
 from pathlib import Path
 
 from emarule.errors import UserError
-from emarule.rundir import CHECKPOINT, HPARAMS, METRICS
+from emarule.rundir import CHECKPOINT, HPARAMS, METRICS, UNSAVED
+from emarule.runlock import check_free
 from emarule.schema import TASKS, get
 
 # data.source values that ship with the package or are generated: there is nothing for --data to
@@ -106,11 +107,16 @@ def run_dir(out: Path, resume: bool) -> None:
     """`--resume` needs a run to continue; a new run needs a directory that holds none.
 
     A run's record is its checkpoint, hparams.json or metrics.jsonl: a directory holding any of
-    them is never written over by a new run (its checkpoint may have been deleted; the record stays).
+    them is never written over by a new run (its checkpoint may have been deleted; the record stays),
+    unless the run marked it as stopped before its first checkpoint (`rundir.UNSAVED`). A directory
+    another live process has locked is named with its holder.
     Only `emarule run` calls this: a sweep resumes its own runs where a checkpoint is, and restarts
     the others.
     """
+    check_free(out, "run")
     record = [n for n in (HPARAMS, METRICS) if (out / n).exists()]
+    if (out / UNSAVED).exists() and not (out / CHECKPOINT).exists():
+        return  # stopped before its first checkpoint: nothing to keep; the run starts again from scratch
     if resume:
         if not out.exists():
             raise UserError(f"--resume: {out} does not exist; pass --out with the directory of the run to "

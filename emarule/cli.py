@@ -96,6 +96,11 @@ def friendly(fn):
         except UserError as e:
             fail(str(e))
         except OSError as e:
+            from emarule.rundir import no_space
+
+            if no_space(e):  # a write outside emarule.rundir's (a library's own file): still one line
+                fail(f"cannot write {e.filename or 'a file'}: {e.strerror or e}; free space (or raise the limit) "
+                     f"and run the command again")
             if e.filename is None:
                 raise
             fail(f"{e.filename}: {e.strerror or e}; check the path and its permissions")
@@ -469,7 +474,8 @@ def sweep(
 
     check_run_options(wandb, max_device_batch)
     seed_list = check_seeds(seeds)
-    runs = sw.plan_runs(numbers(kappas, "--kappas"), sw.parse_rules(rule), seed_list)
+    runs = sw.plan_runs(sw.distinct_kappas(numbers(kappas, "--kappas"), kappas), sw.parse_rules(rule),
+                        seed_list)
 
     def resolve_run(k: float, ema: Optional[str], baseline: bool):
         return resolve(experiment, spec, preset, overrides, repr(k), None, ema is None, ema and EmaRule(ema),
@@ -533,7 +539,10 @@ def reproduce(
                            prog)
         return resolve_run
 
-    run_reproduction(console, family, preset=preset, seeds=seed_list, kappas=numbers(kappas, "--kappas"), out=out,
+    from emarule.sweep import distinct_kappas
+
+    run_reproduction(console, family, preset=preset, seeds=seed_list,
+                     kappas=distinct_kappas(numbers(kappas, "--kappas"), kappas), out=out,
                      data=data, resolver=resolver)
 
 

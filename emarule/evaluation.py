@@ -16,6 +16,8 @@ import math
 import torch
 
 from emarule import distributed
+from emarule.baditems import Guarded, guarded_collate
+from emarule.errors import UserError
 from emarule.tasks.parts import MAIN_EMA, Evaluation, Now
 
 
@@ -67,11 +69,16 @@ def score(ev: Evaluation, net: torch.nn.Module, now: Now, device: torch.device, 
     shard = list(range(rank, len(ev.data), world))
     # The same worker processes and pinned memory as training: decoding a validation split of
     # JPEGs in the training process would take as long as an epoch on a GPU.
-    loader = DataLoader(torch.utils.data.Subset(ev.data, shard), batch_size=ev.batch_size,
-                        collate_fn=ev.collate or default_collate, num_workers=workers if shard else 0,
+    loader = DataLoader(Guarded(torch.utils.data.Subset(ev.data, shard)), batch_size=ev.batch_size,
+                        collate_fn=guarded_collate(ev.collate or default_collate), num_workers=workers if shard else 0,
                         pin_memory=device.type == "cuda")
     sums: dict[str, torch.Tensor] = {}
-    for batch in loader:
+    for got in loader:
+        if got.bad:  # never skipped: a score over fewer items would not be the split's
+            b = got.bad[0]
+            raise UserError(f"cannot decode {b.path} ({b.why}), an item of an evaluation split; fix or remove the "
+                            f"file (evaluation items are never skipped)")
+        batch = got.batch
         with autocast():
             out = ev.score(net, distributed.to_device(batch, device), now)
         for k, v in out.items():

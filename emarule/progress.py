@@ -50,9 +50,13 @@ class Progress:
 
     def advance(self, seen: float, loss: float) -> None:
         self.seen = seen
+        # A run ends at the first batch boundary at or past its length: with seconds-of-audio batches
+        # (or a length in steps) the last batch may carry it past the planned total, which then grows
+        # to what was seen, so the bar never reads more than 100 %.
+        self.total = max(self.total, seen)
         if self._bar is not None:
             shown = f"loss {loss:.4g}" if math.isfinite(loss) else "loss —"
-            self._bar.update(self._task, completed=seen, rate=self.rate(), loss=shown)
+            self._bar.update(self._task, total=self.total, completed=seen, rate=self.rate(), loss=shown)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t0

@@ -39,6 +39,7 @@ class Report:
     where: dict = field(default_factory=dict)  # epoch, step, samples_seen, kappa of the last row
     wall_s: float | None = None
     headline: str = ""
+    skipped: int | None = None  # training items skipped for failing to decode (data.skip_bad_items)
 
     def text(self) -> str:
         lines = [f"run finished: {self.run}" + (f" ({self.headline})" if self.headline else "")]
@@ -47,6 +48,9 @@ class Report:
             lines.append(f"  {who + ':':<{width + 1}} " + ", ".join(f"{k} {_g(v)}" for k, v in metrics.items()))
         if not self.final:
             lines.append("  no metrics logged")
+        if self.skipped is not None:
+            lines.append(f"  skipped: {self.skipped} training item{'s' * (self.skipped != 1)} that failed to decode "
+                         f"(data.skip_bad_items)")
         if self.wall_s is not None:
             lines.append(f"  wall time: {self.wall_s:.1f} s")
         lines.append("  figures: " + (", ".join(str(f) for f in self.figures) or "none (nothing logged to plot)"))
@@ -234,6 +238,8 @@ def report(run: Path | str, wall_s: float | None = None, figures: bool = True) -
     last = max(train + evals, key=lambda r: float(r["epoch"])) if train or evals else {}
     rep = Report(run=run, final=final_metrics(train, evals), where=last, wall_s=wall_s,
                  headline=_headline(run, last))
+    skipped = [r["skipped_items"] for r in train if isinstance(r.get("skipped_items"), int)]
+    rep.skipped = skipped[-1] if skipped else None
     if figures:
         rep.figures = write_figures(run, rows, run.name)
     return rep

@@ -13,6 +13,7 @@ Only rank 0 writes. Pure Python apart from the optional lazy wandb import.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -20,32 +21,68 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from emarule.errors import UserError
+
 HPARAMS = "hparams.json"
 METRICS = "metrics.jsonl"
 CHECKPOINT = "checkpoint.pt"
 FIGURES = "figures"
+# Present from a fresh run's first write until its first checkpoint: a run stopped in between (SIGKILL,
+# a full disk) left nothing worth keeping, and a new run or `--resume` starts it again from scratch.
+UNSAVED = ".no-checkpoint-yet"
 _UMASK = os.umask(0)
 os.umask(_UMASK)
+
+# A full disk (ENOSPC), a file-size limit (EFBIG, RLIMIT_FSIZE) and a quota (EDQUOT): no write can succeed
+# until the user frees space, so each is a one-line error, not a traceback.
+NO_SPACE = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
+
+
+class DiskFull(UserError):
+    """A write that failed for lack of space; `path` and `size` (bytes) say what could not be written."""
+
+    def __init__(self, path: Path, size: int | None, reason: str, kept: str | None = None):
+        self.path, self.size, self.reason = Path(path), size, reason
+        need = f"{size:,} bytes needed" if size is not None else "more space needed"
+        kept = kept or f"{self.path.name} is as it was; free space (or raise the limit) and run the command again"
+        super().__init__(f"cannot write {path}: {reason} ({need}); {kept}")
+
+    def kept(self, kept: str) -> "DiskFull":
+        """The same error, saying what the run keeps (its last good checkpoint, or nothing to lose)."""
+        return DiskFull(self.path, self.size, self.reason, kept)
+
+
+def no_space(e: OSError) -> bool:
+    return isinstance(e, OSError) and e.errno in NO_SPACE
+
+
+def _reason(e: OSError) -> str:
+    return {errno.EFBIG: "file too large for the file-size limit", errno.ENOSPC: "no space left on the device",
+            errno.EDQUOT: "disk quota exceeded"}.get(e.errno, e.strerror or str(e))
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write to a temporary file in the same directory, fsync, then rename over `path`.
 
     A reader (or a resumed run after SIGKILL) sees the old file or the new one, never half of one.
+    Out of space, the temporary file is removed, `path` is as it was, and a `DiskFull` says so.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; results are for everyone to read
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+    except BaseException as e:
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError) and no_space(e):
+            raise DiskFull(path, len(data), _reason(e)) from None
         raise
 
 
@@ -151,17 +188,32 @@ class MetricsLog:
         if not self.enabled:
             return
         row = _jsonable(row)
-        if self._file is None:
-            self._file = open(self.path, "a", buffering=1)
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
+        line = json.dumps(row) + "\n"
+        try:
+            if self._file is None:
+                self._file = open(self.path, "a", buffering=1)
+            self._file.write(line)
+            self._file.flush()
+        except OSError as e:
+            if not no_space(e):
+                raise
+            self._drop_file()  # a torn last line is what a resumed run drops anyway
+            raise DiskFull(self.path, len(line.encode()), _reason(e), "the rows before it are kept; free space "
+                           "(or raise the limit) and run the command again") from None
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in row.items() if isinstance(v, (int, float))})
 
+    def _drop_file(self) -> None:
+        f, self._file = self._file, None
+        if f is not None:
+            try:
+                f.close()
+            except OSError:  # the buffer cannot be flushed either: what is on disk stays
+                pass
+
     def close(self) -> None:
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            self._drop_file()
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None

@@ -28,6 +28,7 @@ class Field:
     items: "Field | None" = None  # for lists: the shape of every item
     length: int | None = None  # for lists of fixed length (Adam betas)
     doc: str = ""
+    default: Any = None  # the value a spec without the key gets (where the code reads it from here)
 
 
 def num(doc="", **kw) -> Field:
@@ -53,6 +54,11 @@ def momentum(doc="") -> Field:
 def numlist(doc="", item: Field | None = None, **kw) -> Field:
     return Field((list,), items=item or num(), doc=doc, **kw)
 
+
+# data.skip_bad_items (emarule/baditems.py): an item that fails to decode is an error naming its file,
+# or, when true, skipped, counted and reported in the summary and the metrics (skipped_items).
+SKIP_BAD_ITEMS = Field((bool,), doc="skip (and count) training items that fail to decode, instead of stopping",
+                       default=False)
 
 POSITIVE = dict(lo_open=0.0)
 NONNEG = dict(lo=0.0)
@@ -195,7 +201,8 @@ TASKS: dict[str, dict[str, Any]] = {
                  "train_samples": integer("textures: training images", nullable=True, lo=1),
                  "eval_samples": integer("textures: validation images", nullable=True, lo=1),
                  "noise": num("textures: white noise std relative to the texture's", **NONNEG),
-                 "seed": integer("textures: the data set's seed (the same images for every run seed)", **NONNEG)},
+                 "seed": integer("textures: the data set's seed (the same images for every run seed)", **NONNEG),
+                 "skip_bad_items": SKIP_BAD_ITEMS},
     },
     "ctc": {
         "model": {
@@ -211,6 +218,7 @@ TASKS: dict[str, dict[str, Any]] = {
             "source": text("LibriSpeech from --data, or the generated corpus", choices=("librispeech", "synthetic")),
             "eval_splits": Field((list,), items=text(), doc="evaluation splits; the first is the main one (wer)"),
             "pl_eval_utterances": integer("unlabeled utterances whose pseudo-labels are scored (pl_wer)", lo=1),
+            "skip_bad_items": SKIP_BAD_ITEMS,
         },
         "corpus": {  # the generated corpus (data.source: synthetic), emarule/speech/corpus.py
             "seed": integer(), "speakers": integer("speakers per split", lo=1),
@@ -249,7 +257,7 @@ TASKS: dict[str, dict[str, Any]] = {
             "image_size": integer(lo=1), "augmentation": text(), "path": text(nullable=True),
             "num_classes": integer(lo=1), "source": text(choices=("cifar10", "imagenet", "digits", "synthetic")),
             "train_samples": integer("cap on the training set (cpu/tiny presets)", nullable=True, lo=1),
-            "eval_samples": integer(nullable=True, lo=1),
+            "eval_samples": integer(nullable=True, lo=1), "skip_bad_items": SKIP_BAD_ITEMS,
         },
         "probe": {"lr": num("the tracking probe's own Adam lr at batch.size (emarule/probe.py)", **POSITIVE),
                   "kind": text(choices=("pre-bn",))},
@@ -270,7 +278,7 @@ TASKS: dict[str, dict[str, Any]] = {
             "local_scale": numlist("area fraction range of a local crop", item=num(lo=0.0, hi=1.0), length=2),
             "num_classes": integer(lo=1), "source": text(choices=("cifar10", "imagenet", "digits", "synthetic")),
             "train_samples": integer("cap on the training set (cpu/tiny presets)", nullable=True, lo=1),
-            "eval_samples": integer(nullable=True, lo=1),
+            "eval_samples": integer(nullable=True, lo=1), "skip_bad_items": SKIP_BAD_ITEMS,
         },
         "dino": {
             "center_momentum": momentum("center EMA ρ_c, unscaled in the paper"),

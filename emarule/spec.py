@@ -31,8 +31,88 @@ _Loader.add_implicit_resolver(
 )
 
 
+# A spec is a few hundred values a few levels deep; these bounds leave room for any real one and refuse
+# a tree that would exhaust the stack (thousands of levels) or memory (aliases that expand exponentially).
+MAX_DEPTH = 32
+MAX_NODES = 100_000
+
+
+class SpecShapeError(yaml.YAMLError):
+    """A YAML document that parses but is not a spec: a duplicate key, too deep, too large once aliases expand."""
+
+    def __init__(self, problem: str, mark=None, fix: str = "fix the YAML"):
+        super().__init__(problem)
+        self.problem, self.problem_mark, self.fix = problem, mark, fix
+
+
+def _check_shape(root) -> None:
+    """Depth and size of the tree the node graph expands to (an alias counts its whole subtree each
+    time it is used), and duplicate keys; iterative, so no depth can overflow the stack here."""
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    stack = [(root, False)]
+    on_path: set[int] = set()
+    while stack:
+        node, done = stack.pop()
+        kids = _children(node)
+        if done:
+            on_path.discard(id(node))
+            size[id(node)] = 1 + sum(size[id(k)] for k in kids)
+            depth[id(node)] = 1 + max((depth[id(k)] for k in kids), default=0)
+            if depth[id(node)] > MAX_DEPTH:
+                raise SpecShapeError(f"nested more than {MAX_DEPTH} levels deep", node.start_mark,
+                                     "a spec is a few levels of sections; flatten it")
+            if size[id(node)] > MAX_NODES:
+                raise SpecShapeError(f"expands to more than {MAX_NODES:,} values (YAML aliases repeat a subtree "
+                                     f"each time they are used)", node.start_mark, "write the values out, "
+                                     "without aliases that refer to aliases")
+            continue
+        if id(node) in size:
+            continue
+        if id(node) in on_path:
+            raise SpecShapeError("an alias refers to the node that contains it (an endless tree)", node.start_mark,
+                                 "remove the recursive alias")
+        on_path.add(id(node))
+        stack.append((node, True))
+        if isinstance(node, yaml.MappingNode):
+            _no_duplicate_keys(node)
+        stack.extend((k, False) for k in kids if id(k) not in size)
+
+
+def _children(node) -> list:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _no_duplicate_keys(node) -> None:
+    seen: dict = {}
+    for key, _ in node.value:
+        if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+            continue
+        if key.value in seen:
+            raise SpecShapeError(f"key {key.value!r} appears twice in one mapping (first at line "
+                                 f"{seen[key.value].line + 1})", key.start_mark,
+                                 "keep one of them (YAML would silently take the last)")
+        seen[key.value] = key.start_mark
+
+
 def yaml_load(text: str):
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    loader = _Loader(text)
+    try:
+        try:
+            node = loader.get_single_node()
+        except RecursionError:
+            raise SpecShapeError("nested too deep to parse", None, "a spec is a few levels of sections; "
+                                 "flatten it") from None
+        if node is None:
+            return None
+        _check_shape(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 EXPERIMENTS_DIR = Path(os.environ.get("EMARULE_EXPERIMENTS", Path(__file__).resolve().parent.parent / "experiments"))
@@ -65,6 +145,9 @@ def read_yaml(p: Path) -> dict:
     except UnicodeDecodeError as e:
         raise UserError(f"{p}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); "
                         f"save the spec as a UTF-8 YAML file") from None
+    except SpecShapeError as e:
+        where = f" at line {e.problem_mark.line + 1}" if e.problem_mark else ""
+        raise UserError(f"{p}: {e.problem}{where}; {e.fix}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -86,6 +169,8 @@ def parse_override(item: str) -> tuple[str, Any]:
         raise UserError(f"--set {item!r}: empty key; expected key=value, e.g. --set ema.momentum=0.996")
     try:
         value = yaml_load(raw) if raw.strip() else None
+    except SpecShapeError as e:
+        raise UserError(f"--set {key}: the value is {e.problem}; {e.fix}") from None
     except yaml.YAMLError:
         raise UserError(f"--set {item!r}: cannot parse the value {raw!r}") from None
     return key, value
@@ -102,6 +187,15 @@ def set_dotted(tree: dict, key: str, value: Any, where: str) -> None:
             raise UserError(f"{where}: {key}: {part} is not a section")
         node = nxt
     node[parts[-1]] = value
+
+
+def _not_given_twice(key: str, item: str, given: dict) -> None:
+    """`--set k=a --set k=b` (or a section and a key inside it) would let the last one win unseen."""
+    for other, first in given.items():
+        if key == other or key.startswith(other + ".") or other.startswith(key + "."):
+            same = "twice" if key == other else "in two overlapping --set options"
+            raise UserError(f"--set {key} is given {same} ({first!r}, then {item!r}); give each key once")
+    given[key] = item
 
 
 def load_spec(
@@ -131,8 +225,10 @@ def load_spec(
         err = check_tree("", spec, schema)
         if err:
             raise UserError(f"{p}: preset {preset!r}: {err}")
+    given: dict[str, str] = {}
     for item in overrides:
         key, value = parse_override(item)
+        _not_given_twice(key, item, given)
         if get(schema, key) is None:
             raise UserError(f"--set {key}: unknown key for a {task} spec; see `emarule plan` for the keys")
         set_dotted(spec, key, value, f"--set {item}")

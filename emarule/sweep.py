@@ -56,9 +56,20 @@ def parse_rules(text: str) -> list[str | None]:
         raise UserError(f"--rule {bad[0]!r}: use with, without or linear, comma-separated (e.g. --rule with,without)")
     out: list[str | None] = []
     for n in names:
-        if rule_from_word(n) not in out:
-            out.append(rule_from_word(n))
+        if rule_from_word(n) in out:
+            raise UserError(f"--rule {text!r}: {n!r} is given twice; give each rule once (e.g. --rule with,without)")
+        out.append(rule_from_word(n))
     return out
+
+
+def distinct_kappas(kappas: list[float] | None, text: str | None) -> list[float] | None:
+    """`--kappas 2,2` would run κ=2 once and drop the second without a word: an error instead."""
+    seen: list[float] = []
+    for k in kappas or []:
+        if any(math.isclose(k, s) for s in seen):
+            raise UserError(f"--kappas {text}: κ={k:g} is given twice; give each κ once (e.g. --kappas 1,2,4)")
+        seen.append(k)
+    return kappas
 
 
 def plan_runs(kappas: list[float], rules: list[str | None], seeds, arms=()) -> list[SweepRun]:
@@ -109,11 +120,17 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, *,
         ctxs.append(RunContext(spec=s, kappa=k, ema_rule=rule, plan=p, out=out, progressive=pr,
                                preset=s.get("preset"), data=data, seed=r.seed, wandb=wandb,
                                max_device_batch=max_device_batch))
-    from emarule import distributed  # torch: only once every run is known to be valid
+    check_before_training(ctxs)
+    from emarule.runlock import lock_dir
+
+    with lock_dir(ctxs[0].out.parent, "sweep"):  # ROOT/<experiment>: its runs and compare figures
+        return _run_all(console, runs, ctxs, metric)
+
+
+def _run_all(console, runs: list[SweepRun], ctxs: list, metric: str | None) -> list[dict]:
+    from emarule import distributed
     from emarule.run_report import print_report, report
     from emarule.tasks import run_task
-
-    check_before_training(ctxs)
 
     main = distributed.is_main()
     done = []
@@ -155,10 +172,17 @@ def check_before_training(ctxs: list) -> None:
     from emarule.rundir import HPARAMS
     from emarule.tasks import build_parts
 
+    from emarule.runlock import check_free
+
+    check_free(ctxs[0].out.parent, "sweep")
     for ctx in ctxs:
         ctx.resume_hint = "run the same command again: finished runs are kept and this one resumes"
+        check_free(ctx.out, "run")
         if (ctx.out / CHECKPOINT).exists() and (ctx.out / HPARAMS).is_file():
-            recorded = json.loads((ctx.out / HPARAMS).read_text()).get("fingerprint")
+            try:
+                recorded = json.loads((ctx.out / HPARAMS).read_text()).get("fingerprint")
+            except (ValueError, AttributeError):  # a damaged record: said when this run resumes
+                recorded = None
             if recorded is not None:  # runs written before hparams.json held it are checked when resumed
                 train.check_same_settings(ctx, recorded)
 

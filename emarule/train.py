@@ -35,14 +35,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from emarule import batching, checkpoint, distributed, evaluation, optimizers, schedules
+from emarule import batching, checkpoint, distributed, evaluation, optimizers, runlock, schedules
+from emarule.baditems import SKIP_KEY, Guarded, ItemError, guarded_collate
 from emarule.context import RunContext
 from emarule.ema import ModelEma
 from emarule.errors import UserError
 from emarule.progress import Progress, Window
-from emarule.rundir import FIGURES, MetricsLog, write_hparams
+from emarule.rundir import FIGURES, HPARAMS, UNSAVED, DiskFull, MetricsLog, atomic_write_text, write_hparams
 from emarule.scaling import BatchSchedule
 from emarule.scaling.plan import extra_ema_name
+from emarule.schema import SKIP_BAD_ITEMS
 from emarule.seeding import mix
 from emarule.spec import get
 from emarule.tasks.parts import MAIN_EMA, Now, TaskParts
@@ -62,6 +64,7 @@ class Clock:
     epoch: int = 0  # the epoch in progress
     pos: int = 0  # items of the epoch's order consumed
     batch: int = 0  # global batches done in the epoch
+    skipped: int = 0  # training items skipped because they failed to decode (data.skip_bad_items), all ranks
 
 
 @dataclass
@@ -114,6 +117,9 @@ class Run:
     next_ckpt: float = 0.0
     last_ckpt: tuple | None = None
     t_ckpt: float = field(default_factory=time.monotonic)
+    record: dict = field(default_factory=dict)  # what hparams.json holds; every checkpoint keeps a copy
+    skip_bad: bool = False  # data.skip_bad_items
+    new_skipped: int = 0  # this rank's skipped items not yet added to clock.skipped
 
     @property
     def epoch_measure(self) -> float:
@@ -239,6 +245,11 @@ def setup(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> Run:
     batches = BatchSchedule(ctx.progressive, base_batch, ctx.kappa, get(spec, "schedule.epochs"),
                             get(spec, "schedule.total_steps"))
     check_batches_fit(ctx, batcher, d.world_size)
+    if ctx.resume and not checkpoint.path_in(ctx.out).exists() and (ctx.out / UNSAVED).exists():
+        if d.is_main:
+            print(f"--resume: {ctx.out} stopped before its first checkpoint; starting it from the beginning",
+                  file=sys.stderr)
+        ctx.resume = False
     if ctx.resume and not checkpoint.path_in(ctx.out).exists():
         raise UserError(f"--resume: no checkpoint in {ctx.out}; drop --resume to start the run from scratch")
     if not ctx.resume and checkpoint.path_in(ctx.out).exists():
@@ -265,7 +276,8 @@ def setup(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> Run:
               aux_ids=frozenset(id(named[k]) for k in parts.aux_params if k in named),
               evals=[[ev, evaluation.every_epochs(ev, base_batch, batcher.epoch_measure), 0.0]
                      for ev in parts.evaluations],
-              workers=parts_workers(parts, ctx, d))
+              workers=parts_workers(parts, ctx, d),
+              skip_bad=bool(get(spec, SKIP_KEY, SKIP_BAD_ITEMS.default)))
     enter_stage(run, batches.kappa_at(0))
     return run
 
@@ -285,8 +297,11 @@ def parts_workers(parts: TaskParts, ctx: RunContext, d: distributed.Dist) -> int
 
 
 def fingerprint(ctx: RunContext) -> dict:
-    """What must match for --resume to continue a run (not: world size, micro-batch, logging)."""
+    """What must match for --resume to continue a run (not: world size, micro-batch, logging, nor
+    data.skip_bad_items: a run stopped by a file that fails to decode continues with it turned on)."""
     spec = {k: v for k, v in ctx.spec.items() if k not in ("source",)}
+    if isinstance(spec.get("data"), dict) and "skip_bad_items" in spec["data"]:
+        spec["data"] = {k: v for k, v in spec["data"].items() if k != "skip_bad_items"}
     return {"spec": spec, "kappa": ctx.kappa, "ema_rule": ctx.ema_rule, "seed": ctx.seed,
             "progressive": ctx.progressive}
 
@@ -303,6 +318,7 @@ def differences(a, b, prefix: str = "") -> list[str]:
 
 def open_fresh(run: Run, log: MetricsLog) -> None:
     if run.d.is_main:
+        atomic_write_text(run.ctx.out / UNSAVED, "")  # first: whatever follows may be cut short
         (run.ctx.out / FIGURES).mkdir(parents=True, exist_ok=True)
     distributed.barrier()
     log.start_fresh()
@@ -316,6 +332,7 @@ def open_resumed(run: Run, log: MetricsLog) -> bool:
     ctx = run.ctx
     ck = checkpoint.load(ctx.out, run.d.device)
     check_same_settings(ctx, ck.get("fingerprint"))
+    check_record(ctx, ck.get("record"))
     run.model.load_state_dict(ck["model"])
     for name, e in run.emas.items():
         e.load_state_dict(ck["emas"][name])
@@ -327,8 +344,8 @@ def open_resumed(run: Run, log: MetricsLog) -> bool:
     enter_stage(run, run.batches.kappa_at(schedule_time(run)))
     if not checkpoint.restore_rng(ck):
         seed_everything(mix(ctx.seed, run.clock.samples), run.d.rank)
-    log.truncate_after(run.clock.samples)
     run.last_ckpt = (str(checkpoint.path_in(ctx.out)), where(run))
+    log.truncate_after(run.clock.samples)
     run.final = ck.get("final_metrics") or {}
     run.next_ckpt = next_checkpoint(run)
     for e in run.evals:
@@ -336,6 +353,41 @@ def open_resumed(run: Run, log: MetricsLog) -> bool:
     if run.d.is_main and not ck.get("finished"):
         print(f"resuming {ctx.out} at {where(run)}", file=sys.stderr)
     return bool(ck.get("finished"))
+
+
+# How a run executes, not what it computes: these may change from one --resume to the next.
+EXECUTION_KEYS = frozenset({"layout", "world_size", "max_device_batch", "device", "num_workers", "torch", "python",
+                            "sync_bn_effective", "data"})
+
+
+def check_record(ctx: RunContext, copy: dict | None) -> None:
+    """hparams.json says what the checkpoint's own copy says: a record edited, deleted or damaged after
+    the run wrote it would make the summary and `compare` report settings the run did not use."""
+    import json
+
+    from emarule.rundir import _jsonable
+
+    if copy is None:  # a checkpoint written before checkpoints kept a copy
+        return
+    p = ctx.out / HPARAMS
+    fix = "put back the file the run wrote (the checkpoint keeps a copy, see docs/faults.md) or start a new run " \
+          "with --out NEW_DIR"
+    if not p.is_file():
+        raise UserError(f"--resume: {p} is missing; {fix}")
+    try:
+        record = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        why = "not valid JSON" if isinstance(e, ValueError) else (e.strerror or str(e))
+        raise UserError(f"--resume: {p} is corrupt ({why}); {fix}") from None
+    if not isinstance(record, dict):
+        raise UserError(f"--resume: {p} is corrupt (not a JSON object); {fix}")
+    ours = json.loads(json.dumps(_jsonable(copy)))
+    diff = differences({k: v for k, v in ours.items() if k not in EXECUTION_KEYS},
+                       {k: v for k, v in record.items() if k not in EXECUTION_KEYS})
+    if diff:
+        shown = ", ".join(diff[:4]) + (f" and {len(diff) - 4} more" if len(diff) > 4 else "")
+        raise UserError(f"--resume: {p} was edited after the run wrote it ({shown} differ from the checkpoint's "
+                        f"copy); {fix}")
 
 
 def where(run: Run) -> str:
@@ -413,7 +465,8 @@ def open_segment(run: Run) -> Segment:
     # Its own generator: a DataLoader iterator otherwise draws its worker seed from the global RNG,
     # and a resumed run (one more iterator, made mid-epoch) would shift dropout's random stream.
     gen = torch.Generator().manual_seed(mix(run.ctx.seed, c.epoch, run.d.rank))
-    loader = DataLoader(run.parts.train_set, batch_sampler=lists, collate_fn=run.parts.collate or default_collate,
+    loader = DataLoader(Guarded(run.parts.train_set), batch_sampler=lists,
+                        collate_fn=guarded_collate(run.parts.collate or default_collate),
                         num_workers=run.workers if lists else 0, pin_memory=run.d.device.type == "cuda",
                         generator=gen)
     return Segment(c.epoch, lay.global_batch, c.batch, rows, iter(loader))
@@ -429,11 +482,54 @@ def next_batch(run: Run):
         return None
     items, measure, mine, idle = seg.batches[seg.next]
     seg.next += 1
-    micro = [next(seg.loader) for _ in mine]
+    micro, measures, skipped = [], [], False
+    for m in mine:
+        got = next(seg.loader)
+        bad = {b.index for b in got.bad}
+        if bad:
+            count_bad_items(run, got.bad)
+            skipped = True
+        if got.batch is not None:
+            micro.append(got.batch)
+            measures.append(run.batcher.measure([i for i in m if i not in bad]))
+    if mine and not micro:
+        raise UserError(f"every item of a batch failed to decode (the first: {got.bad[0].path}); the data set is "
+                        f"too damaged to train on: check it")
+    if len(micro) < len(mine) and run.d.world_size > 1:
+        raise UserError(f"every item of a micro-batch failed to decode (the first: {got.bad[0].path}); with "
+                        f"several processes a rank cannot sit a micro-batch out: check the data set")
+    if skipped and run.d.world_size == 1:
+        measure = sum(measures)  # the skipped items' share of the step goes to the others
     c = run.clock
     last = seg.next == len(seg.batches)
-    seen_after = (c.epoch + 1) * run.epoch_measure if last else c.seen + measure
-    return micro, [run.batcher.measure(m) for m in mine], measure, len(items), seen_after, idle
+    seen_after = (c.epoch + 1) * run.epoch_measure if last else c.seen + seg.batches[seg.next - 1][1]
+    return micro, measures, measure, len(items), seen_after, idle
+
+
+SHOWN_BAD = 10  # skipped items named on stderr; the count goes on
+
+
+def count_bad_items(run: Run, bad: list) -> None:
+    """An item that failed to decode stops the run, naming the file, or is skipped and counted."""
+    if not run.skip_bad:
+        raise bad[0].error()
+    for b in bad:
+        run.new_skipped += 1
+        shown = run.clock.skipped + run.new_skipped
+        if shown <= SHOWN_BAD:
+            print(f"warning: skipped {b.path} ({b.why}) ({SKIP_KEY}: true)"
+                  + ("; further skips are counted, not named" if shown == SHOWN_BAD else ""), file=sys.stderr)
+
+
+def sync_skipped(run: Run) -> None:
+    """Every rank's newly skipped items into clock.skipped (a collective: all ranks call it together)."""
+    if not run.skip_bad:
+        return
+    new = run.new_skipped
+    if run.d.world_size > 1:
+        new = sum(distributed.gather_objects(new))
+    run.clock.skipped += new
+    run.new_skipped = 0
 
 
 def end_epoch(run: Run) -> None:
@@ -555,9 +651,11 @@ def advance_clock(run: Run, count: int, seen_after: float) -> int:
 
 
 def log_train(run: Run, log: MetricsLog, lr: float, window: Window, progress: Progress) -> None:
+    sync_skipped(run)
+    skipped = {"skipped_items": run.clock.skipped} if run.skip_bad else {}
     log.log({"kind": "train", **time_fields(run), "batch_size": run.lay.global_batch,
              "accumulation": run.lay.accumulation, "lr": lr, **(run.momenta or {"ema_momentum": None}),
-             **window.mean(), "samples_per_s": progress.rate(), "wall_s": progress.elapsed()})
+             **window.mean(), **skipped, "samples_per_s": progress.rate(), "wall_s": progress.elapsed()})
 
 
 def evaluate_due(run: Run, log: MetricsLog, at_end: bool) -> None:
@@ -586,11 +684,14 @@ def save(run: Run, finished: bool = False) -> None:
     if not all(bool(torch.isfinite(p).all()) for p in run.model.parameters()):
         # never overwrite the last good checkpoint with a diverged model
         raise diverged(run, "the weights became non-finite")
+    sync_skipped(run)
     checkpoint.save(run.ctx.out, {
         "model": run.model.state_dict(), "emas": {k: e.checkpoint() for k, e in run.emas.items()},
         "optimizer": run.optimizer.state_dict(), "clock": asdict(run.clock), "fingerprint": fingerprint(run.ctx),
         "task_state": run.parts.state.state_dict() if run.parts.state is not None else None,
-        "finished": finished, "final_metrics": run.final})
+        "finished": finished, "final_metrics": run.final, "record": run.record})
+    if run.d.is_main:
+        (run.ctx.out / UNSAVED).unlink(missing_ok=True)
     run.last_ckpt = (str(checkpoint.path_in(run.ctx.out)), where(run))
     run.t_ckpt = time.monotonic()
 
@@ -616,6 +717,26 @@ def train(ctx: RunContext, parts: TaskParts) -> dict:
 
 def _train(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> dict:
     run = setup(ctx, parts, d)
+    with runlock.lock_dir(ctx.out, "run", enabled=d.is_main):  # after the checks, before the first write
+        try:
+            return _locked(run, ctx, parts, d)
+        except DiskFull as e:
+            raise e.kept(kept_after_disk_full(run)) from None
+        except ItemError as e:
+            raise UserError(f"cannot decode {e.path} ({e.why}); fix or remove the file (or add --set "
+                            f"{SKIP_KEY}=true to skip such items, counted in the summary), then "
+                            + (f"continue from the last good checkpoint ({run.last_ckpt[1]}) with --resume"
+                               if run.last_ckpt else "run the same command again")) from None
+
+
+def kept_after_disk_full(run: Run) -> str:
+    fix = "free space (or raise the limit) and"
+    if run.last_ckpt:
+        return f"the last good checkpoint is kept ({run.last_ckpt[1]}): {fix} continue with --resume"
+    return f"no checkpoint was written yet, so nothing is lost: {fix} run the same command again"
+
+
+def _locked(run: Run, ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> dict:
     log = MetricsLog(ctx.out, enabled=d.is_main)
     if ctx.resume:
         if open_resumed(run, log):
@@ -623,7 +744,7 @@ def _train(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> dict:
             return run.final
     else:
         open_fresh(run, log)
-    hp = hparams(run)
+    hp = run.record = hparams(run)
     if d.is_main:
         write_hparams(ctx.out, hp)
     log.attach_wandb(ctx.wandb, ctx.out, ctx.out.name, hp)
@@ -672,6 +793,9 @@ def _train(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> dict:
                          "steps": run.clock.step, "kappa": run.kappa}
             if run.unit == batching.SECONDS:
                 run.final["seconds_seen"] = run.clock.seen
+            if run.skip_bad:
+                sync_skipped(run)
+                run.final["skipped_items"] = run.clock.skipped
             save(run, finished=True)
     except Interrupted as e:
         log.close()
@@ -680,7 +804,7 @@ def _train(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> dict:
             how = ctx.resume_hint or f"continue with the same command and --resume --out {ctx.out}"
             print(f"{e.signal}: checkpoint written at {where(run)}; {how}", file=sys.stderr)
         raise SystemExit(130 if e.signal == "SIGINT" else 143) from None
-    except TrainingDiverged:
+    except (TrainingDiverged, DiskFull):
         log.close()
         progress.stop()
         raise

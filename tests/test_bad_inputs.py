@@ -134,6 +134,29 @@ CASES = [
     ("run-bad-wandb", ["run", *TINY, "--wandb", "maybe"], "--wandb must be off, offline or online"),
     ("run-zero-device-batch", ["run", *TINY, "--max-device-batch", "0"], "--max-device-batch must be ≥ 1"),
     ("table-optimizer-without-lr", ["table", "lr", "--optimizer", "adam"], "give --lr too"),
+    # nothing resolved silently: a repeated --set key, a duplicate YAML key, a repeated sweep setting
+    ("set-twice", ["plan", "byol-r18", "--kappa", "2", "--set", "optimizer.lr=0.1", "--set", "optimizer.lr=0.2"],
+     "--set optimizer.lr is given twice ('optimizer.lr=0.1', then 'optimizer.lr=0.2')"),
+    ("run-set-section-and-key", ["run", *TINY, "--set", "ema={momentum: 0.9}", "--set", "ema.momentum=0.99"],
+     "--set ema.momentum is given in two overlapping --set options"),
+    ("spec-duplicate-section", ["plan", "--spec", "dup.yaml", "--kappa", "2"],
+     "dup.yaml: key 'batch' appears twice in one mapping (first at line 3) at line 6"),
+    ("spec-duplicate-key", ["run", "--spec", "dupkey.yaml"], "key 'lr' appears twice"),
+    ("sweep-kappas-twice", ["sweep", *TINY, "--kappas", "2,2"], "--kappas 2,2: κ=2 is given twice"),
+    ("sweep-kappas-twice-spelled-apart", ["sweep", *TINY, "--kappas", "1,2,2.0"], "κ=2 is given twice"),
+    ("sweep-rule-twice", ["sweep", *TINY, "--rule", "with,with"], "'with' is given twice"),
+    ("reproduce-kappas-twice", ["reproduce", "byol", "--kappas", "4,4"], "κ=4 is given twice"),
+    # specs nested too deep, and YAML aliases that expand to huge (or endless) trees
+    ("spec-nested-3000-deep", ["plan", "--spec", "deep.yaml", "--kappa", "2"], "deep.yaml: nested too deep to parse"),
+    ("spec-nested-40-deep", ["run", "--spec", "deep40.yaml"], "nested more than 32 levels deep"),
+    ("set-nested-3000-deep",
+     ["plan", "byol-r18", "--kappa", "2", "--set", "optimizer.betas=" + "[" * 3000 + "]" * 3000],
+     "--set optimizer.betas: the value is nested too deep to parse"),
+    ("spec-alias-bomb", ["plan", "--spec", "bomb.yaml", "--kappa", "2"], "expands to more than 100,000 values"),
+    ("set-alias-bomb", ["plan", "byol-r18", "--kappa", "2", "--set", "title=" + "".join(
+        f"{{a{i}: &a{i + 1} [{', '.join([f'*a{i}'] * 10)}], " for i in range(7)).replace("*a0", "x") + "z: 1"
+        + "}" * 7], "expands to more than 100,000 values"),
+    ("spec-recursive-alias", ["plan", "--spec", "loop.yaml", "--kappa", "2"], "an alias refers to the node that"),
 ]
 
 
@@ -165,6 +188,15 @@ def workdir(tmp_path, monkeypatch):
                                         "ema: {momentum: 0.99}\nschedule: {kind: cosine, epochs: 10}\n")
     (tmp_path / "adam.yaml").write_text("name: mine\ntask: byol\nbatch: {size: 256}\n"
                                         "optimizer: {name: adam, lr: 0.001}\nema: {momentum: 0.99}\n")
+    base = "name: mine\ntask: byol\nbatch: {size: 256}\noptimizer: {name: sgd, lr: 0.1}\nema: {momentum: 0.99}\n"
+    (tmp_path / "dup.yaml").write_text(base + "batch: {size: 512}\n")
+    (tmp_path / "dupkey.yaml").write_text(base.replace("lr: 0.1", "lr: 0.1, lr: 0.2"))
+    (tmp_path / "deep.yaml").write_text(base + "title: " + "[" * 3000 + "]" * 3000 + "\n")
+    (tmp_path / "deep40.yaml").write_text(base + "title: " + "[" * 40 + "]" * 40 + "\n")
+    bomb = "a0: &a1 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"a{i}: &a{i + 1} [{', '.join([f'*a{i}'] * 10)}]\n" for i in range(1, 7))
+    (tmp_path / "bomb.yaml").write_text(base + bomb)
+    (tmp_path / "loop.yaml").write_text(base + "x: &l {y: *l}\n")
     good = [_row(e, probe_top1=float(e)) for e in range(4)]
     _run_dir(tmp_path, "k1", 1, good)
     _run_dir(tmp_path, "k4", 4, good)

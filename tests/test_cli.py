@@ -236,3 +236,10 @@ def test_runnable_tasks_are_the_task_dict():
     from emarule.tasks import RUNNABLE_TASKS, _tasks
 
     assert sorted(RUNNABLE_TASKS) == sorted(_tasks())
+
+
+def test_every_experiment_has_a_tiny_preset():
+    from emarule.spec import experiment_names, load_spec
+
+    for name in experiment_names():
+        assert load_spec(name, preset="tiny")["preset"] == "tiny", name  # `--preset tiny` works everywhere

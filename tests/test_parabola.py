@@ -227,3 +227,14 @@ def test_non_integer_kappa_is_refused(tmp_path):
     r = CliRunner().invoke(app, ["run", "parabola", "--preset", "quick", "--set", "parabola.kappas=[1, 2.5]",
                                  "--out", str(tmp_path)])
     assert r.exit_code == 2 and "whole number" in r.output
+
+
+def test_tiny_preset_runs_the_whole_study_in_seconds(tmp_path):
+    out = tmp_path / "run"
+    r = CliRunner().invoke(app, ["run", "parabola", "--preset", "tiny", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    records = json.loads((out / "results.json").read_text())
+    assert {(rec["rho_base"], rec["dim"], rec["kappa"]) for rec in records} == {
+        (0.9999, d, k) for d in (1, 2) for k in (1, 4, 16)}
+    assert all(0.0 <= rec["rho_star"] < 1.0 for rec in records)
+    assert (out / "figures" / "summary.png").read_bytes()[:4] == b"\x89PNG"

@@ -98,3 +98,11 @@ def test_small_preset_end_to_end(tmp_path):
     assert [b["momentum"] for b in d["bf16_limits"]] == [0.9, 0.99, 0.999, 0.9999, 0.99999]
     assert (tmp_path / "figures" / "precision.png").read_bytes()[:4] == b"\x89PNG"
     assert "MaxAbsDiff" in (tmp_path / "table.txt").read_text()
+
+
+def test_tiny_preset_end_to_end(tmp_path):
+    r = CliRunner().invoke(app, ["run", "precision", "--preset", "tiny", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    d = json.loads((tmp_path / "results.json").read_text())
+    assert {rec["momentum"] for rec in d["records"]} == {0.9, 0.999}
+    assert (tmp_path / "figures" / "precision.png").read_bytes()[:4] == b"\x89PNG"

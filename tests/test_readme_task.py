@@ -3,6 +3,7 @@
 import json
 import re
 
+import pytest
 import torch
 
 from engine_util import ROOT, make_ctx, toy_spec
@@ -25,3 +26,26 @@ def test_the_readme_example_task_trains_logs_both_models_and_checkpoints_its_sta
     assert rows[0]["kind"] == "train" and "mse" in rows[0] and "teacher_mean" not in rows[0]
     ck = torch.load(ctx.out / "checkpoint.pt", weights_only=False)
     assert ck["task_state"]["c"].abs().item() > 0  # the center moved, once per step, and was saved
+
+
+NUMBER = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def test_the_readme_run_summary_is_what_run_prints(tmp_path, monkeypatch, capsys):
+    """The summary under "What a run prints and leaves" comes from the command it names: the same lines,
+    metric names, paths and headline; metric values and wall time are the machine's, so only their
+    places are compared."""
+    from emarule.cli import main
+
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("#### What a run prints and leaves"):]
+    command = re.search(r"`(emarule run [^`]+)`:", section).group(1)
+    shown = re.search(r"```text\n(.*?)```", section, re.S).group(1).strip().splitlines()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    with pytest.raises(SystemExit) as e:
+        main(command.split()[1:])
+    assert e.value.code == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[0] == shown[0]  # the headline: directory, κ, rule, seed, epoch, step, samples
+    assert [NUMBER.sub("N", x) for x in printed[1:]] == [NUMBER.sub("N", x) for x in shown[1:]]

@@ -191,7 +191,7 @@ def test_crash_mid_epoch_then_resume_is_bitwise_uninterrupted(tmp_path, referenc
     parts.loss = loss
     with pytest.raises(Crash):
         train(ctx, parts)
-    want = {"seen": 144.0, "samples": 144, "step": 9, "epoch": 1, "pos": 16, "batch": 1}
+    want = {"seen": 144.0, "samples": 144, "step": 9, "epoch": 1, "pos": 16, "batch": 1, "skipped": 0}
     assert load_checkpoint(tmp_path / "crash")["clock"] == want
     resume_in_process(tmp_path, "crash")
     assert_same_run(load_checkpoint(tmp_path / "crash"), ref_ck)

@@ -29,8 +29,8 @@ def test_plan_runs_baseline_once_per_seed():
 
 def test_parse_rules():
     assert S.parse_rules("with,without") == ["exponential", None]
-    assert S.parse_rules(" without , linear,without") == [None, "linear"]
-    for bad in ("", "both", "with,maybe", "with,,without", "with,"):
+    assert S.parse_rules(" without , linear") == [None, "linear"]
+    for bad in ("", "both", "with,maybe", "with,,without", "with,", " without , linear,without"):  # a repeat too
         with pytest.raises(UserError):
             S.parse_rules(bad)
 

@@ -97,27 +97,30 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
     family = replace(family, arms=tuple(a.for_preset(chosen) for a in family.arms))
     root = checks.out_dir(out) or Path("runs") / "reproduce" / family.name
     checks.out_dir(root)
-    text = command_text(family, preset, seeds, kappas, root, data)
-    t0, load0 = time.monotonic(), os.getloadavg()[0]
-    resolve_run = resolver(family.experiment, spec_preset)
-    args = {"preset": preset if preset is not None else family.preset, "command": text,
-            "seeds": list(seeds if seeds is not None else family.seeds) if family.kind == "sweep" else None,
-            "kappas": kappas if kappas is not None else list(family.kappas)}
-    if family.kind == "sweep":
-        args["arms"] = R.arms_rows(family, spec_preset)
-        result = _sweep(console, family, args, root, data, resolve_run)
-    else:
-        result = _study(console, family, root, resolve_run)
-    if result is None:  # not the main process of a torchrun launch
-        return {}
-    claims, measured, figures, timing = result
-    timing |= {"wall_s": time.monotonic() - t0, "load_start": load0, "load_end": os.getloadavg()[0],
-               "cpus": os.cpu_count(), "omp_threads": os.environ.get("OMP_NUM_THREADS", "unset (torch's default)")}
-    data_out = R.payload(family, args, claims, measured, figures, timing)
-    R.write(root, family, data_out)
-    R.print_verdicts(console, data_out)
-    console.print(f"report: {root / R.REPORT}; verdicts: {root / R.VERDICT}", highlight=False)
-    return data_out
+    from emarule.runlock import lock_dir
+
+    with lock_dir(root, "reproduction"):
+        text = command_text(family, preset, seeds, kappas, root, data)
+        t0, load0 = time.monotonic(), os.getloadavg()[0]
+        resolve_run = resolver(family.experiment, spec_preset)
+        args = {"preset": preset if preset is not None else family.preset, "command": text,
+                "seeds": list(seeds if seeds is not None else family.seeds) if family.kind == "sweep" else None,
+                "kappas": kappas if kappas is not None else list(family.kappas)}
+        if family.kind == "sweep":
+            args["arms"] = R.arms_rows(family, spec_preset)
+            result = _sweep(console, family, args, root, data, resolve_run)
+        else:
+            result = _study(console, family, root, resolve_run)
+        if result is None:  # not the main process of a torchrun launch
+            return {}
+        claims, measured, figures, timing = result
+        timing |= {"wall_s": time.monotonic() - t0, "load_start": load0, "load_end": os.getloadavg()[0],
+                   "cpus": os.cpu_count(), "omp_threads": os.environ.get("OMP_NUM_THREADS", "unset (torch's default)")}
+        data_out = R.payload(family, args, claims, measured, figures, timing)
+        R.write(root, family, data_out)
+        R.print_verdicts(console, data_out)
+        console.print(f"report: {root / R.REPORT}; verdicts: {root / R.VERDICT}", highlight=False)
+        return data_out
 
 
 def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, resolve_run) -> tuple | None:

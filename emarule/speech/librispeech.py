@@ -47,14 +47,25 @@ def list_split(root: Path, split: str, sample_rate: int = 16000, limit: int | No
     d = split_dir(Path(root), split)
     out = []
     for trans in sorted(d.glob("*/*/*.trans.txt")):
-        for line in trans.read_text().splitlines():
+        raw = trans.read_bytes()
+        try:
+            text_lines = raw.decode("utf-8").splitlines()
+        except UnicodeDecodeError as e:
+            line_no = raw[:e.start].count(b"\n") + 1
+            raise UserError(f"{trans}: not UTF-8 text (byte {raw[e.start]:#04x} on line {line_no}); LibriSpeech "
+                            f"transcripts are UTF-8: extract the split again") from None
+        for line in text_lines:
             if not line.strip():
                 continue
             uid, _, text = line.strip().partition(" ")
             path = trans.parent / f"{uid}.flac"
             if not path.is_file():
                 raise UserError(f"{trans}: {uid} has no audio file {path.name}; expected {LAYOUT}")
-            info = soundfile.info(str(path))
+            try:
+                info = soundfile.info(str(path))
+            except (RuntimeError, OSError, ValueError) as e:  # soundfile's LibsndfileError is a RuntimeError
+                raise UserError(f"{path}: cannot read its audio header ({' '.join(str(e).split())}); the file "
+                                f"is corrupt: extract it again or remove its line from {trans.name}") from None
             if info.samplerate != sample_rate:
                 raise UserError(f"{path}: sampled at {info.samplerate} Hz, expected {sample_rate} Hz "
                                 f"(LibriSpeech's rate)")
@@ -70,10 +81,20 @@ def list_split(root: Path, split: str, sample_rate: int = 16000, limit: int | No
     return out
 
 
-def read_audio(path: Path) -> torch.Tensor:
+def read_audio(path: Path, seconds: float | None = None, sample_rate: int = 16000) -> torch.Tensor:
+    """The file's samples, mono; `seconds` (its header's duration) catches a file cut short, which
+    soundfile would otherwise decode to fewer samples without a word."""
     import soundfile
 
-    wave, _ = soundfile.read(str(path), dtype="float32", always_2d=True)
+    from emarule.baditems import ItemError
+
+    try:
+        wave, sr = soundfile.read(str(path), dtype="float32", always_2d=True)
+    except (RuntimeError, OSError, ValueError) as e:  # soundfile's LibsndfileError is a RuntimeError
+        raise ItemError(path, f"{type(e).__name__}: {e}") from None
+    if seconds is not None and len(wave) < round(seconds * sr):
+        raise ItemError(path, f"{len(wave)} samples decoded where its header says {round(seconds * sr)}: the file is "
+                              f"cut short")
     return torch.from_numpy(np.ascontiguousarray(wave.mean(axis=1)))
 
 
@@ -95,7 +116,7 @@ class SpeechSet:
     def features(self, i: int) -> torch.Tensor:
         if self.cache is not None and i in self.cache:
             return self.cache[i]
-        f = self.featurizer(read_audio(self.utts[i].path))
+        f = self.featurizer(read_audio(self.utts[i].path, self.utts[i].seconds))
         if self.cache is not None:
             self.cache[i] = f
         return f

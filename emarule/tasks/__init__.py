@@ -45,4 +45,9 @@ def run_task(ctx: RunContext) -> dict:
         ready = ", ".join(sorted(tasks)) or "none yet"
         raise UserError(f"{ctx.experiment}: the {task!r} task cannot run yet (runnable tasks: {ready}); "
                         f"`emarule plan {ctx.experiment} --kappa K` shows its scaled recipe")
-    return tasks[task](ctx)
+    if task in ("parabola", "precision"):  # studies write their run directory themselves
+        from emarule.runlock import lock_dir
+
+        with lock_dir(ctx.out, "run"):
+            return tasks[task](ctx)
+    return tasks[task](ctx)  # the training loop locks its run directory once its checks pass

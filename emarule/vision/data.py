@@ -85,6 +85,12 @@ def cifar10(root: Path | None, train: bool) -> TensorSource:
     except (RuntimeError, OSError, ValueError, KeyError, TypeError, EOFError, pickle.UnpicklingError) as e:
         raise UserError(f"CIFAR-10 at {root} is incomplete or corrupt ({' '.join(str(e).split())}); "
                         f"expected {CIFAR_LAYOUT}") from None
+    bad = ((y < 0) | (y >= 10)).nonzero()
+    if len(bad):  # a label out of range would fail inside the loss, mid-run
+        i = int(bad[0])
+        raise UserError(f"CIFAR-10 at {root}: {'training' if train else 'test'} label {int(y[i])} at item {i} is "
+                        f"not a class 0..9 ({len(bad)} such labels); the pickles are corrupt: extract "
+                        f"cifar-10-python.tar.gz again")
     return TensorSource(x, y, "cifar10", CIFAR10_MEAN, CIFAR10_STD, 10)
 
 
@@ -142,7 +148,13 @@ class ImageFolderSource(Source):
     def image(self, i: int) -> torch.Tensor:
         from torchvision.transforms.functional import pil_to_tensor
 
-        return pil_to_tensor(self.ds.loader(self.ds.samples[i][0]))  # RGB uint8 C×H×W
+        from emarule.baditems import ItemError
+
+        path = self.ds.samples[i][0]
+        try:
+            return pil_to_tensor(self.ds.loader(path))  # RGB uint8 C×H×W
+        except (OSError, ValueError, SyntaxError) as e:  # truncated, not an image, bad header (PIL's errors)
+            raise ItemError(path, f"{type(e).__name__}: {e}") from None
 
     def eval_view(self, i: int, size: int) -> torch.Tensor:
         """Resize the shorter side to size/0.875, center-crop size (the usual ImageNet evaluation)."""
@@ -154,6 +166,17 @@ class ImageFolderSource(Source):
                                               antialias=True)[0]
         i0, j0 = (nh - size) // 2, (nw - size) // 2
         return A.normalize(img[:, i0:i0 + size, j0:j0 + size], self.mean, self.std)
+
+
+def same_classes(train: list, val: list, root: Path) -> None:
+    """Labels are folder indices: val/<class>/ folders that differ from train's would score the wrong class."""
+    if list(train) != list(val):
+        only_t, only_v = sorted(set(train) - set(val)), sorted(set(val) - set(train))
+        what = (f"{len(only_t)} class folder(s) only in train/ (e.g. {only_t[0]})" if only_t else "") + \
+               (", " if only_t and only_v else "") + \
+               (f"{len(only_v)} only in val/ (e.g. {only_v[0]})" if only_v else "")
+        raise UserError(f"ImageNet at {root}: train/ and val/ hold different class folders ({what}); both "
+                        f"splits need the same <class>/ folders")
 
 
 class Subset(Source):
@@ -197,6 +220,7 @@ def load_sources(source: str, root: Path | None, image_size: int, train_samples:
                 raise UserError(f"ImageNet not found: {root / split} is not a directory; "
                                 f"pass --data DIR with {IMAGENET_LAYOUT}")
         train, test = ImageFolderSource(root, "train", image_size), ImageFolderSource(root, "val", image_size)
+        same_classes(train.ds.classes, test.ds.classes, root)
     else:
         raise UserError(f"data.source {source!r}: use cifar10, imagenet, digits or synthetic")
     if train_samples is not None and train_samples < len(train):
