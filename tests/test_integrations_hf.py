@@ -52,14 +52,14 @@ class Reference(TrainerCallback):
         self.z = [self.rho * z + (1 - self.rho) * p.detach() for z, p in zip(self.z, model.parameters(), strict=True)]
 
 
-def train(tmp_path, callbacks, steps=4, save_steps=None):
+def train(tmp_path, callbacks, steps=4, save_steps=None, resume=None):
     args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8, gradient_accumulation_steps=2,
                              max_steps=steps, learning_rate=0.1, lr_scheduler_type="constant", optim="sgd",
                              weight_decay=0.0, use_cpu=True, report_to=[], disable_tqdm=True, logging_strategy="no",
                              save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
                              remove_unused_columns=False, dataloader_num_workers=0, seed=0)
     model = Regression()
-    Trainer(model=model, args=args, train_dataset=Data(), callbacks=callbacks).train()
+    Trainer(model=model, args=args, train_dataset=Data(), callbacks=callbacks).train(resume_from_checkpoint=resume)
     return model
 
 
@@ -90,9 +90,18 @@ def test_checkpoint_saves_the_ema_and_resume_from_loads_it(tmp_path):
     ref = Reference(16)
     saved = [p.detach().clone() for p in cb.ema.module.parameters()]
     ref.on_train_begin = lambda *a, **k: setattr(ref, "z", [z.clone() for z in saved])
-    train(tmp_path / "b", [resumed, ref], steps=2)
+    train(tmp_path, [resumed, ref], steps=4, resume=str(folder))  # the Trainer resumes too: steps 3 and 4
+    assert ref.steps == [3, 4]
     for z, e in zip(ref.z, resumed.ema.module.parameters(), strict=True):
         torch.testing.assert_close(e, z)
+
+
+def test_an_ema_resumed_into_a_trainer_that_starts_again_is_refused(tmp_path):
+    cb = EmaCallback(RHO, base_batch_size=BASE)
+    train(tmp_path, [cb], steps=2, save_steps=2)
+    resumed = EmaCallback(RHO, base_batch_size=BASE, resume_from=str(tmp_path / "checkpoint-2"))
+    with pytest.raises(ValueError, match="resume_from_checkpoint"):
+        train(tmp_path / "b", [resumed], steps=2)
 
 
 def test_resume_from_a_folder_without_ema_is_refused(tmp_path):

@@ -53,6 +53,12 @@ class EmaCallback(TrainerCallback):
 
                 self.ema.load_state_dict(torch.load(os.path.join(self.resume_from, CHECKPOINT_FILE),
                                                     weights_only=False))
+        saved = self.ema.get_extra_state()["samples_seen"]
+        if self.resume_from is not None and saved is not None and state.global_step * self.global_batch < saved:
+            # The EMA's clock is global samples; a Trainer that starts again from step 0 would move it backwards.
+            raise ValueError(f"the EMA from {self.resume_from} has seen {saved:g} samples but the Trainer starts at "
+                             f"step {state.global_step}: pass the same folder to "
+                             f"trainer.train(resume_from_checkpoint=...)")
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         # Called once per optimizer step, after the accumulation: global_step counts those steps.
