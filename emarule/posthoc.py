@@ -126,7 +126,8 @@ class PowerEma(nn.Module):
     @torch.no_grad()
     def snapshot(self) -> list[dict]:
         """Snapshot every profile now (also done every snapshot_every samples); returns the snapshots."""
-        taken = [{"samples_seen": self.times[-1], "sigma_rel": sr, "gamma": g, "times": list(self.times),
+        times = torch.tensor(self.times, dtype=torch.float64)  # shared by this time's snapshots
+        taken = [{"samples_seen": self.times[-1], "sigma_rel": sr, "gamma": g, "times": times,
                   "params": self._params,
                   "state": {k: v.detach().cpu().clone() for k, v in ema.module.state_dict().items()}}
                  for ema, sr, g in zip(self.emas, self.sigma_rels, self.gammas, strict=True)]
@@ -183,7 +184,7 @@ def solve(snapshots: Sequence[dict], *, sigma_rel: float | None = None, momentum
         raise ValueError(f"at={t_end:g} samples is outside the snapshots (taken from "
                          f"{min(s['samples_seen'] for s in snapshots):g} to {last:g} samples): pick a time in that "
                          f"range")
-    times = np.asarray(max(used, key=lambda s: len(s["times"]))["times"], dtype=np.float64)
+    times = np.asarray(max(used, key=lambda s: len(s["times"]))["times"], dtype=np.float64).copy()
     times = times[times <= t_end]
     if times[-1] != t_end:
         raise ValueError(f"at={t_end:g} is not a time the tracker updated at: give a snapshot's samples_seen")
@@ -194,7 +195,7 @@ def solve(snapshots: Sequence[dict], *, sigma_rel: float | None = None, momentum
     columns = []
     for snap in used:
         t = times[: len(snap["times"])]
-        if not np.allclose(t, snap["times"]):
+        if len(t) != len(snap["times"]) or not np.allclose(t, np.asarray(snap["times"], dtype=np.float64)):
             raise ValueError("the snapshots come from different runs (their clocks differ): reconstruct from one "
                              "run's snapshots")
         columns.append(np.pad(_weights(t, _power_betas(t, snap["gamma"])), (0, len(times) - len(t))))

@@ -19,13 +19,13 @@ def theta(samples: float) -> torch.Tensor:
     return torch.sin(samples / 900.0 * (1 + g)) + 0.3 * torch.cos(samples / 250.0 + g) + samples / 4000
 
 
-def train(kappa: int, snapshot_dir=None, momenta=(RHO,)):
+def train(kappa: int, snapshot_dir=None, momenta=(RHO,), sigma_rels=(0.05, 0.10)):
     """A 'model' whose weights are set to θ(S) at each step of κ·BASE samples; returns the PowerEma,
     the directly tracked ModelEmas (ρ at BASE) and the model."""
     model = nn.Linear(3, 2, bias=False).double()
     with torch.no_grad():
         model.weight.copy_(theta(0.0))
-    tracker = PowerEma(model, (0.05, 0.10), snapshot_every=EVERY, snapshot_dir=snapshot_dir, dtype=torch.float64)
+    tracker = PowerEma(model, sigma_rels, snapshot_every=EVERY, snapshot_dir=snapshot_dir, dtype=torch.float64)
     direct = [emarule.ModelEma(model, m, base_batch_size=BASE, dtype=torch.float64) for m in momenta]
     batch = kappa * BASE
     for step in range(1, TOTAL // batch + 1):
@@ -63,16 +63,20 @@ def test_an_exponential_ema_is_reconstructed_at_any_batch(kappa):
         assert (plain - target).abs().max() > 20 * (rebuilt - target).abs().max()
 
 
-def test_a_tracked_profile_is_its_own_snapshot():
-    tracker, _, _ = train(4)
-    coef, error, used = solve(tracker.snapshots, sigma_rel=0.10)
-    assert error < 1e-9
-    exact = reconstruct(tracker.snapshots, sigma_rel=0.10)["weight"]
-    last = next(s for s in reversed(tracker.snapshots) if s["sigma_rel"] == 0.10)
-    torch.testing.assert_close(exact, last["state"]["weight"])
-    # an intermediate width at an earlier snapshot time
-    half = reconstruct(tracker.snapshots, sigma_rel=0.07, at=TOTAL / 2)
-    assert half["weight"].shape == (2, 3)
+def test_a_power_profile_between_the_tracked_ones_matches_one_tracked_directly():
+    tracker, _, model = train(4, sigma_rels=(0.05, 0.07, 0.10))
+    outer = [s for s in tracker.snapshots if s["sigma_rel"] != 0.07]
+    tracked = next(s for s in reversed(tracker.snapshots) if s["sigma_rel"] == 0.07)["state"]["weight"]
+    coef, error, _ = solve(outer, sigma_rel=0.07)
+    assert error < 0.01
+    rebuilt = reconstruct(outer, sigma_rel=0.07)["weight"]
+    assert (rebuilt - tracked).abs().max() < 0.01 * (tracked - model.weight).abs().max()
+    # a tracked profile is its own snapshot, also at an earlier time
+    coef, error, used = solve(tracker.snapshots, sigma_rel=0.10, at=TOTAL / 2)
+    assert error < 1e-9 and len(used) == 3 * TOTAL // EVERY // 2
+    mid = next(s for s in used if s["sigma_rel"] == 0.10 and s["samples_seen"] == TOTAL / 2)
+    torch.testing.assert_close(reconstruct(tracker.snapshots, sigma_rel=0.10, at=TOTAL / 2)["weight"],
+                               mid["state"]["weight"])
 
 
 def test_snapshots_written_to_a_folder_give_the_same_reconstruction(tmp_path):
