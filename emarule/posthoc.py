@@ -134,7 +134,7 @@ class PowerEma(nn.Module):
         if self.snapshot_dir is None:
             self.snapshots.extend(taken)
         else:
-            path = self.snapshot_dir / f"phema-{int(round(self.times[-1])):015d}.pt"
+            path = self.snapshot_dir / f"phema-{self.times[-1]:020.3f}.pt"  # sorts by time
             fd, tmp = tempfile.mkstemp(dir=self.snapshot_dir, suffix=".tmp")
             os.close(fd)
             try:
