@@ -8,8 +8,9 @@ The stable Python surface is `__all__` (README, "Use it in your own code"):
     ema = emarule.ModelEma(model, rho, base_batch_size=B)
     ema.update(model, batch_size=B_now)                # applies rho ** (B_now / B)
     now = emarule.plan_at(plan, samples_seen, samples_per_epoch)   # Progressive Scaling
+    tracker = emarule.PowerEma(model, (0.05, 0.10), snapshot_every=N)   # post-hoc EMA (emarule.posthoc)
 
-`import emarule` does not import torch: `ModelEma` is imported on first use.
+`import emarule` does not import torch: `ModelEma` and `PowerEma` are imported on first use.
 """
 
 from emarule.api import plan_at, scale
@@ -18,7 +19,7 @@ from emarule.scaling import Plan, Scaled
 
 __version__ = "0.1.0"
 
-__all__ = ["ModelEma", "Plan", "Scaled", "ScalingError", "UserError", "plan_at", "scale"]
+__all__ = ["ModelEma", "Plan", "PowerEma", "Scaled", "ScalingError", "UserError", "plan_at", "scale"]
 
 
 def __getattr__(name: str):
@@ -26,6 +27,10 @@ def __getattr__(name: str):
         from emarule.ema import ModelEma
 
         return ModelEma
+    if name == "PowerEma":
+        from emarule.posthoc import PowerEma
+
+        return PowerEma
     raise AttributeError(f"module 'emarule' has no attribute {name!r}")
 
 

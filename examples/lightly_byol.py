@@ -4,6 +4,8 @@
 lightly need not be installed: `update_momentum` is ζ ← mζ + (1 − m)θ, `cosine_schedule` lightly's ramp);
 `train_emarule` is the port: the schedule is set at the base batch and each update raises it to
 batch / base, so the ramp composes with the EMA Scaling Rule. Both use the Adam rule for the optimizer.
+The port sets lightly's per-epoch values with `set_momentum`: ModelEma's built-in `schedule="cosine"`
+ramps ρ continuously in samples, so it would not reproduce lightly's loop at κ=1.
 The example prints the diff size and the results (a linear probe on the target encoder, the last epoch's
 BYOL loss); run it with
 
@@ -96,7 +98,7 @@ def train_emarule(batch, opt):
     for epoch in range(EPOCHS):
         online_momentum.set_momentum(cosine_schedule(epoch, EPOCHS, RECIPE["ema"]["momentum"], 1.0))
         for x, _ in batches(batch, epoch):
-            online_momentum.update(online, samples_seen=step * batch, batch_size=batch)
+            online_momentum.update(online, batch_size=batch)
             x0, x1 = views(x, step)
             p0, p1 = prediction_head(online(x0)), prediction_head(online(x1))
             loss = 0.5 * (byol_loss(p0, online_momentum.module(x1)) + byol_loss(p1, online_momentum.module(x0)))

@@ -48,7 +48,8 @@ def api_error(*args, **kwargs) -> str:
 
 
 def test_public_names_and_import_without_torch():
-    assert sorted(emarule.__all__) == ["ModelEma", "Plan", "Scaled", "ScalingError", "UserError", "plan_at", "scale"]
+    assert sorted(emarule.__all__) == ["ModelEma", "Plan", "PowerEma", "Scaled", "ScalingError", "UserError",
+                                       "plan_at", "scale"]
     out = python(
         "import json, sys, emarule\n"
         f"p = emarule.scale({ADAMW!r}, 4)\n"

@@ -123,6 +123,41 @@ def test_two_emas_keep_separate_checkpoint_states(tmp_path):
             torch.testing.assert_close(a, b)
 
 
+class Validated(Regression):
+    """Records the weights that each validation step sees."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def validation_step(self, batch, _):
+        self.seen.append([p.detach().clone() for p in self.parameters()])
+
+
+def test_validate_with_ema_swaps_the_average_in_and_back():
+    runs = {}
+    for flag in (True, False):
+        cb, model = EmaCallback(RHO, base_batch_size=BASE, validate_with_ema=flag), Validated()
+        trainer = L.Trainer(max_steps=4, accumulate_grad_batches=2, accelerator="cpu", devices=1, logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                            num_sanity_val_steps=0, limit_val_batches=1, callbacks=[cb])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(model, loader(), loader())
+        runs[flag] = cb, model
+    (cb, model), (_, plain) = runs[True], runs[False]
+    assert len(model.seen) == 1 and cb._last_step == 4  # one validation, after the last of 4 steps
+    for during, ema, own, reference in zip(model.seen[0], cb.ema.module.parameters(), model.parameters(),
+                                           plain.parameters(), strict=True):
+        torch.testing.assert_close(during, ema)  # validated with the EMA's weights
+        assert not torch.equal(during, own)
+        torch.testing.assert_close(own, reference)  # the model's own weights came back: training unchanged
+    for during, own in zip(plain.seen[0], plain.parameters(), strict=True):
+        torch.testing.assert_close(during, own)  # without the option, validation sees the model
+    with pytest.raises(ValueError, match="validate_with_ema must be True or False"):
+        EmaCallback(RHO, base_batch_size=BASE, validate_with_ema="yes")
+
+
 def test_a_loader_without_batch_size_asks_for_it():
     cb = EmaCallback(RHO, base_batch_size=BASE)
 

@@ -9,10 +9,14 @@ optimizer step with ρ^(global batch / base_batch_size).
 
 The global batch is the DataLoader's batch_size (or `batch_size=`, per device) × trainer.world_size ×
 trainer.accumulate_grad_batches; samples seen after step t are t × that batch. The EMA's state is saved
-in Lightning checkpoints (the callback's state_dict) and restored on resume.
+in Lightning checkpoints (the callback's state_dict) and restored on resume. With `validate_with_ema=True`
+the validation loop runs with the EMA's weights swapped into the LightningModule (`ModelEma.swap_into`);
+the model's own weights are back for the next training step.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 try:
     import lightning.pytorch as pl
@@ -35,13 +39,19 @@ def _per_device_batch(trainer: "pl.Trainer") -> int | None:
 
 class EmaCallback(pl.Callback):
     """`momentum`: ρ at `base_batch_size` (global samples). `batch_size`: the per-device batch, when the
-    train DataLoader does not state it. Other keyword arguments go to `emarule.ModelEma`."""
+    train DataLoader does not state it. `validate_with_ema`: validate with the EMA's weights. Other keyword
+    arguments go to `emarule.ModelEma`."""
 
-    def __init__(self, momentum: float, base_batch_size: float, *, batch_size: int | None = None, **ema_kwargs):
+    def __init__(self, momentum: float, base_batch_size: float, *, batch_size: int | None = None,
+                 validate_with_ema: bool = False, **ema_kwargs):
         from emarule.ema import ModelEma  # noqa: F401  (fail here, not mid-fit, if torch is missing)
 
         if batch_size is not None:
             global_batch(batch_size, 1, 1)
+        if not isinstance(validate_with_ema, bool):
+            raise ValueError(f"validate_with_ema must be True or False, got {validate_with_ema!r}")
+        self.validate_with_ema = validate_with_ema
+        self._swapped = contextlib.ExitStack()
         self.momentum, self.base_batch_size, self.batch_size = momentum, base_batch_size, batch_size
         self.ema_kwargs = ema_kwargs
         self.ema = None
@@ -75,6 +85,16 @@ class EmaCallback(pl.Callback):
         if step > self._last_step:
             self.ema.update(pl_module, samples_seen=step * self.global_batch, batch_size=self.global_batch)
             self._last_step = step
+
+    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+        if self.validate_with_ema and self.ema is not None:
+            self._swapped.enter_context(self.ema.swap_into(pl_module))
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        self._swapped.close()  # the model's own weights back
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._swapped.close()
 
     def state_dict(self) -> dict:
         return {} if self.ema is None else {"ema": self.ema.state_dict(), "last_step": self._last_step}
