@@ -32,15 +32,17 @@ def tiny_run(tmp_path, name, *sets):
     return tmp_path / name
 
 
+@pytest.mark.slow
 def test_pixel_probe_reads_digits_but_not_shapes(tmp_path, monkeypatch):
     monkeypatch.setenv("EMARULE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(PC, "_PIXELS", {})
-    sets = ("schedule.epochs=1", "data.train_samples=300", "data.eval_samples=200")
+    # More samples than pixels (8×8×3), so that neither fit is a separable one that runs to its iteration cap.
+    sets = ("schedule.epochs=1", "data.train_samples=1000", "data.eval_samples=300")
     digits = PC.pixel_probe(tiny_run(tmp_path, "digits", *sets))
-    shapes = PC.pixel_probe(tiny_run(tmp_path, "shapes", *sets, "data.source=shapes", "data.image_size=16"))
+    shapes = PC.pixel_probe(tiny_run(tmp_path, "shapes", *sets, "data.source=shapes"))
     # digits: the pixels separate the classes; shapes: position, colour and clutter hide them
     assert digits["pixels_probe_top1"] > 70 and shapes["pixels_probe_top1"] < 35
-    assert (shapes["train_size"], shapes["test_size"], shapes["features"]) == (300, 200, 3 * 16 * 16)
+    assert (shapes["train_size"], shapes["test_size"], shapes["features"]) == (1000, 300, 3 * 8 * 8)
     cached = json.loads((tmp_path / "shapes" / PC.CACHE_PIXELS).read_text())
     assert cached == shapes and PC.pixel_probe(tmp_path / "shapes") == shapes
 
