@@ -96,6 +96,13 @@ def test_a_corrupt_cache_is_detected_and_rebuilt(tmp_path, monkeypatch):
     assert torch.equal(S.load(req, tmp_path)[0], x) and len(calls) == 2
 
 
+@pytest.mark.parametrize("request_", [S.ShapesRequest(0, 0), S.ShapesRequest(10, 2), S.ShapesRequest(10, 0, size=2)])
+def test_an_impossible_request_is_a_user_error_and_writes_nothing(tmp_path, request_):
+    with pytest.raises(UserError, match="at least 1 image"):
+        S.ensure(request_, tmp_path / "shapes")
+    assert not (tmp_path / "shapes").exists()
+
+
 def test_unwritable_cache_is_a_user_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
