@@ -20,7 +20,7 @@ from emarule.schema import TASKS, get
 
 # data.source values that ship with the package or are generated: there is nothing for --data to
 # point at. The one list of them (the schema lists every source a task accepts).
-BUNDLED_DATA = frozenset({"digits", "synthetic", "textures"})
+BUNDLED_DATA = frozenset({"digits", "shapes", "synthetic", "textures"})
 
 # data.source values read from a local directory (--data or data.path): what each one needs there,
 # and each task's source when the spec names none (the tasks' own defaults).

@@ -1,8 +1,9 @@
-"""Image sources (CIFAR-10, ImageNet, scikit-learn digits, synthetic) and the two-view training set.
+"""Image sources (CIFAR-10, ImageNet, scikit-learn digits, generated shapes, synthetic) and the two-view training set.
 
 Nothing is ever downloaded: CIFAR-10 and ImageNet are read from a local directory (`--data`)
 and a missing or malformed directory is a one-line `UserError` naming the layout expected.
-The digits (1,797 8×8 images shipped inside scikit-learn) need no directory at all.
+The digits (1,797 8×8 images shipped inside scikit-learn) and the generated shapes
+(`emarule.vision.shapes`, cached after their first use) need no directory at all.
 """
 
 from __future__ import annotations
@@ -69,6 +70,15 @@ def digits(train: bool) -> TensorSource:
     perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(1797))
     idx = perm[DIGITS_TEST:] if train else perm[:DIGITS_TEST]
     return TensorSource(x[idx].contiguous(), y[idx].contiguous(), "digits", DIGITS_MEAN, DIGITS_STD, 10)
+
+
+def shapes(train: bool, n: int | None) -> TensorSource:
+    """The generated shapes (`emarule.vision.shapes`): the first n images of the split, built once and cached."""
+    from emarule.vision import shapes as S
+
+    size = S.TRAIN if train else S.TEST
+    x, y = S.load(S.ShapesRequest(n or size, 0 if train else 1))
+    return TensorSource(x, y, "shapes", S.MEAN, S.STD, len(S.CLASSES))
 
 
 def cifar10(root: Path | None, train: bool) -> TensorSource:
@@ -208,6 +218,8 @@ def load_sources(source: str, root: Path | None, image_size: int, train_samples:
         train, test = digits(True), digits(False)
     elif source == "cifar10":
         train, test = cifar10(root, True), cifar10(root, False)
+    elif source == "shapes":
+        train, test = shapes(True, train_samples), shapes(False, eval_samples)
     elif source == "synthetic":
         train = synthetic(True, train_samples or 512, max(image_size, 8), num_classes)
         test = synthetic(False, eval_samples or 256, max(image_size, 8), num_classes)
@@ -222,7 +234,7 @@ def load_sources(source: str, root: Path | None, image_size: int, train_samples:
         train, test = ImageFolderSource(root, "train", image_size), ImageFolderSource(root, "val", image_size)
         same_classes(train.ds.classes, test.ds.classes, root)
     else:
-        raise UserError(f"data.source {source!r}: use cifar10, imagenet, digits or synthetic")
+        raise UserError(f"data.source {source!r}: use cifar10, imagenet, digits, shapes or synthetic")
     if train_samples is not None and train_samples < len(train):
         train = train.subset(train_samples) if isinstance(train, TensorSource) else Subset(train, train_samples)
     if eval_samples is not None and eval_samples < len(test):

@@ -1,0 +1,62 @@
+"""The probe check's references (emarule/reproduce/probe_check.py): raw pixels beside the teacher at init."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from emarule.cli import app
+from emarule.reproduce import probe_check as PC
+
+
+def stats(v):
+    return {"mean": v, "std": None, "values": [v]}
+
+
+@pytest.mark.parametrize("trained, init, pixels, margin, met", [
+    (60.0, 30.0, 40.0, 20.0, True),   # the better reference (pixels) sets the margin
+    (60.0, 50.0, 20.0, 10.0, False),  # beats the pixels by 40 but its initialization by only 10
+    (45.0, 30.0, 30.0, 15.0, True),   # exactly the bar
+])
+def test_bar_takes_the_better_of_init_and_pixels(trained, init, pixels, margin, met):
+    b = PC.bar({"offline": stats(trained), "init": stats(init), "pixels": stats(pixels)})
+    assert b["margin"] == pytest.approx(margin) and b["met"] is met and b["required"] == PC.BAR
+
+
+def tiny_run(tmp_path, name, *sets):
+    args = ["run", "byol-r18", "--preset", "tiny", "--out", str(tmp_path / name)]
+    for s in sets:
+        args += ["--set", s]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    return tmp_path / name
+
+
+@pytest.mark.slow
+def test_pixel_probe_reads_digits_but_not_shapes(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMARULE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(PC, "_PIXELS", {})
+    # More samples than pixels (8×8×3), so that neither fit is a separable one that runs to its iteration cap.
+    sets = ("schedule.epochs=1", "data.train_samples=1000", "data.eval_samples=300")
+    digits = PC.pixel_probe(tiny_run(tmp_path, "digits", *sets))
+    shapes = PC.pixel_probe(tiny_run(tmp_path, "shapes", *sets, "data.source=shapes"))
+    # digits: the pixels separate the classes; shapes: position, colour and clutter hide them
+    assert digits["pixels_probe_top1"] > 70 and shapes["pixels_probe_top1"] < 35
+    assert (shapes["train_size"], shapes["test_size"], shapes["features"]) == (1000, 300, 3 * 8 * 8)
+    cached = json.loads((tmp_path / "shapes" / PC.CACHE_PIXELS).read_text())
+    assert cached == shapes and PC.pixel_probe(tmp_path / "shapes") == shapes
+
+
+def test_probe_check_reports_all_three_numbers(tmp_path, monkeypatch):
+    monkeypatch.setattr(PC, "_PIXELS", {})
+    path = tiny_run(tmp_path, "k1", "schedule.epochs=1")
+
+    class Run:
+        is_baseline, kappa, rule_label = True, 1.0, "with"
+
+    Run.path = path
+    check = PC.probe_check([Run(), Run()])
+    base = check["settings"]["baseline"]
+    assert {"offline", "init", "pixels", "tracking"} <= set(base)
+    assert check["bar"]["pixels"] == base["pixels"]["mean"] and check["bar"]["init"] == base["init"]["mean"]
+    assert "raw pixels" in check["summary"] and "-point bar" in check["summary"]
