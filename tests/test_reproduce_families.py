@@ -37,3 +37,17 @@ def test_tiny_reproduction(tmp_path, family):
         assert any(w in c["why"] for w in ("spread is undefined", "not measured", "fewer than 2 seeds")), c
     assert (tmp_path / "figures" / f"{family}.png").stat().st_size > 10_000
     assert "## Verdicts" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.parametrize("family", [f.name for f in K.FAMILIES.values() if f.kind == "sweep"])
+def test_default_kappas_scale_under_the_default_preset(family):
+    """`emarule reproduce FAMILY` with its defaults must not stop half-way at a κ whose scaled optimizer
+    settings are invalid (ctc-polyak's κ=8 needs the cpu preset's β1 ≥ 0.875)."""
+    from emarule.scaling.plan import scale
+    from emarule.spec import load_spec
+
+    f = K.FAMILIES[family]
+    spec = load_spec(f.experiment, preset=f.preset)
+    for kappa in f.kappas:
+        for rule in ("exponential", None):
+            scale(spec, kappa, rule)  # raises ScalingError on an invalid value
