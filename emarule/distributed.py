@@ -94,7 +94,17 @@ def teardown() -> None:
 
 def _leave_group() -> None:
     if dist.is_available() and dist.is_initialized():
+        # gloo can abort a process ("terminate called without an active exception") that tears the group
+        # down while a peer's last messages are in flight: meet every rank first. Bounded, because a peer
+        # that already failed never arrives.
+        try:
+            dist.barrier(async_op=True).wait(timeout=timedelta(seconds=LEAVE_TIMEOUT_S))
+        except Exception:  # noqa: BLE001 - a failed or timed-out peer: leave anyway
+            pass
         dist.destroy_process_group()
+
+
+LEAVE_TIMEOUT_S = 60
 
 
 def world_size() -> int:

@@ -58,3 +58,10 @@ def main(out: str, processes: int) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], int(sys.argv[2]))
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        # Left to interpreter exit, gloo's teardown can abort a rank ("terminate called without an active
+        # exception") while its peer still sends; every rank meets here first, then the group is destroyed.
+        dist.barrier()
+        dist.destroy_process_group()
