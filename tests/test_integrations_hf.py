@@ -1,9 +1,5 @@
 """emarule.integrations.hf: a few optimizer steps through transformers' real Trainer on CPU."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +7,7 @@ from torch import nn
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from emarule.integrations.hf import CHECKPOINT_FILE, EmaCallback
+from framework_ddp import assert_two_processes_give_the_ema_of_one
 
 RHO, BASE = 0.9, 4  # ρ tuned at a global batch of 4
 
@@ -113,16 +110,4 @@ def test_resume_from_a_folder_without_ema_is_refused(tmp_path):
 def test_two_ddp_processes_give_the_ema_of_one(tmp_path):
     """A real 2-process run (torchrun, gloo) at 8 per device: the callback reads the global batch 16 from
     the TrainingArguments and ends with the EMA of one process at 16."""
-    script = str(Path(__file__).parent / "hf_ddp_main.py")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    runs = {1: [sys.executable, script, str(tmp_path / "1.pt"), "1"],
-            2: [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", script,
-                str(tmp_path / "2.pt"), "2"]}
-    for cmd in runs.values():
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-        assert r.returncode == 0, r.stderr[-3000:]
-    one, two = (torch.load(tmp_path / f"{n}.pt") for n in (1, 2))
-    assert (one["world_size"], two["world_size"]) == (1, 2)
-    assert one["global_batch"] == two["global_batch"] == 16
-    for k in one["ema"]:
-        torch.testing.assert_close(two["ema"][k], one["ema"][k])
+    assert_two_processes_give_the_ema_of_one("hf_ddp_main.py", tmp_path)

@@ -1,10 +1,6 @@
 """emarule.integrations.lightning: a few optimizer steps through Lightning's real Trainer on CPU."""
 
-import os
-import subprocess
-import sys
 import warnings
-from pathlib import Path
 
 import lightning.pytorch as L
 import pytest
@@ -13,6 +9,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from emarule.integrations.lightning import EmaCallback
+from framework_ddp import assert_two_processes_give_the_ema_of_one
 
 RHO, BASE = 0.9, 4  # ρ tuned at a global batch of 4
 
@@ -175,16 +172,4 @@ def test_a_loader_without_batch_size_asks_for_it():
 def test_two_ddp_processes_give_the_ema_of_one(tmp_path):
     """A real 2-process run (torchrun, gloo) at 8 per device: the callback reads the global batch 16 and
     ends with the EMA of one process at 16."""
-    script = str(Path(__file__).parent / "lightning_ddp_main.py")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    runs = {1: [sys.executable, script, str(tmp_path / "1.pt"), "1"],
-            2: [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", script,
-                str(tmp_path / "2.pt"), "2"]}
-    for cmd in runs.values():
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-        assert r.returncode == 0, r.stderr[-3000:]
-    one, two = (torch.load(tmp_path / f"{n}.pt") for n in (1, 2))
-    assert (one["world_size"], two["world_size"]) == (1, 2)
-    assert one["global_batch"] == two["global_batch"] == 16
-    for k in one["ema"]:
-        torch.testing.assert_close(two["ema"][k], one["ema"][k])
+    assert_two_processes_give_the_ema_of_one("lightning_ddp_main.py", tmp_path)
