@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import sys
 from enum import Enum
 from pathlib import Path
@@ -553,13 +554,22 @@ def main(argv: list[str] | None = None) -> None:
         rv = command.main(args=argv if argv is not None else sys.argv[1:], prog_name="emarule",
                           standalone_mode=False)
     except click_exc.NoArgsIsHelpError:
-        sys.exit(2)  # the help has been printed already
+        _exit(2)  # the help has been printed already
     except click_exc.ClickException as e:
         err_console.print(f"error: {e.format_message()}", markup=False, highlight=False, soft_wrap=True)
-        sys.exit(2)
+        _exit(2)
     except (KeyboardInterrupt, typer.Abort):
-        sys.exit(130)
+        _exit(130)
     except UserError as e:
         err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
-        sys.exit(2)
-    sys.exit(rv if isinstance(rv, int) else 0)
+        _exit(2)
+    _exit(rv if isinstance(rv, int) else 0)
+
+
+def _exit(code: int) -> None:
+    # A process of a torchrun launch ends through distributed.exit_process; only a command that trained has
+    # imported it, so table, plan and limits stay free of torch.
+    launched = sys.modules.get("emarule.distributed")
+    if launched is not None and os.environ.get("WORLD_SIZE", "1") not in ("", "1"):
+        launched.exit_process(code)
+    sys.exit(code)

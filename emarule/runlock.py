@@ -170,16 +170,23 @@ class DirLock:
         self._created = []
 
 
+def _main_rank() -> bool:
+    return os.environ.get("RANK", "0") in ("", "0")
+
+
 def lock_dir(directory: Path, what: str, enabled: bool | None = None, echo=None) -> DirLock:
     """The lock for rank 0 of a launch (other ranks get a no-op)."""
     if enabled is None:
-        enabled = os.environ.get("RANK", "0") in ("", "0")
+        enabled = _main_rank()
     return DirLock(directory, what, enabled=enabled, echo=echo)
 
 
 def check_free(directory: Path, what: str = "run") -> None:
     """The one-line error `DirLock` would give, found without creating or changing anything (a check
-    made before the real lock is taken, so that a busy directory is named before other complaints)."""
+    made before the real lock is taken, so that a busy directory is named before other complaints).
+    Rank 0 alone holds and checks the lock: another rank of the same launch would find rank 0's."""
+    if not _main_rank():
+        return
     path = Path(directory) / LOCK
     try:
         fd = os.open(path, os.O_RDONLY)

@@ -143,3 +143,14 @@ def test_sweeps_and_reproductions_refuse_a_locked_folder(tmp_path, capsys, argv,
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1, err
     assert f"is in use by another emarule run (host {socket.gethostname()}, pid {holder.pid}" in err[0]
+
+
+def test_another_rank_of_the_same_launch_does_not_trip_over_rank_0s_lock(holder, monkeypatch):
+    """Under torchrun rank 0 holds the lock; rank 1's pre-checks must not read it as another run's (a sweep
+    under torchrun failed at random: rank 1 checked after rank 0 had locked)."""
+    run, _ = holder
+    monkeypatch.setenv("RANK", "1")
+    check_free(run, "run")  # no error on rank 1
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(UserError, match="in use by another emarule run"):
+        check_free(run, "run")
