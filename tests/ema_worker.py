@@ -6,7 +6,6 @@ trains with DDP, then with FSDP2, and rank 0 writes each run's averaged weights,
 DIR/ddp.pt and DIR/fsdp.pt.
 """
 
-import os
 import sys
 
 import torch
@@ -15,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from emarule import ModelEma
+from emarule.distributed import exit_process
 
 STEPS, BATCH, BASE = 6, 16, 8  # κ = 2 against the base batch
 
@@ -65,15 +65,10 @@ def train(mode: str) -> dict:
 
 if __name__ == "__main__":
     dist.init_process_group("gloo")
-    try:
-        for mode in ("ddp", "fsdp"):
-            weights = train(mode)
-            if dist.get_rank() == 0:
-                torch.save(weights, f"{sys.argv[1]}/{mode}.pt")
-        dist.barrier()  # no rank tears the group down while another still uses it
-    finally:
-        dist.destroy_process_group()
-    # Interpreter teardown can still abort a gloo rank (work objects freed without the GIL): end here.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    for mode in ("ddp", "fsdp"):
+        weights = train(mode)
+        if dist.get_rank() == 0:
+            torch.save(weights, f"{sys.argv[1]}/{mode}.pt")
+    # Every rank meets, leaves the group and ends without the interpreter teardown where gloo aborts (only on
+    # success: a failure raises above with its traceback and a non-zero exit).
+    exit_process(0)

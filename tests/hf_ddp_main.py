@@ -3,7 +3,6 @@ through transformers' Trainer with EmaCallback, the EMA saved by rank 0. Global 
 device in one process, or 8 per device in each of 2 (the batches of a sequential sampler, dealt out to the
 ranks in turn, cover the same samples)."""
 
-import os
 import sys
 import warnings
 
@@ -14,6 +13,7 @@ from transformers import Trainer, TrainingArguments
 from transformers.utils import logging as hf_logging
 
 from emarule.integrations.hf import EmaCallback
+from emarule.distributed import exit_process
 
 
 class Regression(nn.Module):
@@ -59,14 +59,5 @@ def main(out: str, processes: int) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], int(sys.argv[2]))
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        # Left to interpreter exit, gloo's teardown can abort a rank ("terminate called without an active
-        # exception") while its peer still sends; every rank meets here first, then the group is destroyed.
-        dist.barrier()
-        dist.destroy_process_group()
-        # Interpreter teardown can still abort a gloo rank (work objects freed without the GIL): end here.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    # A launched rank leaves as emarule's own do: barrier, destroy, and no interpreter teardown (gloo aborts there).
+    exit_process(0)

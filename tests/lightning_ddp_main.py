@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from emarule.integrations.lightning import EmaCallback
+from emarule.distributed import exit_process
 
 
 class Regression(L.LightningModule):
@@ -51,14 +52,5 @@ def main(out: str, processes: int) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], int(sys.argv[2]))
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        # Left to interpreter exit, gloo's teardown can abort a rank ("terminate called without an active
-        # exception") while its peer still sends; every rank meets here first, then the group is destroyed.
-        dist.barrier()
-        dist.destroy_process_group()
-        # Interpreter teardown can still abort a gloo rank (work objects freed without the GIL): end here.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    # A launched rank leaves as emarule's own do: barrier, destroy, and no interpreter teardown (gloo aborts there).
+    exit_process(0)
