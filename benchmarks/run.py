@@ -1,7 +1,7 @@
 """`make bench`: the time of one model-EMA update on a ResNet-50 (25.6M parameters).
 
 Compares, in one process on the same model and device:
-  emarule   emarule.ema.ModelEma (one torch._foreach_lerp_ per device/dtype group; buffers copied)
+  emarule   emarule.engine.ema.ModelEma (one torch._foreach_lerp_ per device/dtype group; buffers copied)
   timm      timm.utils.ModelEmaV3 (foreach lerp over the whole state_dict, buffers averaged too)
   swa_utils torch.optim.swa_utils.AveragedModel with get_ema_multi_avg_fn (parameters only)
   naive     a Python loop of ζ ← ρζ + (1 − ρ)θ per tensor (lightly's update_momentum)
@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from emarule.ema import ModelEma  # noqa: E402
+from emarule.engine.ema import ModelEma  # noqa: E402
 
 
 def resnet50() -> torch.nn.Module:

@@ -8,7 +8,7 @@ The stable Python surface is `__all__` (README, "Use it in your own code"):
     ema = emarule.ModelEma(model, rho, base_batch_size=B)
     ema.update(model, batch_size=B_now)                # applies rho ** (B_now / B)
     now = emarule.plan_at(plan, samples_seen, samples_per_epoch)   # Progressive Scaling
-    tracker = emarule.PowerEma(model, (0.05, 0.10), snapshot_every=N)   # post-hoc EMA (emarule.posthoc)
+    tracker = emarule.PowerEma(model, (0.05, 0.10), snapshot_every=N)   # post-hoc EMA (emarule.engine.posthoc)
 
 `import emarule` does not import torch: `ModelEma` and `PowerEma` are imported on first use.
 """
@@ -24,11 +24,11 @@ __all__ = ["ModelEma", "Plan", "PowerEma", "Scaled", "ScalingError", "UserError"
 
 def __getattr__(name: str):
     if name == "ModelEma":  # torch is imported here, not by `import emarule`
-        from emarule.ema import ModelEma
+        from emarule.engine.ema import ModelEma
 
         return ModelEma
     if name == "PowerEma":
-        from emarule.posthoc import PowerEma
+        from emarule.engine.posthoc import PowerEma
 
         return PowerEma
     raise AttributeError(f"module 'emarule' has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """`python -m emarule` is what torchrun launches (`torchrun ... -m emarule run ...`)."""
 
-from emarule.cli import main
+from emarule.cli.main import main
 
 if __name__ == "__main__":
     main()

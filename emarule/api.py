@@ -20,8 +20,8 @@ from emarule.errors import UserError
 from emarule.scaling import Plan, kappa_from
 from emarule.scaling import plan as _plan
 from emarule.scaling import progressive as _progressive
-from emarule.schema import PROGRESSIVE, check_tree, get, schema_for
-from emarule.spec import load_spec
+from emarule.config.schema import PROGRESSIVE, check_tree, get, schema_for
+from emarule.config.load import load_spec
 
 YAML_SUFFIXES = (".yaml", ".yml")
 

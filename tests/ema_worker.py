@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from emarule import ModelEma
-from emarule.distributed import exit_process
+from emarule.engine.distributed import exit_process
 
 STEPS, BATCH, BASE = 6, 16, 8  # κ = 2 against the base batch
 

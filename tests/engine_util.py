@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 import yaml
 
-from emarule.context import RunContext
+from emarule.engine.context import RunContext
 from emarule.scaling import plan
-from emarule.spec import load_spec
+from emarule.config.load import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,7 +13,7 @@ from transformers import Trainer, TrainingArguments
 from transformers.utils import logging as hf_logging
 
 from emarule.integrations.hf import EmaCallback
-from emarule.distributed import exit_process
+from emarule.engine.distributed import exit_process
 
 
 class Regression(nn.Module):

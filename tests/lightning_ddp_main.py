@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from emarule.integrations.lightning import EmaCallback
-from emarule.distributed import exit_process
+from emarule.engine.distributed import exit_process
 
 
 class Regression(L.LightningModule):

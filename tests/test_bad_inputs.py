@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from emarule.cli import main
+from emarule.cli.main import main
 
 TINY = ["byol-r18", "--preset", "tiny"]
 UNWRITABLE = "/proc/emarule-test"  # not writable even for root

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from emarule.baditems import BadItem, Guarded, ItemError, guarded_collate
-from emarule.cli import main
+from emarule.engine.baditems import BadItem, Guarded, ItemError, guarded_collate
+from emarule.cli.main import main
 from emarule.errors import UserError
 from emarule.speech.librispeech import list_split, read_audio
 from emarule.vision.data import ImageFolderSource, load_sources
@@ -151,10 +151,10 @@ def test_training_stops_on_a_bad_item_naming_it_or_skips_and_counts_it(tmp_path,
 
 
 def test_skip_bad_items_may_be_turned_on_to_resume_a_run_a_bad_file_stopped(tmp_path):
-    from emarule.context import RunContext
+    from emarule.engine.context import RunContext
     from emarule.scaling import plan
-    from emarule.spec import load_spec
-    from emarule.train import fingerprint
+    from emarule.config.load import load_spec
+    from emarule.engine.loop import fingerprint
 
     def ctx(*sets):
         s = load_spec("byol-r18", preset="tiny", overrides=list(sets))

@@ -9,11 +9,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from emarule.cli import app
-from emarule.context import RunContext
+from emarule.cli.main import app
+from emarule.engine.context import RunContext
 from emarule.errors import UserError
 from emarule.scaling import plan
-from emarule.spec import load_spec
+from emarule.config.load import load_spec
 from emarule.tasks import byol as B
 from emarule.vision import augment as A
 from emarule.vision import data as D
@@ -150,7 +150,7 @@ def test_loss_stops_gradient_at_teacher_and_keeps_its_statistics():
 
 
 def test_probe_is_outside_the_run_optimizer():
-    from emarule import optimizers
+    from emarule.engine import optimizers
     from emarule.scaling import scale
 
     parts = parts_for()
@@ -163,7 +163,7 @@ def test_probe_is_outside_the_run_optimizer():
 
 
 def test_gradient_clipping_leaves_the_aux_group_out():
-    from emarule import train as T
+    from emarule.engine import loop as T
 
     torch.manual_seed(0)
     model = torch.nn.ModuleDict({"body": torch.nn.Linear(4, 1), "probe": torch.nn.Linear(4, 1)})
@@ -179,9 +179,9 @@ def test_gradient_clipping_leaves_the_aux_group_out():
 
 
 def test_probe_evaluation_reports_probe_top1_on_the_teacher_and_restores_modes():
-    from emarule import evaluation
-    from emarule.ema import ModelEma
-    from emarule.tasks.parts import Now
+    from emarule.engine import evaluation
+    from emarule.engine.ema import ModelEma
+    from emarule.engine.interface import Now
 
     parts = parts_for()
     ema = ModelEma(parts.ema_source, 0.9)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from emarule.cli import app
+from emarule.cli.main import app
 
 runner = CliRunner()
 

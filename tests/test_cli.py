@@ -7,7 +7,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from emarule.cli import app, main
+from emarule.cli.main import app, main
 
 runner = CliRunner()
 
@@ -189,7 +189,7 @@ def test_usage_errors_through_main_are_one_line(argv, needle, capsys):
 
 
 def test_torch_free_commands_do_not_import_torch():
-    code = ("import sys\nfrom emarule.cli import main\n"
+    code = ("import sys\nfrom emarule.cli.main import main\n"
             "for argv in (['table','momenta'], ['plan','byol-vit','--kappa','6'], "
             "['limits','--momentum','0.99','--batch-size','256'], ['list']):\n"
             "    try:\n        main(argv)\n    except SystemExit as e:\n        assert e.code == 0, argv\n"
@@ -239,7 +239,7 @@ def test_runnable_tasks_are_the_task_dict():
 
 
 def test_every_experiment_has_a_tiny_preset():
-    from emarule.spec import experiment_names, load_spec
+    from emarule.config.load import experiment_names, load_spec
 
     for name in experiment_names():
         assert load_spec(name, preset="tiny")["preset"] == "tiny", name  # `--preset tiny` works everywhere

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from emarule import compare as C
-from emarule.cli import app
+from emarule.analysis import compare as C
+from emarule.cli.main import app
 from emarule.errors import UserError
 
 runner = CliRunner()
@@ -20,7 +20,7 @@ def make_run(root: Path, name: str, kappa: float, rule, points, metric="probe_to
     """A run directory as `emarule run` writes it; `points` is [(epoch, value)]."""
     d = root / name
     d.mkdir(parents=True)
-    if engine_style:  # what emarule.train writes: a bool plus the form, hyperparameters at the top
+    if engine_style:  # what emarule.engine.loop writes: a bool plus the form, hyperparameters at the top
         h = {"experiment": experiment, "kappa": kappa, "ema_rule": rule is not None, "ema_rule_form": rule,
              "seed": seed, "progressive": None, "dataset_size": size,
              "hyperparameters": {"batch_size": {"base": 64, "scaled": 64 * kappa},
@@ -191,7 +191,7 @@ def test_compare_never_imports_torch(tmp_path):
     make_run(tmp_path, "k1", 1, "exponential", line(T, lambda t: t))
     make_run(tmp_path, "k2", 2, None, line(T, lambda t: t + 1))
     code = ("import sys; sys.modules['torch'] = None\n"
-            "from emarule.cli import main\n"
+            "from emarule.cli.main import main\n"
             f"main(['compare', {str(tmp_path)!r}, '--format', 'json', '--out', {str(tmp_path / 'x.png')!r}])")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr

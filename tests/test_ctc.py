@@ -9,16 +9,16 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from emarule import checks
-from emarule.cli import app
-from emarule.context import RunContext
+from emarule.cli import checks
+from emarule.cli.main import app
+from emarule.engine.context import RunContext
 from emarule.errors import UserError
 from emarule.scaling import plan
-from emarule.spec import load_spec
+from emarule.config.load import load_spec
 from emarule.speech import pseudo_label
 from emarule.speech.data import collate_train
 from emarule.tasks import ctc
-from emarule.tasks.parts import Now
+from emarule.engine.interface import Now
 from test_speech_data import write_tree
 
 runner = CliRunner()
@@ -182,7 +182,7 @@ def test_pseudo_label_run_stopped_after_the_start_resumes_exactly(tmp_path):
     import os
     import signal
 
-    from emarule.train import train
+    from emarule.engine.loop import train
 
     torch.set_num_threads(1)
     spec = load_spec("ctc-pseudo-label", preset="tiny")

@@ -12,13 +12,13 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-from emarule.cli import app
-from emarule.context import RunContext
-from emarule.probe import TrackingProbe, adam_hyperparameters
+from emarule.cli.main import app
+from emarule.engine.context import RunContext
+from emarule.analysis.probe import TrackingProbe, adam_hyperparameters
 from emarule.scaling import plan
-from emarule.spec import load_spec
+from emarule.config.load import load_spec
 from emarule.tasks import dino as D
-from emarule.tasks.parts import Now
+from emarule.engine.interface import Now
 from emarule.vision import data as VD
 from emarule.vision.dino_head import DINOHead
 from emarule.vision.multicrop import MultiCropSet
@@ -307,7 +307,7 @@ def test_tiny_preset_kappa2_logs_what_the_issue_asks(tmp_path):
 
 
 def test_center_moves_once_per_step_and_accumulation_gives_the_same_center(tmp_path):
-    from emarule.train import train
+    from emarule.engine.loop import train
 
     torch.set_num_threads(1)
     centers = []
@@ -329,8 +329,8 @@ def test_full_size_vit_b16_with_the_65536_head_takes_a_step_on_cifar_layout(tmp_
     and the DINO head with 65,536 outputs, 2 global crops at 224 and 2 local crops at 96 (the recipe
     has 8; 2 keep the test fast), one image, one optimizer step of the task's parts under bf16 autocast, as the
     loop runs them (without the loop's 1.8 GB checkpoint)."""
-    from emarule import optimizers
-    from emarule.ema import ModelEma
+    from emarule.engine import optimizers
+    from emarule.engine.ema import ModelEma
 
     torch.set_num_threads(2)
     root = write_tiny_cifar(tmp_path / "cifar", n_train=1, n_test=2)

@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from emarule import batching
+from emarule.engine import batching
 from emarule.errors import UserError
 from engine_util import ROOT, env, load_checkpoint, max_diff, run_toy, toy_spec, write_spec
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from emarule.ema import ModelEma
+from emarule.engine.ema import ModelEma
 
 
 def net(bn: bool = False) -> nn.Module:
@@ -159,7 +159,7 @@ def test_rho_to_the_kappa_once_matches_kappa_sequential_updates(kappa):
 def test_the_engines_emas_are_model_emas_that_raise_rho_to_kappa_once():
     """The engine sets the plan's ρ̂ = ρ^κ with no base batch: an update at κB applies ρ^κ, not ρ^(κ²)."""
     import emarule
-    from emarule.train import build_emas
+    from emarule.engine.loop import build_emas
 
     spec = {"batch": {"size": 32}, "ema": {"momentum": 0.9, "also": [0.99]}}
     plan = emarule.scale(spec, 2)
@@ -173,7 +173,7 @@ def test_the_engines_emas_are_model_emas_that_raise_rho_to_kappa_once():
 
 def test_the_engine_refuses_a_first_stage_rho_hat_that_rounds_to_one_in_one_line():
     import emarule
-    from emarule.train import build_emas
+    from emarule.engine.loop import build_emas
 
     spec = {"batch": {"size": 256}, "ema": {"momentum": 0.9999999999999999}}
     plan = emarule.scale(spec, 0.5)

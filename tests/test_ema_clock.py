@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import emarule
-from emarule.ema import ModelEma
+from emarule.engine.ema import ModelEma
 
 TESTS = Path(__file__).resolve().parent
 

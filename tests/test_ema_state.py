@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from emarule.ema import ModelEma
+from emarule.engine.ema import ModelEma
 
 
 def net() -> nn.Module:

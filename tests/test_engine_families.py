@@ -14,8 +14,8 @@ import sys
 import pytest
 import torch
 
-from emarule import batching
-from emarule.evaluation import metric_name
+from emarule.engine import batching
+from emarule.engine.evaluation import metric_name
 from emarule.tasks.toy import duration_of
 from engine_util import ROOT, cli, env, load_checkpoint, max_diff, run_toy, tensors_equal, toy_spec, write_spec
 from test_resume import wait_for_checkpoint
@@ -130,7 +130,7 @@ def test_seconds_a_rank_without_an_item_still_joins_the_step(tmp_path):
     That rank still contributes zeros to the one reduction (it used to send a shorter vector and abort)."""
     spec = {**SECONDS, "batch": {**SECONDS["batch"], "size": 3.0}, "toy": {**SECONDS["toy"], "samples": 32},
             "schedule": {**SECONDS["schedule"], "epochs": 1}}
-    from emarule import batching
+    from emarule.engine import batching
     from emarule.tasks.toy import duration_of
 
     batcher = batching.Batcher(32, 0, [duration_of(i) for i in range(32)], 32)

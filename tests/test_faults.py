@@ -12,16 +12,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from emarule import checkpoint, checks, train
+from emarule.engine import checkpoint, loop as train
+from emarule.cli import checks
 from emarule.errors import UserError
-from emarule.rundir import HPARAMS, METRICS, UNSAVED, DiskFull, MetricsLog
+from emarule.engine.rundir import HPARAMS, METRICS, UNSAVED, DiskFull, MetricsLog
 from tests.engine_util import ROOT, env, load_checkpoint, run_toy, tensors_equal, toy_spec, write_spec
 
 SPEC = {"schedule.epochs": 3, "toy.samples": 64}
 # One child process, two commands: the soft RLIMIT_FSIZE set before each (files may not grow past
 # it: writes fail with EFBIG), each command's exit code printed after its stderr.
 LIMITED = ("import resource, sys\n"
-           "from emarule.cli import main\n"
+           "from emarule.cli.main import main\n"
            "hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]\n"
            "for limit, out in zip(sys.argv[1::3], sys.argv[2::3]):\n"
            "    resource.setrlimit(resource.RLIMIT_FSIZE, (int(limit), hard))\n"
@@ -107,7 +108,7 @@ def test_disk_full_in_the_log_keeps_the_last_checkpoint_and_resume_is_exact(tmp_
 def _fsync_fails(monkeypatch, name_part: str, after: int = 0) -> None:
     """ENOSPC at the fsync of the real atomic write of a file whose name holds `name_part`, from the
     (after + 1)-th such write on: the error a full disk gives, through emarule's own handling."""
-    from emarule import rundir
+    from emarule.engine import rundir
 
     real_fsync, seen = os.fsync, {"n": 0}
 
@@ -137,7 +138,7 @@ def test_disk_full_in_a_checkpoint_leaves_the_previous_one(tmp_path, monkeypatch
 
 def test_a_figure_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, capsys):
     """The figures `run` draws after training: the CLI's one line, and no temporary file left."""
-    from emarule.cli import main
+    from emarule.cli.main import main
 
     _fsync_fails(monkeypatch, ".png.")
     spec = write_spec(tmp_path, toy_spec(**SPEC))
@@ -150,7 +151,7 @@ def test_a_figure_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, caps
 
 
 def test_an_unforeseen_write_out_of_space_is_still_one_line(tmp_path, monkeypatch, capsys):
-    from emarule import cli
+    from emarule.cli import main as cli
 
     def boom(*a, **kw):
         raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from emarule.cli import app
+from emarule.cli.main import app
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
 EXPERIMENTS = sorted(p.stem for p in (Path(__file__).parents[1] / "experiments").glob("*.yaml"))

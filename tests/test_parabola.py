@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from emarule.cli import app
-from emarule.parabola import ema, simulate
-from emarule.parabola.problem import Problem
-from emarule.parabola.search import minimize_beta
-from emarule.parabola.study import Settings, exact_study, montecarlo_study
-from emarule.tasks.parabola import RESULT_KEYS
+from emarule.cli.main import app
+from emarule.studies.parabola import momenta as ema, simulate
+from emarule.studies.parabola.problem import Problem
+from emarule.studies.parabola.search import minimize_beta
+from emarule.studies.parabola.study import Settings, exact_study, montecarlo_study
+from emarule.studies.parabola.run import RESULT_KEYS
 
 SMALL = Problem(a=1.0, b=0.5, c=0.0, theta0=1.0, lr=1e-3, iters=1000)  # T = 1 in 1000 base steps
 

@@ -6,7 +6,7 @@ import pytest
 
 from emarule.errors import ScalingError, UserError
 from emarule.scaling import kappa_from, plan, scale
-from emarule.spec import experiment_names, load_spec
+from emarule.config.load import experiment_names, load_spec
 
 
 @pytest.fixture(scope="module")

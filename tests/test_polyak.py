@@ -9,12 +9,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from emarule import checks
-from emarule.cli import app
-from emarule.context import RunContext
+from emarule.cli import checks
+from emarule.cli.main import app
+from emarule.engine.context import RunContext
 from emarule.errors import UserError
 from emarule.scaling import plan
-from emarule.spec import load_spec
+from emarule.config.load import load_spec
 from emarule.tasks import polyak as P
 from emarule.vision import resnetv2 as R
 from emarule.vision import supervised as S

@@ -1,4 +1,4 @@
-"""emarule.posthoc: power-function EMAs snapshotted in samples, any EMA reconstructed after training."""
+"""emarule.engine.posthoc: power-function EMAs snapshotted in samples, any EMA reconstructed after training."""
 
 import math
 
@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import emarule
-from emarule.posthoc import PowerEma, gamma_of, load_snapshots, reconstruct, solve
+from emarule.engine.posthoc import PowerEma, gamma_of, load_snapshots, reconstruct, solve
 
 BASE, RHO, TOTAL, EVERY = 8, 0.99, 16000, 800  # ρ = 0.99 at batch 8: a horizon of 800 samples, σ_rel ≈ 0.05
 

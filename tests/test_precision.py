@@ -6,8 +6,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from emarule.cli import app
-from emarule.precision_study import Config, batches, max_abs_diff, problem, study, train
+from emarule.cli.main import app
+from emarule.studies.precision_study import Config, batches, max_abs_diff, problem, study, train
 from emarule.scaling.limits import limits
 
 SMALL = Config(features=8, samples=256, steps=200, batch=32, lr=0.05, noise=0.1,

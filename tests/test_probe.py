@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from emarule.probe import TrackingProbe, adam_hyperparameters
-from emarule.tasks.parts import Now
+from emarule.analysis.probe import TrackingProbe, adam_hyperparameters
+from emarule.engine.interface import Now
 
 
 def now(epoch=0.0, kappa=1.0):

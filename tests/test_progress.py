@@ -1,6 +1,6 @@
 """The progress bar: its total follows the data seen when the last batch carries the run past it."""
 
-from emarule.progress import Progress
+from emarule.engine.progress import Progress
 
 
 def test_a_last_seconds_batch_past_the_planned_total_never_reads_over_100_percent():

@@ -5,7 +5,7 @@ import pytest
 from emarule.errors import UserError
 from emarule.scaling import BatchSchedule, plan
 from emarule.scaling.progressive import parse
-from emarule.spec import load_spec
+from emarule.config.load import load_spec
 
 
 def test_step():

@@ -35,7 +35,7 @@ def test_the_readme_run_summary_is_what_run_prints(tmp_path, monkeypatch, capsys
     """The summary under "What a run prints and leaves" comes from the command it names: the same lines,
     metric names, paths and headline; metric values and wall time are the machine's, so only their
     places are compared."""
-    from emarule.cli import main
+    from emarule.cli.main import main
 
     text = (ROOT / "README.md").read_text()
     section = text[text.index("#### What a run prints and leaves"):]

@@ -11,14 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from emarule import compare as C
-from emarule.cli import app
-from emarule.compare import load_runs
+from emarule.analysis import compare as C
+from emarule.cli.main import app
+from emarule.analysis.compare import load_runs
 from emarule.errors import UserError
-from emarule.reproduce import claims as K
-from emarule.reproduce import measure as M
-from emarule.reproduce import studies as S
-from emarule.reproduce import verdict as V
+from emarule.analysis.reproduce import claims as K
+from emarule.analysis.reproduce import measure as M
+from emarule.analysis.reproduce import studies as S
+from emarule.analysis.reproduce import verdict as V
 
 runner = CliRunner()
 T = [float(t) for t in range(11)]  # epochs 0..10
@@ -259,7 +259,7 @@ def ctc_runs(root, spec=CTC_SPEC, also=(0.9999, 0.999), single_point=False):
 
 
 def test_the_short_horizon_control_is_the_specs_smallest_further_ema(tmp_path):
-    from emarule.spec import load_spec
+    from emarule.config.load import load_spec
 
     names = {p: {m.name for m in K.for_spec(K.CTC_POLYAK, load_spec("ctc-polyak", preset=p)).metrics}
              for p in ("cpu", "tiny", None)}
@@ -282,7 +282,7 @@ def test_the_figure_marks_single_points_tells_momenta_apart_and_names_the_split(
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    from emarule.reproduce import figures
+    from emarule.analysis.reproduce import figures
 
     assert figures.momentum_text(0.99995) == "0.99995" and figures.momentum_text(0.99995 ** 4) == "0.9998"
     assert figures.momentum_text(0.9) == "0.9" and figures.momentum_text(0.98 ** 4) == "0.9224"
@@ -324,7 +324,7 @@ def test_full_scale_commands_are_valid(monkeypatch):
     import re
     import shlex
 
-    import emarule.reproduce.command as C
+    import emarule.analysis.reproduce.command as C
 
     seen = []
     monkeypatch.setattr(C, "reproduce", lambda console, name, **kw: seen.append((name, kw)))
@@ -457,8 +457,8 @@ def test_precision_checks_come_out_each_way():
 
 
 def test_registry_matches_the_specs_and_the_checks():
-    from emarule import checks
-    from emarule.spec import load_spec
+    from emarule.cli import checks
+    from emarule.config.load import load_spec
 
     assert set(K.FAMILIES) == {"parabola", "precision", "polyak", "byol", "byol-vit", "byol-r50-lars", "dino",
                                "ctc-polyak", "ctc-pseudo-label"}
@@ -514,11 +514,11 @@ def test_a_family_whose_task_is_not_runnable_says_so(tmp_path, monkeypatch):
 
 
 def test_precision_study_reproduction_writes_and_reuses(tmp_path):
-    from emarule.reproduce.command import reproduce
+    from emarule.analysis.reproduce.command import reproduce
 
-    from emarule.render import wide_console
+    from emarule.cli.render import wide_console
     from emarule.scaling import plan
-    from emarule.spec import load_spec
+    from emarule.config.load import load_spec
 
     small = ["precision_study.features=8", "precision_study.samples=256", "precision_study.repeats=2",
              "schedule.total_steps=40"]

@@ -7,8 +7,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from emarule.cli import app
-from emarule.reproduce import claims as K
+from emarule.cli.main import app
+from emarule.analysis.reproduce import claims as K
 
 runner = CliRunner()
 
@@ -17,7 +17,7 @@ runner = CliRunner()
 def test_tiny_reproduction(tmp_path, family):
     import torch
 
-    from emarule.spec import load_spec
+    from emarule.config.load import load_spec
     from emarule.tasks import RUNNABLE_TASKS
 
     f = K.FAMILIES[family]
@@ -44,7 +44,7 @@ def test_default_kappas_scale_under_the_default_preset(family):
     """`emarule reproduce FAMILY` with its defaults must not stop half-way at a κ whose scaled optimizer
     settings are invalid (ctc-polyak's κ=8 needs the cpu preset's β1 ≥ 0.875)."""
     from emarule.scaling.plan import scale
-    from emarule.spec import load_spec
+    from emarule.config.load import load_spec
 
     f = K.FAMILIES[family]
     spec = load_spec(f.experiment, preset=f.preset)

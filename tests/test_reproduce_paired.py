@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emarule import compare as C
-from emarule.compare import load_runs
-from emarule.reproduce import claims as K
-from emarule.reproduce import measure as M
-from emarule.reproduce import verdict as V
+from emarule.analysis import compare as C
+from emarule.analysis.compare import load_runs
+from emarule.analysis.reproduce import claims as K
+from emarule.analysis.reproduce import measure as M
+from emarule.analysis.reproduce import verdict as V
 from test_reproduce import T, polyak_runs, write_run
 
 finite = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False)

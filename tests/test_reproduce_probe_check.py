@@ -5,8 +5,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from emarule.cli import app
-from emarule.reproduce import probe_check as PC
+from emarule.cli.main import app
+from emarule.analysis.reproduce import probe_check as PC
 
 
 def stats(v):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from emarule.errors import UserError
-from emarule.train import TrainingDiverged
+from emarule.engine.loop import TrainingDiverged
 from engine_util import ROOT, cli, env, load_checkpoint, run_toy, tensors_equal, toy_spec, write_spec
 
 # 6 epochs of 8 steps, a checkpoint every 3 steps (so resuming mid-epoch is exercised), a
@@ -150,7 +150,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
         return (value * float("nan") if calls["n"] == 13 else value), metrics
 
     parts.loss = loss
-    from emarule.train import train
+    from emarule.engine.loop import train
 
     with pytest.raises(TrainingDiverged) as e:
         train(ctx, parts)
@@ -172,7 +172,7 @@ def test_crash_mid_epoch_then_resume_is_bitwise_uninterrupted(tmp_path, referenc
     """Deterministic twin of the SIGKILL test: the process dies at step 11, the last checkpoint is at
     step 9 (epoch 1, batch 1), so the resumed run re-enters an epoch part-way."""
     from emarule.tasks import toy
-    from emarule.train import train
+    from emarule.engine.loop import train
     from engine_util import make_ctx
 
     ref_ck, _ = reference

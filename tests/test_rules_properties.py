@@ -6,7 +6,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from emarule.scaling import rules, scale
-from emarule.spec import experiment_names, load_spec
+from emarule.config.load import experiment_names, load_spec
 
 rho_st = st.floats(min_value=0.5, max_value=0.99999)
 kappa_st = st.floats(min_value=0.05, max_value=64)

@@ -1,10 +1,10 @@
-"""`emarule.run_report`: the figures and the end-of-run summary, from a run directory alone."""
+"""`emarule.analysis.run_report`: the figures and the end-of-run summary, from a run directory alone."""
 
 import json
 import subprocess
 import sys
 
-from emarule import run_report as R
+from emarule.analysis import run_report as R
 
 
 def write_run(root, rows, hparams=None):
@@ -80,6 +80,6 @@ def test_a_study_without_metrics_has_no_report(tmp_path):
 def test_no_torch(tmp_path):
     run = write_run(tmp_path / "r", rows())
     code = ("import sys; sys.modules['torch'] = None\n"
-            f"from emarule.run_report import report\nprint(report({str(run)!r}).text())")
+            f"from emarule.analysis.run_report import report\nprint(report({str(run)!r}).text())")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "run finished" in p.stdout, p.stderr

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from emarule.errors import UserError
-from emarule.runlock import LOCK, DirLock, check_free
+from emarule.engine.runlock import LOCK, DirLock, check_free
 from tests.engine_util import ROOT, env, toy_spec, write_spec
 
-HOLD = ("import sys, time; from emarule.runlock import DirLock\n"
+HOLD = ("import sys, time; from emarule.engine.runlock import DirLock\n"
         "with DirLock(sys.argv[1], 'run'):\n"
         "    print('locked', flush=True); time.sleep(120)\n")
 
@@ -63,7 +63,7 @@ def test_a_lock_left_by_a_killed_process_is_taken_over_and_said(holder):
 
 
 def test_without_flock_a_live_pid_holds_and_a_dead_one_is_stale(tmp_path, monkeypatch):
-    import emarule.runlock as rl
+    import emarule.engine.runlock as rl
 
     monkeypatch.setattr(rl, "fcntl", None)  # a file system without flock: the recorded holder decides
     run = tmp_path / "run"
@@ -131,7 +131,7 @@ SWEEP = ["sweep", "byol-r18", "--preset", "tiny", "--kappas", "2", "--out", "{ro
                                          (["reproduce", "parabola", "--preset", "tiny", "--out", "{root}"], "")])
 def test_sweeps_and_reproductions_refuse_a_locked_folder(tmp_path, capsys, argv, locked):
     """The sweep's experiment folder, one of its runs, a reproduction's --out: each held by another process."""
-    from emarule.cli import main
+    from emarule.cli.main import main
 
     holder = _hold(tmp_path / "root" / locked)
     try:

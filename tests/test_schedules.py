@@ -6,7 +6,7 @@ import pytest
 
 from emarule.errors import UserError
 from emarule.scaling import scale
-from emarule.schedules import Schedule, from_spec
+from emarule.engine.schedules import Schedule, from_spec
 
 
 def spec(**schedule):

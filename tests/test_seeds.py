@@ -5,10 +5,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from emarule.cli import app
+from emarule.cli.main import app
 from emarule.errors import UserError
-from emarule.seeds import MAX_SEED, MAX_SEEDS, parse_seeds, seeds_label, seeds_text
-from emarule.sweep import plan_runs
+from emarule.cli.seeds import MAX_SEED, MAX_SEEDS, parse_seeds, seeds_label, seeds_text
+from emarule.engine.sweep import plan_runs
 
 runner = CliRunner()
 

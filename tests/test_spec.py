@@ -3,7 +3,7 @@
 import pytest
 
 from emarule.errors import UserError
-from emarule.spec import experiment_names, load_spec, read_yaml, spec_path
+from emarule.config.load import experiment_names, load_spec, read_yaml, spec_path
 
 NINE = {"parabola", "precision", "polyak-r50", "ctc-polyak", "ctc-pseudo-label", "byol-r18", "byol-vit",
         "byol-r50-lars", "dino-vit"}

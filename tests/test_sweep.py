@@ -6,11 +6,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from emarule import checks
-from emarule import compare as C
-from emarule import run_report as report
-from emarule import sweep as S
-from emarule.cli import app
+from emarule.cli import checks
+from emarule.analysis import compare as C
+from emarule.analysis import run_report as report
+from emarule.engine import sweep as S
+from emarule.cli.main import app
 from emarule.errors import UserError
 
 runner = CliRunner()

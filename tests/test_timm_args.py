@@ -10,7 +10,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from emarule.cli import app
+from emarule.cli.main import app
 from emarule.errors import UserError
 from emarule.scaling import timm_args
 
@@ -108,7 +108,7 @@ def test_format_timm_without_out_prints_yaml():
 
 
 def test_plan_timm_does_not_import_torch():
-    code = ("import sys\nfrom emarule.cli import main\n"
+    code = ("import sys\nfrom emarule.cli.main import main\n"
             f"try:\n    main(['plan', '--timm-args', {str(ADAMW)!r}, '-b', '512'])\n"
             "except SystemExit as e:\n    assert e.code == 0\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n")

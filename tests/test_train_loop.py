@@ -9,12 +9,12 @@ import pytest
 import torch
 from torch import nn
 
-from emarule import optimizers
+from emarule.engine import optimizers
 from emarule.errors import UserError
 from emarule.scaling import scale
-from emarule.schedules import from_spec
-from emarule.tasks.parts import TaskParts
-from emarule.train import train
+from emarule.engine.schedules import from_spec
+from emarule.engine.interface import TaskParts
+from emarule.engine.loop import train
 from engine_util import ROOT, load_checkpoint, make_ctx, run_toy, toy_spec
 
 
@@ -195,7 +195,7 @@ def test_wandb_offline_mirror(tmp_path, monkeypatch):
 
 
 def test_engine_modules_stay_out_of_torch_free_commands():
-    code = ("import sys, emarule.cli, emarule.schedules, emarule.rundir, emarule.scaling; "
+    code = ("import sys, emarule.cli.main, emarule.engine.schedules, emarule.engine.rundir, emarule.scaling; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
 
@@ -214,7 +214,7 @@ def test_ema_start_steps_copy_exactly_the_steps_plan_shows(tmp_path):
 
 def test_non_finite_gradient_stops_without_clipping(tmp_path):
     """A finite loss whose backward overflows: the run stops before any step, and says so."""
-    from emarule.train import TrainingDiverged
+    from emarule.engine.loop import TrainingDiverged
 
     class InfGrad(torch.autograd.Function):
         @staticmethod

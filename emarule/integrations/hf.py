@@ -32,7 +32,7 @@ class EmaCallback(TrainerCallback):
     arguments go to `emarule.ModelEma`."""
 
     def __init__(self, momentum: float, base_batch_size: float, *, resume_from: str | None = None, **ema_kwargs):
-        from emarule.ema import ModelEma  # noqa: F401  (fail here, not mid-training, if torch is missing)
+        from emarule.engine.ema import ModelEma  # noqa: F401  (fail here, not mid-training, if torch is missing)
 
         if resume_from is not None and not os.path.isfile(os.path.join(resume_from, CHECKPOINT_FILE)):
             raise FileNotFoundError(f"no {CHECKPOINT_FILE} in {resume_from}; "

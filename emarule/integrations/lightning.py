@@ -44,7 +44,7 @@ class EmaCallback(pl.Callback):
 
     def __init__(self, momentum: float, base_batch_size: float, *, batch_size: int | None = None,
                  validate_with_ema: bool = False, **ema_kwargs):
-        from emarule.ema import ModelEma  # noqa: F401  (fail here, not mid-fit, if torch is missing)
+        from emarule.engine.ema import ModelEma  # noqa: F401  (fail here, not mid-fit, if torch is missing)
 
         if batch_size is not None:
             global_batch(batch_size, 1, 1)

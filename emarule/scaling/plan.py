@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from emarule.errors import ScalingError
-from emarule.schema import get as _get
+from emarule.config.schema import get as _get
 from emarule.scaling import rules
 from emarule.scaling.limits import round_to
 from emarule.scaling.progressive import BatchSchedule, Stage

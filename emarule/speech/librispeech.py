@@ -86,7 +86,7 @@ def read_audio(path: Path, seconds: float | None = None, sample_rate: int = 1600
     soundfile would otherwise decode to fewer samples without a word."""
     import soundfile
 
-    from emarule.baditems import ItemError
+    from emarule.engine.baditems import ItemError
 
     try:
         wave, sr = soundfile.read(str(path), dtype="float32", always_2d=True)

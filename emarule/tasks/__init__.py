@@ -6,7 +6,7 @@ full-size recipe is exact but not yet runnable here are absent, and `run_task` s
 
 from __future__ import annotations
 
-from emarule.context import RunContext
+from emarule.engine.context import RunContext
 from emarule.errors import UserError
 
 # The runnable task names, known without importing torch (`emarule list`, the CLI's checks).
@@ -16,7 +16,9 @@ RUNNABLE_TASKS = ("parabola", "precision", "byol", "dino", "polyak", "ctc", "toy
 
 def _tasks() -> dict:
     # Imported here, on use: `emarule run` is the only command that may load torch.
-    from emarule.tasks import byol, ctc, dino, parabola, polyak, precision, toy
+    from emarule.tasks import byol, ctc, dino, polyak, toy
+    from emarule.studies.parabola import run as parabola
+    from emarule.studies import precision
 
     return {
         "parabola": parabola.run,  # §3.1, App. E.1
@@ -46,7 +48,7 @@ def run_task(ctx: RunContext) -> dict:
         raise UserError(f"{ctx.experiment}: the {task!r} task cannot run yet (runnable tasks: {ready}); "
                         f"`emarule plan {ctx.experiment} --kappa K` shows its scaled recipe")
     if task in ("parabola", "precision"):  # studies write their run directory themselves
-        from emarule.runlock import lock_dir
+        from emarule.engine.runlock import lock_dir
 
         with lock_dir(ctx.out, "run"):
             return tasks[task](ctx)

@@ -1,9 +1,9 @@
 """BYOL (§3.4, App. F): an online network learns to predict an EMA teacher's projection.
 
-The parts handed to the shared loop (`emarule.train.train`):
+The parts handed to the shared loop (`emarule.engine.loop.train`):
 
 - `model` = `BYOL`: the online network (`online` = backbone + projector) and the `predictor`,
-  trained by the run's optimizer, and the tracking `probe` (`emarule.probe.TrackingProbe`: a
+  trained by the run's optimizer, and the tracking `probe` (`emarule.analysis.probe.TrackingProbe`: a
   pre-BN linear probe with its own Adam, stepped in `on_step`, outside the run's optimizer).
 - `ema_source` = `model.online`: the loop keeps its EMA (the teacher ζ, updated from θ_{t+1} as
   the spec's `ema.update_from: post` says) and passes it to `loss` as the teacher.
@@ -31,11 +31,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from emarule.context import RunContext
+from emarule.engine.context import RunContext
 from emarule.errors import UserError
-from emarule.probe import TrackingProbe, probe_evaluation
-from emarule.spec import get
-from emarule.tasks.parts import TaskParts
+from emarule.analysis.probe import TrackingProbe, probe_evaluation
+from emarule.config.load import get
+from emarule.engine.interface import TaskParts
 from emarule.vision import models as M
 from emarule.vision.data import TwoViewSet, load_sources
 
@@ -60,7 +60,7 @@ class BYOL(nn.Module):
         feat = backbone.num_features
         self.online = Online(backbone, M.mlp(feat, proj_hidden, proj_out, head_norm))
         self.predictor = M.mlp(proj_out, pred_hidden, proj_out, head_norm)
-        self.probe = probe.module  # frozen here: trained by its own Adam (emarule.probe)
+        self.probe = probe.module  # frozen here: trained by its own Adam (emarule.analysis.probe)
         self.num_features = feat
 
 
@@ -168,6 +168,6 @@ def build(ctx: RunContext) -> TaskParts:
 
 
 def run(ctx: RunContext) -> dict:
-    from emarule.train import train
+    from emarule.engine.loop import train
 
     return train(ctx, build(ctx))

@@ -1,6 +1,6 @@
 """Speech recognition with a CTC transformer (§3.2, §3.3, App. G): `ctc-polyak` and `ctc-pseudo-label`.
 
-The parts handed to the shared loop (`emarule.train.train`):
+The parts handed to the shared loop (`emarule.engine.loop.train`):
 
 - `model`: `emarule.speech.model.CTCTransformer` (conv stride 3, post-LN encoder, CAPE, linear to 29 tokens).
 - `train_set`: slots measured in seconds (`batch.unit: seconds`, `duration`); the engine packs dynamic
@@ -29,17 +29,17 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from emarule.context import RunContext, default_run_name
+from emarule.engine.context import RunContext, default_run_name
 from emarule.errors import UserError
-from emarule.seeding import mix
-from emarule.spec import get
+from emarule.engine.seeding import mix
+from emarule.config.load import get
 from emarule.speech import corpus, pseudo_label, tokens, wer
 from emarule.speech.data import EvalSet, TrainSlots, collate_eval, collate_train
 from emarule.speech.features import LogMel
 from emarule.speech.librispeech import SpeechSet, list_split
 from emarule.speech.model import CTCTransformer
 from emarule.speech.specaugment import SpecAugment
-from emarule.tasks.parts import MAIN_EMA, Evaluation, TaskParts
+from emarule.engine.interface import MAIN_EMA, Evaluation, TaskParts
 
 EVAL_SPLITS = ["dev-clean", "dev-other", "test-clean", "test-other"]
 CACHE_HOURS = 3.0  # keep features in memory for sets up to this much audio
@@ -257,6 +257,6 @@ def build(ctx: RunContext) -> TaskParts:
 
 
 def run(ctx: RunContext) -> dict:
-    from emarule.train import train
+    from emarule.engine.loop import train
 
     return train(ctx, build(ctx))

@@ -1,6 +1,6 @@
 """DINO (App. F.8, Caron et al. 2021): a student matches its EMA teacher's distribution over K emergent classes.
 
-The parts handed to the shared loop (`emarule.train.train`):
+The parts handed to the shared loop (`emarule.engine.loop.train`):
 
 - `model` = `DINO`: the `student` (`DinoNet`: ViT backbone + DINO head) and the tracking `probe`.
 - `ema_source` = `model.student`: the loop keeps its EMA, the teacher ζ ← ρ^κ ζ + (1 − ρ^κ) θ_{t+1}
@@ -21,7 +21,7 @@ The parts handed to the shared loop (`emarule.train.train`):
   whole epochs (DINO's schedule, indexed by the integer epoch); the head's last layer takes no
   gradient before `dino.freeze_last_layer_epochs` (DINO's `cancel_gradients_last_layer`).
 - the teacher runs in eval mode: DINO builds its teacher without stochastic depth.
-- the tracking probe (`emarule.probe`) reads the teacher's [CLS] features of the global crops;
+- the tracking probe (`emarule.analysis.probe`) reads the teacher's [CLS] features of the global crops;
   `probe_top1` is evaluated on the teacher only.
 
 Data (`data.source`): CIFAR-10 from `--data DIR` (torchvision's pickled layout), ImageNet folders,
@@ -39,11 +39,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from emarule import probe as P
-from emarule.context import RunContext
+from emarule.analysis import probe as P
+from emarule.engine.context import RunContext
 from emarule.errors import UserError
-from emarule.spec import get
-from emarule.tasks.parts import TaskParts
+from emarule.config.load import get
+from emarule.engine.interface import TaskParts
 from emarule.vision import models as M
 from emarule.vision.data import load_sources
 from emarule.vision.dino_head import DINOHead, DinoNet
@@ -228,6 +228,6 @@ def build(ctx: RunContext) -> TaskParts:
 
 
 def run(ctx: RunContext) -> dict:
-    from emarule.train import train
+    from emarule.engine.loop import train
 
     return train(ctx, build(ctx))

@@ -1,6 +1,6 @@
 """Polyak-Ruppert averaging of a supervised ResNetv2 (§3.2 Fig. 2, App. E.2 and E.3).
 
-The parts handed to the shared loop (`emarule.train.train`):
+The parts handed to the shared loop (`emarule.engine.loop.train`):
 
 - `model`: timm's pre-activation ResNet (`emarule.vision.resnetv2`), BatchNorm, trained with the
   label-smoothed cross-entropy. The loop keeps its EMA ζ (the Polyak-Ruppert average) in float32,
@@ -24,11 +24,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from emarule.context import RunContext
+from emarule.engine.context import RunContext
 from emarule.errors import UserError
-from emarule.seeding import mix
-from emarule.spec import get
-from emarule.tasks.parts import Evaluation, TaskParts
+from emarule.engine.seeding import mix
+from emarule.config.load import get
+from emarule.engine.interface import Evaluation, TaskParts
 from emarule.vision import resnetv2 as R
 from emarule.vision import supervised as S
 from emarule.vision.models import no_weight_decay_names
@@ -129,6 +129,6 @@ def build(ctx: RunContext) -> TaskParts:
 
 
 def run(ctx: RunContext) -> dict:
-    from emarule.train import train
+    from emarule.engine.loop import train
 
     return train(ctx, build(ctx))

@@ -23,10 +23,10 @@ import time
 import torch
 from torch import nn
 
-from emarule.context import RunContext
-from emarule.seeding import mix
-from emarule.spec import get
-from emarule.tasks.parts import Evaluation, TaskParts
+from emarule.engine.context import RunContext
+from emarule.engine.seeding import mix
+from emarule.config.load import get
+from emarule.engine.interface import Evaluation, TaskParts
 
 
 def duration_of(i: int) -> float:
@@ -145,7 +145,7 @@ def make_parts(ctx: RunContext) -> TaskParts:
 
 
 def run(ctx: RunContext) -> dict:
-    from emarule.train import train
+    from emarule.engine.loop import train
 
     every = get(ctx.spec, "toy.checkpoint_every_epochs")
     if every is not None:

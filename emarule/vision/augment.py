@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from emarule.seeding import mix
+from emarule.engine.seeding import mix
 
 def item_seed(seed: int, epoch: int, index: int) -> int:
     """A 63-bit generator seed that depends on (seed, epoch, index) and on nothing else."""

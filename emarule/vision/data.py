@@ -158,7 +158,7 @@ class ImageFolderSource(Source):
     def image(self, i: int) -> torch.Tensor:
         from torchvision.transforms.functional import pil_to_tensor
 
-        from emarule.baditems import ItemError
+        from emarule.engine.baditems import ItemError
 
         path = self.ds.samples[i][0]
         try:

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from emarule.errors import UserError
-from emarule.seeding import mix
+from emarule.engine.seeding import mix
 
 VERSION = 1  # bump when the generator's output changes: a new cache key
 CLASSES = ("disk", "ring", "square", "frame", "triangle", "cross", "L", "T", "bars", "star")

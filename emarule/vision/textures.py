@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from emarule.seeding import mix
+from emarule.engine.seeding import mix
 from emarule.vision.data import TensorSource
 
 FREQUENCIES = (0.16, 0.30)

@@ -1,0 +1,1 @@
+"""Reading finished runs: `compare`, `run_report`, the tracking `probe` and `reproduce` (every claim, checked)."""

@@ -1,0 +1,448 @@
+"""`emarule compare`: overlay runs against the κ=1 baseline and measure how far each one strays.
+
+Reads what `emarule run` writes in each run directory — `hparams.json` (experiment, kappa,
+ema_rule, seed, progressive, dataset_size) and `metrics.jsonl` (rows with samples_seen, epoch and
+metric values) — and
+
+- plots one metric against epochs (samples seen / training-set size) in the style of the paper's
+  Fig. 5: one panel per κ, the κ=1 baseline black dashed, runs with the EMA Scaling Rule blue,
+  without it red (linear rule purple, Progressive Scaling green/orange), mean ± std bands when
+  several seeds share a setting; the PNG is written atomically;
+- reports each run's gap to the baseline: the baseline curve (the mean over its seeds) is the
+  reference grid; a run is linearly interpolated onto the grid points inside the range both
+  cover, and max |Δ| and mean |Δ| are taken there; Δ final is the difference at the last such
+  point.
+
+Pure Python + numpy + matplotlib: no torch, so it runs anywhere the run directories are.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from emarule.errors import UserError
+from emarule.engine.context import progressive_label, rule_names, rule_of_hparams
+from emarule.engine.rundir import HPARAMS, METRICS, atomic_write_bytes, read_metrics
+
+# Row keys that are clocks or settings, not metrics (also with a `/suffix`: `ema_momentum/0.9999`).
+NOT_METRICS = {"kind", "samples_seen", "seconds_seen", "epoch", "step", "kappa", "batch_size", "accumulation", "lr",
+               "ema_momentum", "samples_per_s", "wall_s", "stage", "world_size"}
+
+
+def is_metric(key: str) -> bool:
+    return key.split("/", 1)[0] not in NOT_METRICS
+# The EMA-dependent metric first: the paper's figures compare what the EMA rule acts on.
+PREFERRED = ("probe_top1", "ema_top1", "ema_wer", "top1", "wer", "val_top1", "test_top1", "loss")
+
+COLORS = {"with": "tab:blue", "without": "tab:red", "linear": "tab:purple"}
+PROGRESSIVE_COLORS = ("tab:green", "tab:orange", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
+
+
+@dataclass
+class Run:
+    path: Path
+    experiment: str
+    kappa: float
+    rule: str | None  # "exponential", "linear" or None (no EMA rule)
+    seed: int | None
+    progressive: str | None  # e.g. "step30", None when constant
+    batch_size: float | None
+    ema_momentum: float | None
+    rows: list = field(default_factory=list)
+    dataset_size: float | None = None
+    hparams: dict = field(default_factory=dict)  # hparams.json as read, for what the fields above leave out
+    arm: str | None = None  # a reproduction's arm (`...-arm-<name>-s<seed>`): a setting of its own
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def is_baseline(self) -> bool:
+        return math.isclose(self.kappa, 1.0)  # Progressive Scaling to κ=1 changes nothing
+
+    @property
+    def rule_label(self) -> str:
+        return "baseline" if self.is_baseline else rule_names(self.rule).word
+
+    @property
+    def group(self) -> tuple:
+        return ("baseline",) if self.is_baseline else (self.kappa, self.rule_label, self.progressive, self.arm)
+
+    def group_label(self) -> str:
+        if self.is_baseline:
+            return "κ=1 baseline"
+        return (rule_names(self.rule).label + (f", progressive {self.progressive}" if self.progressive else "")
+                + (f", arm {self.arm}" if self.arm else ""))
+
+    def metrics(self) -> set[str]:
+        out = set()
+        for r in self.rows:
+            for k, v in r.items():
+                if is_metric(k) and finite_number(v) is not None:
+                    out.add(k)
+        return out
+
+    def curve(self, metric: str) -> tuple[list[float], list[float]]:
+        """(epochs, values) of the rows that carry `metric`, sorted, one value per time."""
+        pts: dict[float, float] = {}
+        for r in self.rows:
+            v = finite_number(r.get(metric))
+            x = finite_number(r.get("epoch"))
+            if x is None and finite_number(r.get("samples_seen")) is not None and self.dataset_size:
+                x = r["samples_seen"] / self.dataset_size
+            if v is not None and x is not None:
+                pts[x] = v
+        xs = sorted(pts)
+        return xs, [pts[x] for x in xs]
+
+
+def arm_of_name(name: str) -> str | None:
+    """The arm a run belongs to, from the name `emarule.engine.context.default_run_name` gives it: an arm differs
+    from a standard setting by --set or --progressive, so without this `compare` would pool the two."""
+    m = re.search(r"-arm-([a-z0-9][a-z0-9-]*)-s\d+$", name)
+    return m.group(1) if m else None
+
+
+def finite_number(v) -> float | None:
+    """A logged value as a float, or None for text, bools and the "nan"/"inf" strings a diverged run logs."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+def _scaled(h: dict, key: str) -> float | None:
+    hp = h.get("hyperparameters") or (h.get("plan") or {}).get("hyperparameters") or {}
+    v = hp.get(key)
+    return finite_number(v.get("scaled")) if isinstance(v, dict) else None
+
+
+def load_run(path: Path) -> Run:
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"run directory not found: {p}; pass directories written by `emarule run` or `emarule sweep`")
+    if not p.is_dir():
+        raise UserError(f"{p} is not a directory; pass run directories (each holding {HPARAMS} and {METRICS})")
+    hp_path = p / HPARAMS
+    if not hp_path.is_file():
+        raise UserError(f"{p} has no {HPARAMS}: not a run directory (or the run has not started); "
+                        f"pass directories written by `emarule run` or `emarule sweep`")
+    try:
+        h = json.loads(hp_path.read_text())
+    except (json.JSONDecodeError, OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{hp_path}: cannot read it as JSON ({e}); the run directory is damaged") from None
+    if not isinstance(h, dict) or finite_number(h.get("kappa")) is None:
+        raise UserError(f"{hp_path}: no numeric 'kappa'; was it written by `emarule run`?")
+    rows = read_metrics(p / METRICS, strict=True)
+    seed = h.get("seed")
+    run = Run(path=p, experiment=str(h.get("experiment") or (h.get("plan") or {}).get("experiment") or "?"),
+              kappa=float(h["kappa"]), rule=rule_of_hparams(h), seed=seed if isinstance(seed, int) else None,
+              progressive=progressive_label(h.get("progressive")), batch_size=_scaled(h, "batch_size"),
+              ema_momentum=_scaled(h, "ema.momentum"), rows=rows, dataset_size=finite_number(h.get("dataset_size")),
+              hparams=h, arm=arm_of_name(p.name))
+    return run
+
+
+def _run_subdirs(p: Path) -> list[Path]:
+    try:
+        return sorted(d for d in p.iterdir() if d.is_dir() and (d / HPARAMS).exists())
+    except OSError:
+        return []
+
+
+def expand(paths: list[Path]) -> list[Path]:
+    """Run directories as given; a directory without hparams.json stands for its run subdirectories.
+
+    A sweep's root (ROOT/<experiment>/<run>) holds experiment folders, not runs: the error names them.
+    The same run given twice (or reached twice) is compared once.
+    """
+    out: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        if p.is_dir() and not (p / HPARAMS).exists():
+            subs = _run_subdirs(p)
+            if subs:
+                out.extend(subs)
+                continue
+            exps = [d for d in sorted(p.iterdir()) if d.is_dir() and _run_subdirs(d)] if os.access(p, os.R_OK) else []
+            if exps:
+                which = str(exps[0]) if len(exps) == 1 else "one of " + ", ".join(str(d) for d in exps)
+                raise UserError(f"{p} holds experiment folders, not runs; pass {which}")
+        out.append(p)
+    seen, uniq = set(), []
+    for p in out:
+        key = p.resolve()
+        if key not in seen:
+            seen.add(key)
+            uniq.append(p)
+    return uniq
+
+
+def load_runs(paths: list[Path]) -> list[Run]:
+    if not paths:
+        raise UserError("no run directories given; e.g. `emarule compare runs/byol-r18/*`")
+    runs = [load_run(p) for p in expand(paths)]
+    exps = sorted({r.experiment for r in runs})
+    if len(exps) > 1:
+        raise UserError(f"runs of different experiments ({', '.join(exps)}); compare one experiment at a time")
+    return runs
+
+
+def pick_metric(runs: list[Run], metric: str | None) -> str:
+    """--metric, or the first of PREFERRED the baselines logged; every run must have logged it."""
+    base = [r for r in runs if r.is_baseline]
+    have = set.intersection(*(r.metrics() for r in base)) if base else set()
+    if metric is None:
+        if not have:
+            raise UserError(f"the baseline run has no metrics yet ({base[0].path / METRICS if base else '?'} is "
+                            f"empty); wait for it to log or pass finished runs")
+        metric = next((m for m in PREFERRED if m in have), sorted(have)[0])
+    for r in runs:
+        if metric not in r.metrics():
+            known = ", ".join(sorted(r.metrics())) or "none logged yet"
+            raise UserError(f"metric {metric!r} is not in {r.path / METRICS} ({len(r.rows)} rows); "
+                            f"available: {known}")
+    return metric
+
+
+# --- numbers ------------------------------------------------------------------------------------
+
+
+def interp(xs: list[float], ys: list[float], grid: list[float]) -> list[float]:
+    import numpy as np
+
+    return list(np.interp(np.asarray(grid, float), np.asarray(xs, float), np.asarray(ys, float)))
+
+
+def slack(xs: list[float]) -> float:
+    """How far outside another curve's range a grid point may lie and still count as the same evaluation:
+    a quarter of the grid's smallest spacing. Seconds batches end epochs at slightly different points per
+    seed, so evaluations due at the same base step land a few thousandths of an epoch apart."""
+    steps = [b - a for a, b in zip(xs, xs[1:], strict=False) if b > a]
+    return 0.25 * min(steps) if steps else 0.0
+
+
+def mean_curve(curves: list[tuple[list, list]]) -> tuple[list, list, list]:
+    """Mean and std of several curves on the first one's grid, within the range all of them cover."""
+    import numpy as np
+
+    curves = [c for c in curves if c[0]]
+    if not curves:
+        return [], [], []
+    lo = max(c[0][0] for c in curves)
+    hi = min(c[0][-1] for c in curves)
+    tol = slack(curves[0][0]) + 1e-12
+    grid = [x for x in curves[0][0] if lo - tol <= x <= hi + tol]
+    if not grid:
+        return [], [], []
+    vals = np.array([interp(xs, ys, grid) for xs, ys in curves])
+    return grid, list(vals.mean(0)), list(vals.std(0))
+
+
+def gap(run_curve: tuple[list, list], base_curve: tuple[list, list]) -> dict:
+    """max |Δ|, mean |Δ| and Δ final on the baseline's grid points inside the shared range."""
+    rx, ry = run_curve
+    bx, by = base_curve
+    if not rx or not bx:
+        return {"gap_max": None, "gap_mean": None, "gap_final": None, "points": 0}
+    lo, hi = max(rx[0], bx[0]), min(rx[-1], bx[-1])
+    tol = slack(bx) + 1e-12
+    idx = [i for i, x in enumerate(bx) if lo - tol <= x <= hi + tol]
+    if not idx:
+        return {"gap_max": None, "gap_mean": None, "gap_final": None, "points": 0}
+    grid = [bx[i] for i in idx]
+    d = [a - by[i] for a, i in zip(interp(rx, ry, grid), idx, strict=True)]
+    ad = [abs(v) for v in d]
+    return {"gap_max": max(ad), "gap_mean": sum(ad) / len(ad), "gap_final": d[-1], "points": len(d),
+            "from_epoch": grid[0], "to_epoch": grid[-1]}
+
+
+def compare(paths: list[Path], metric: str | None = None) -> dict:
+    """Everything `emarule compare` prints, as a plain dict (also its --format json)."""
+    runs = load_runs(paths)
+    base = sorted((r for r in runs if r.is_baseline), key=lambda r: (r.seed is None, r.seed, r.name))
+    if not base:
+        have = ", ".join(f"{r.name} (κ={r.kappa:g})" for r in runs)
+        raise UserError(f"no κ=1 baseline among the runs ({have}); add one, e.g. "
+                        f"`emarule run {runs[0].experiment} --kappa 1` or `emarule sweep {runs[0].experiment} ...`")
+    metric = pick_metric(runs, metric)
+    bgrid, bmean, bstd = mean_curve([r.curve(metric) for r in base])
+    if not bgrid:
+        raise UserError(f"the baseline runs have no common {metric!r} values to compare against; "
+                        f"let them run longer or pass one baseline")
+    rows = []
+    order = sorted(runs, key=lambda r: (not r.is_baseline, r.kappa, r.progressive or "", r.rule_label,
+                                        r.seed if r.seed is not None else -1, r.name))
+    for r in order:
+        xs, ys = r.curve(metric)
+        g = gap((xs, ys), (bgrid, bmean))
+        rows.append({"run": str(r.path), "name": r.name, "kappa": r.kappa, "batch_size": r.batch_size,
+                     "ema_momentum": r.ema_momentum, "ema_rule": r.rule is not None, "ema_rule_form": r.rule,
+                     "rule": r.rule_label, "progressive": r.progressive, "seed": r.seed,
+                     "baseline": r.is_baseline, "final": ys[-1] if ys else None,
+                     "final_epoch": xs[-1] if xs else None, **g})
+    groups = []
+    by_group: dict = {}
+    for r, row in zip(order, rows, strict=True):
+        by_group.setdefault(r.group, (r, []))[1].append(row)
+    for r, rs in by_group.values():
+        vals = [x["gap_mean"] for x in rs if x["gap_mean"] is not None]
+        finals = [x["final"] for x in rs if x["final"] is not None]
+        groups.append({"label": r.group_label(), "kappa": r.kappa, "rule": r.rule_label, "progressive": r.progressive,
+                       "runs": len(rs), "final_mean": _mean(finals), "final_std": _std(finals),
+                       "gap_mean": _mean(vals), "gap_max": max((x["gap_max"] for x in rs if x["gap_max"] is not None),
+                                                               default=None)})
+    return {"experiment": runs[0].experiment, "metric": metric,
+            "baseline": {"runs": [str(r.path) for r in base], "final": bmean[-1], "final_epoch": bgrid[-1],
+                         "points": len(bgrid)},
+            "runs": rows, "groups": groups, "_runs": runs, "_baseline_curve": (bgrid, bmean, bstd)}
+
+
+def _mean(v: list) -> float | None:
+    return sum(v) / len(v) if v else None
+
+
+def _std(v: list) -> float | None:
+    if len(v) < 2:
+        return None
+    m = sum(v) / len(v)
+    return math.sqrt(sum((x - m) ** 2 for x in v) / len(v))
+
+
+# --- figure -------------------------------------------------------------------------------------
+
+
+def _band(mean: list, std: list) -> tuple[list, list]:
+    return [m - s for m, s in zip(mean, std, strict=True)], [m + s for m, s in zip(mean, std, strict=True)]
+
+
+def plot(result: dict, out: Path) -> Path:
+    """The paper-style figure, one panel per κ, written atomically to `out` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    metric = result["metric"]
+    runs: list[Run] = result["_runs"]
+    bgrid, bmean, bstd = result["_baseline_curve"]
+    kappas = sorted({r.kappa for r in runs if not r.is_baseline}) or [1.0]
+    n = len(kappas)
+    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.4), squeeze=False, sharey=True)
+    prog_colors: dict = {}
+    for ax, k in zip(axes[0], kappas, strict=True):
+        ax.plot(bgrid, bmean, "k--", lw=1.5, label="κ=1 baseline", zorder=3)
+        if any(s > 0 for s in bstd):
+            ax.fill_between(bgrid, *_band(bmean, bstd), color="k", alpha=0.12, lw=0)
+        groups: dict = {}
+        for r in runs:
+            if not r.is_baseline and math.isclose(r.kappa, k):
+                groups.setdefault(r.group, []).append(r)
+        for _, members in sorted(groups.items(), key=lambda kv: str(kv[0])):
+            first = members[0]
+            if first.progressive:
+                color = prog_colors.setdefault((first.progressive, first.rule_label),
+                                               PROGRESSIVE_COLORS[len(prog_colors) % len(PROGRESSIVE_COLORS)])
+            else:
+                color = COLORS.get(first.rule_label, "tab:gray")
+            grid, mean, std = mean_curve([m.curve(metric) for m in members])
+            if not grid:
+                continue
+            rho = f", ρ={first.ema_momentum:.4g}" if first.ema_momentum is not None else ""
+            label = f"{first.group_label()}{rho}" + (f" (n={len(members)})" if len(members) > 1 else "")
+            ax.plot(grid, mean, color=color, lw=1.5, label=label)
+            if len(members) > 1:
+                ax.fill_between(grid, *_band(mean, std), color=color, alpha=0.2, lw=0)
+        b = next((r.batch_size for r in runs if math.isclose(r.kappa, k) and r.batch_size), None)
+        ax.set_title(f"κ={k:g}" + (f" (B={b:,.0f})" if b else ""))
+        ax.set_xlabel("epochs")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    axes[0][0].set_ylabel(metric)
+    fig.suptitle(f"{result['experiment']}: {metric}", fontsize=10)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, dpi=130, format="png")
+    finally:
+        plt.close(fig)
+    atomic_write_bytes(Path(out), buf.getvalue())
+    return Path(out)
+
+
+def default_figure(result: dict) -> Path:
+    parents = [Path(r["run"]).resolve().parent for r in result["runs"]]
+    common = Path(os.path.commonpath([str(p) for p in parents])) if parents else Path(".")
+    return common / f"compare-{result['metric']}.png"
+
+
+# --- output -------------------------------------------------------------------------------------
+
+
+def public(result: dict) -> dict:
+    return {k: v for k, v in result.items() if not k.startswith("_")}
+
+
+def _f(v, digits: int = 4, signed: bool = False) -> str:
+    if v is None:
+        return "—"
+    return f"{v:+.{digits}g}" if signed else f"{v:.{digits}g}"
+
+
+def print_table(console, result: dict) -> None:
+    from rich.table import Table
+
+    m = result["metric"]
+    t = Table(title=f"{result['experiment']}: {m} vs the κ=1 baseline (gaps on the baseline's epoch grid)",
+              title_justify="left")
+    for c in ("run", "κ", "batch", "EMA ρ", "rule", "seed", f"final {m}", "Δ final", "max |Δ|", "mean |Δ|"):
+        t.add_column(c, justify="left" if c in ("run", "rule") else "right")
+    for r in result["runs"]:
+        t.add_row(r["name"], f"{r['kappa']:g}", _f(r["batch_size"], 6), _f(r["ema_momentum"], 6),
+                  r["rule"] + (f" {r['progressive']}" if r["progressive"] else ""),
+                  "—" if r["seed"] is None else str(r["seed"]), _f(r["final"]), _f(r["gap_final"], 3, True),
+                  _f(r["gap_max"], 3), _f(r["gap_mean"], 3))
+    console.print(t)
+    if any(g["runs"] > 1 for g in result["groups"]):
+        s = Table(title="per setting (mean over seeds)", title_justify="left")
+        for c in ("setting", "κ", "runs", f"final {m}", "± std", "mean |Δ|", "max |Δ|"):
+            s.add_column(c, justify="left" if c == "setting" else "right")
+        for g in result["groups"]:
+            s.add_row(g["label"], f"{g['kappa']:g}", str(g["runs"]), _f(g["final_mean"]), _f(g["final_std"], 3),
+                      _f(g["gap_mean"], 3), _f(g["gap_max"], 3))
+        console.print(s)
+    if result.get("figure"):
+        console.print(f"figure: {result['figure']}", highlight=False)
+
+
+def run_compare(console, paths: list[Path], metric: str | None, out: Path | str | None, fmt: str = "table",
+                figure: bool = True) -> dict:
+    """Load, measure, plot (unless figure=False) and print; returns the public result.
+
+    The figure's path is checked before anything is read, and the default one (beside the runs)
+    before it is written, so that an unwritable place is a one-line error, not a half-done command.
+    """
+    from emarule.cli import checks
+
+    if figure and out is not None:
+        out = checks.out_file(out)
+        if out.suffix.lower() != ".png":
+            raise UserError(f"--out {out}: the figure is written as PNG; give a path ending in .png, "
+                            f"e.g. --out {out.with_suffix('.png') if out.suffix else Path(str(out) + '.png')}")
+    result = compare(paths, metric)
+    if figure:
+        target = out or checks.out_file(default_figure(result), "the figure", "pass --out PNG with another path")
+        result["figure"] = str(plot(result, target))
+    pub = public(result)
+    if fmt == "json":
+        print(json.dumps(pub, indent=2, ensure_ascii=False))
+    else:
+        print_table(console, result)
+    return pub

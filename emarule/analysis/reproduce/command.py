@@ -1,0 +1,209 @@
+"""`emarule reproduce FAMILY`: run (or reuse) what a family needs, measure every claim, write the report.
+
+A sweep family runs `emarule.engine.sweep.execute` — the κ=1 baseline and every κ with and without the
+EMA Scaling Rule, and the family's arms, for every seed, into OUT/<experiment>/<run> — which keeps
+finished runs and resumes interrupted ones, so the same command picks up where it stopped. Only the
+runs of this invocation's seeds and settings are measured, whatever else OUT holds. A study family (parabola,
+precision) runs once into OUT/<experiment>/<run> and is reused when its results.json is there.
+Then OUT/report.md, OUT/verdict.json and OUT/figures/ are written and the verdict table printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+from emarule.cli import checks
+from emarule.errors import UserError
+from emarule.analysis.reproduce import report as R
+from emarule.analysis.reproduce.claims import FAMILIES, FULL, Family
+from emarule.engine.rundir import atomic_write_text
+
+STUDY_SPEC = "reproduce-spec.json"  # the spec a study's results.json was computed with
+
+# Where each study claim's figure is, inside the study's run directory.
+STUDY_FIGURES = {
+    "parabola_match": "figures/fig1a_rho0.9999_D1.png", "parabola_tracks_rho_star": "figures/fig1b_rho0.9999_D1.png",
+    "parabola_rho_star_higher": "figures/fig1b_rho0.9999_D1.png",
+    "parabola_target_onset": "figures/fig1b_rho0.9999_D1.png", "parabola_inflection": "figures/fig1b_rho0.9999_D1.png",
+    "parabola_lower_rho_worse": "figures/summary.png", "parabola_dimensions": "figures/fig1b_rho0.9999_D100.png",
+    "parabola_no_rule_large": "figures/summary.png", "precision_fp16_variance": "figures/precision.png",
+    "precision_bf16_stable": "figures/precision.png", "precision_fp32_stable": "figures/precision.png",
+    "precision_fp32_range": "",
+}
+
+
+def family_of(name: str) -> Family:
+    if name not in FAMILIES:
+        raise UserError(f"unknown family {name!r}; choose one of {', '.join(FAMILIES)}")
+    return FAMILIES[name]
+
+
+def check(family: Family, preset: str | None, seeds: tuple | None, kappas: list[float] | None) -> str | None:
+    """The spec's preset to use (None: the base spec); refuses what cannot run, before anything is written."""
+    from emarule.config.load import read_yaml, spec_path
+    from emarule.tasks import RUNNABLE_TASKS
+
+    spec = read_yaml(spec_path(family.experiment, None))
+    task = spec.get("task")
+    if task not in RUNNABLE_TASKS:
+        raise UserError(f"reproduce {family.name}: the {family.experiment} experiment's {task!r} task cannot run yet "
+                        f"(runnable tasks: {', '.join(sorted(RUNNABLE_TASKS))}); its claims are listed in the "
+                        f"README's Reproduction table")
+    if family.kind == "study" and (seeds is not None or kappas is not None):
+        raise UserError(f"reproduce {family.name}: the study sweeps κ and ρ itself in one run (parabola: exact "
+                        f"expectations and a Monte Carlo hold-out; precision: repeats); drop --seeds and --kappas")
+    chosen = family.preset if preset is None else preset
+    if chosen == FULL:
+        return None
+    presets = spec.get("presets") or {}
+    if chosen is not None and chosen not in presets:
+        have = ", ".join(sorted(presets)) or "none"
+        raise UserError(f"reproduce {family.name}: {family.experiment} has no {chosen!r} preset yet (presets: "
+                        f"{have}; `--preset {FULL}` runs the paper's recipe)")
+    return chosen
+
+
+def command_text(family: Family, preset: str | None, seeds: tuple | None, kappas: list[float] | None,
+                 out: Path, data: Path | None) -> str:
+    from emarule.cli.seeds import seeds_text
+
+    parts = ["emarule", "reproduce", family.name]
+    if preset is not None:
+        parts += ["--preset", preset]
+    if seeds is not None:
+        parts += ["--seeds", seeds_text(seeds)]
+    if kappas is not None:
+        parts += ["--kappas", ",".join(f"{k:g}" for k in kappas)]
+    if data is not None:
+        parts += ["--data", str(data)]
+    parts += ["--out", str(out)]
+    return shlex.join(parts)
+
+
+def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, kappas: list[float] | None,
+              out: str | None, data: Path | None, resolver: Callable) -> dict:
+    """`resolver(experiment, preset)` → `resolve_run(kappa, rule, baseline, arm=None)` as `emarule sweep`
+    builds it; an arm (`claims.Arm`) adds its --set overrides and --progressive schedule. `seeds`: the
+    seeds (`emarule.cli.seeds.parse_seeds`), None for the family's default."""
+    family = family_of(name)
+    spec_preset = check(family, preset, seeds, kappas)
+    chosen = preset if preset is not None else family.preset
+    family = replace(family, arms=tuple(a.for_preset(chosen) for a in family.arms))
+    root = checks.out_dir(out) or Path("runs") / "reproduce" / family.name
+    checks.out_dir(root)
+    from emarule.engine.runlock import lock_dir
+
+    with lock_dir(root, "reproduction"):
+        text = command_text(family, preset, seeds, kappas, root, data)
+        t0, load0 = time.monotonic(), os.getloadavg()[0]
+        resolve_run = resolver(family.experiment, spec_preset)
+        args = {"preset": preset if preset is not None else family.preset, "command": text,
+                "seeds": list(seeds if seeds is not None else family.seeds) if family.kind == "sweep" else None,
+                "kappas": kappas if kappas is not None else list(family.kappas)}
+        if family.kind == "sweep":
+            args["arms"] = R.arms_rows(family, spec_preset)
+            result = _sweep(console, family, args, root, data, resolve_run)
+        else:
+            result = _study(console, family, root, resolve_run)
+        if result is None:  # not the main process of a torchrun launch
+            return {}
+        claims, measured, figures, timing = result
+        timing |= {"wall_s": time.monotonic() - t0, "load_start": load0, "load_end": os.getloadavg()[0],
+                   "cpus": os.cpu_count(), "omp_threads": os.environ.get("OMP_NUM_THREADS", "unset (torch's default)")}
+        data_out = R.payload(family, args, claims, measured, figures, timing)
+        R.write(root, family, data_out)
+        R.print_verdicts(console, data_out)
+        console.print(f"report: {root / R.REPORT}; verdicts: {root / R.VERDICT}", highlight=False)
+        return data_out
+
+
+def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, resolve_run) -> tuple | None:
+    from emarule.engine import sweep
+    from emarule.cli.seeds import seeds_label
+
+    runs = sweep.plan_runs(args["kappas"], ["exponential", None], args["seeds"], family.arms)
+    # The sweep's own comparison on the target model's metric, which every run logs from its first
+    # evaluation (a teacher's `pl_wer` exists only once pseudo-labeling starts, at κ=4 sometimes never).
+    done = sweep.execute(console, runs, resolve_run, root, data=data, metric=family.target_metric.name)
+    from emarule.engine import distributed
+
+    if not distributed.is_main():
+        return None
+    from emarule.analysis.compare import load_runs
+    from emarule.analysis.reproduce import figures, measure
+
+    # Only the runs this invocation planned: runs of other seeds (or κ) in the same root are not mixed in.
+    loaded = load_runs([Path(d["run"]) for d in done])
+    arms = {str(Path(d["run"])): d["arm"] for d in done if d.get("arm")}
+    measured = measure.measure(family, loaded, arms)
+    if family.ema_metric.name == "probe_top1":  # does the tracking probe measure the teacher?
+        from emarule.analysis.reproduce.probe_check import probe_check
+
+        # The probe check groups by κ and rule, so the arms (which share them) are left out of it.
+        measured["probe_check"] = check_probe = probe_check([r for r in loaded if str(r.path) not in arms])
+        for c in measured["claims"]:
+            if c["metric"] == "probe_top1" and check_probe:
+                c["probe_check"] = check_probe["summary"]
+    fig = figures.plot(family, measured, loaded, root / "figures" / f"{family.name}.png",
+                       f"{family.experiment} ({family.section}), preset {args['preset']}: mean ± std over "
+                       f"seeds {seeds_label(args['seeds'])}")
+    figs = [str(fig.relative_to(root))]
+    exp_dir = Path(done[0]["run"]).parent
+    for name in measured["tables"]:  # emarule sweep's own per-κ panel, when it drew one
+        p = exp_dir / f"compare-{name}.png"
+        if p.exists():
+            figs.append(os.path.relpath(p, root))
+    for c in measured["claims"]:
+        c["figure"] = figs[0]
+    timing = {"runs": len(done), "reused": sum(1 for d in done if d["resumed"]),
+              "runs_wall_s": sum(_logged_wall(Path(d["run"])) for d in done)}
+    return measured["claims"], measured, figs, timing
+
+
+def _logged_wall(run: Path) -> float:
+    from emarule.engine.rundir import METRICS, read_metrics
+
+    return max((float(r["wall_s"]) for r in read_metrics(run / METRICS) if isinstance(r.get("wall_s"), (int, float))),
+               default=0.0)
+
+
+def _study(console, family: Family, root: Path, resolve_run) -> tuple:
+    from emarule.engine.context import RunContext, default_run_name
+    from emarule.analysis.reproduce.studies import judge_study
+
+    spec, kappa, rule, _, plan = resolve_run(1.0, "exponential", True)
+    run_dir = checks.out_dir(root / spec["name"] / default_run_name(kappa, rule, 0, None, spec.get("preset")))
+    results_path, spec_path = run_dir / "results.json", run_dir / STUDY_SPEC
+    reused = results_path.is_file()
+    if reused and (not spec_path.is_file() or json.loads(spec_path.read_text()) != json.loads(json.dumps(spec))):
+        raise UserError(f"{run_dir} holds results computed with other settings (or without {STUDY_SPEC}); "
+                        f"pass another --out, or delete {results_path} to compute them again")
+    t0 = time.monotonic()
+    if reused:
+        console.print(f"{run_dir}: results.json is there; reusing it (delete it to compute again)", highlight=False)
+    else:
+        from emarule.tasks import run_task
+
+        run_task(RunContext(spec=spec, kappa=kappa, ema_rule=rule, plan=plan, out=run_dir, preset=spec.get("preset"),
+                            seed=0))
+        atomic_write_text(spec_path, json.dumps(spec, indent=1, ensure_ascii=False) + "\n")
+    payload = json.loads(results_path.read_text())
+    claims = judge_study(family, payload)
+    for c in claims:
+        f = STUDY_FIGURES.get(c["kind"])
+        c["figure"] = os.path.relpath(run_dir / f, root) if f and (run_dir / f).exists() else None
+    figs = sorted({c["figure"] for c in claims if c["figure"]})
+    meta = run_dir / "run.json"
+    logged = json.loads(meta.read_text()).get("wall_time_s") if meta.is_file() else payload_wall(payload)
+    timing = {"runs": 1, "reused": int(reused), "runs_wall_s": logged if logged is not None else time.monotonic() - t0}
+    return claims, None, figs, timing
+
+
+def payload_wall(payload) -> float | None:
+    return payload.get("wall_time_s") if isinstance(payload, dict) else None

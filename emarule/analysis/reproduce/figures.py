@@ -1,0 +1,134 @@
+"""A sweep family's figure in the paper's style: the EMA-dependent metric beside the target model's.
+
+Every κ is overlaid on one axis per metric, the time axis being epochs (or reference steps: units
+seen / the base batch), which is the same clock at every κ. The κ=1 baseline is black and dashed,
+runs with the EMA Scaling Rule blue and runs without it red, darker for larger κ; each line is the
+mean over seeds with a band of ± one standard deviation. A sparse curve (evaluations, not per-step
+losses) has a marker at each point, so that a setting evaluated once is a point: a small filled dot for
+the baseline, hollow and larger for the others (a square with the rule, a triangle without), so that
+settings that coincide stay visible. Side by side the two panels separate an
+EMA failure (left strays, right tracks) from an optimizer-rule one (both stray).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+from emarule.analysis.compare import mean_curve
+from emarule.engine.rundir import atomic_write_bytes
+
+COLORMAPS = {"with": "Blues", "without": "Reds", "linear": "Purples"}
+ARM_COLORMAPS = ("Greens", "Oranges", "Greys", "YlOrBr")  # a reproduction's arms, in the family's order
+LABELS = {"with": "with EMA rule", "without": "without EMA rule", "linear": "linear EMA rule"}
+
+
+def reference_steps_per_epoch(run) -> float:
+    """Units in one epoch / the base batch: epochs → κ=1 steps (the speech figures' x-axis)."""
+    h = run.hparams
+    measure = h.get("epoch_measure") or h.get("dataset_size")
+    base = ((h.get("hyperparameters") or {}).get("batch_size") or {}).get("base")
+    if not measure or not base:
+        return 1.0
+    return float(measure) / float(base)
+
+
+def momentum_text(rho: float) -> str:
+    """ρ with 3 significant digits of 1 − ρ, so that momenta near 1 stay apart: 0.99995, 0.9998, 0.9224."""
+    if not 0 < 1 - rho < 1:
+        return f"{rho:g}"
+    digits = 2 - math.floor(math.log10(1 - rho))
+    return f"{rho:.{digits}f}".rstrip("0").rstrip(".")
+
+
+def panel_momentum(run, metric: str) -> float | None:
+    """The scaled momentum of the EMA a panel shows: `ema.momentum/0.9` for `ema_wer/0.9`, else the main one."""
+    if "/" in metric:
+        suffix = metric.split("/", 1)[1]
+        try:
+            return float(run.hparams["hyperparameters"][f"ema.momentum/{suffix}"]["scaled"])
+        except (ValueError, KeyError, TypeError):
+            pass
+    return run.ema_momentum
+
+
+MARKED = 60  # curves with at most this many points (evaluations, not per-step losses) get a marker at each
+MARKERS = {"baseline": ("o", 4), "with": ("s", 7), "without": ("^", 9), "linear": ("D", 7)}
+
+
+def marker(n: int, rule: str) -> dict:
+    if n > MARKED:
+        return {}
+    shape, size = MARKERS.get(rule, ("v", 8))
+    return {"marker": shape, "ms": size} | ({} if rule == "baseline" else {"mfc": "none", "mew": 1.4})
+
+
+def shades(n: int) -> list[float]:
+    """Colormap positions for n κ values, light to dark."""
+    if n <= 1:
+        return [0.75]
+    return [0.45 + 0.5 * i / (n - 1) for i in range(n)]
+
+
+def _band(ax, xs, mean, std, color, alpha):
+    if len(xs) and any(s > 0 for s in std):
+        ax.fill_between(xs, [m - s for m, s in zip(mean, std, strict=True)],
+                        [m + s for m, s in zip(mean, std, strict=True)], color=color, alpha=alpha, lw=0)
+
+
+def plot(family, measured: dict, runs: list, out: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    base_runs = [r for r in runs if r.is_baseline]
+    scale = reference_steps_per_epoch(base_runs[0]) if family.x_axis == "reference steps" and base_runs else 1.0
+    kappas = measured["kappas"]
+    pos = dict(zip(kappas, shades(len(kappas)), strict=True))
+    metrics = [t["metric"] for t in measured["tables"].values()]  # named and labelled for the runs' spec
+    fig, axes = plt.subplots(1, len(metrics), figsize=(6.0 * len(metrics), 4.2), squeeze=False)
+    for ax, metric in zip(axes[0], metrics, strict=True):
+        table = measured["tables"][metric.name]
+        bx, bm, bs = table["baseline"]
+        n_base = len(table["rows"][("baseline", 1.0)]["curves"])
+        rho_b = panel_momentum(base_runs[0], metric.name) if base_runs else None
+        ax.plot([x * scale for x in bx], bm, "k--", lw=1.6, zorder=5, **marker(len(bx), "baseline"),
+                label="κ=1 baseline" + (f", ρ={momentum_text(rho_b)}" if rho_b is not None else "") + f" (n={n_base})")
+        _band(ax, [x * scale for x in bx], bm, bs, "k", 0.12)
+        for (rule, k), row in table["rows"].items():
+            if rule == "baseline":
+                continue
+            arm = rule not in COLORMAPS
+            arm_index = [a.name for a in getattr(family, "arms", ())].index(rule) if arm and any(
+                a.name == rule for a in family.arms) else 0
+            cmap = plt.get_cmap(ARM_COLORMAPS[arm_index % len(ARM_COLORMAPS)] if arm else COLORMAPS[rule])
+            color = cmap(0.75 if arm else pos.get(k, 0.75))
+            xs, mean, std = mean_curve(row["curves"])
+            if not xs:
+                continue
+            first = None if arm else next((r for r in runs if r.kappa == k and r.rule_label == rule), None)
+            rho = panel_momentum(first, metric.name) if first else None
+            label = (f"κ={k:g} {LABELS.get(rule, f'arm {rule}')}"
+                     + (f", ρ={momentum_text(rho)}" if rho is not None else "")
+                     + (f", progressive {first.progressive}" if first and first.progressive else ""))
+            ax.plot([x * scale for x in xs], mean, color=color, lw=1.5, **marker(len(xs), rule),
+                    label=f"{label} (n={len(row['curves'])})")
+            _band(ax, [x * scale for x in xs], mean, std, color, 0.18)
+        smooth = f" (trailing mean over {metric.smooth_epochs:g} epoch)" if metric.smooth_epochs else ""
+        ax.set_title(f"{metric.name}: {'EMA-dependent' if metric.depends_on_ema else 'target model, EMA-blind'}"
+                     + smooth, fontsize=9)
+        ax.set_xlabel(family.x_axis)
+        ax.set_ylabel(metric.label)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, dpi=120, format="png")
+    finally:
+        plt.close(fig)
+    atomic_write_bytes(Path(out), buf.getvalue())
+    return Path(out)

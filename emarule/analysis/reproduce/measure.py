@@ -1,0 +1,450 @@
+"""A sweep family's claims measured on its runs: gaps per setting and metric, then one verdict per claim.
+
+Reads the run directories (`emarule.analysis.compare.load_runs`); torch-free.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from emarule.errors import UserError
+from emarule.analysis.reproduce import verdict as V
+from emarule.analysis.reproduce.claims import SHORTEST_ALSO, STANDARD, Claim, Family, Metric, for_spec
+
+STATISTIC = {"run": "mean |Δ| over the run", "end": "|Δ| at the end"}
+
+
+def groups(runs: list, arms: dict | None = None) -> tuple[list, dict]:
+    """(baseline runs, {(κ, "with"|"without"|"linear"|ARM): runs}), each list sorted by seed. `arms` maps a
+    run directory to the name of the arm it belongs to (`emarule.engine.sweep.execute`'s record of it); a run not
+    in it is an arm's when its name says so (`compare.arm_of_name`)."""
+    arms = {str(k): v for k, v in (arms or {}).items()}
+    arms |= {str(r.path): r.arm for r in runs if r.arm and str(r.path) not in arms}  # from the run's name
+    key = lambda r: (r.seed is None, r.seed if r.seed is not None else 0, r.name)  # noqa: E731
+    base = sorted((r for r in runs if r.is_baseline and str(r.path) not in arms), key=key)
+    out: dict = {}
+    for r in runs:
+        if str(r.path) in arms:
+            out.setdefault((r.kappa, arms[str(r.path)]), []).append(r)
+        elif not r.is_baseline:
+            out.setdefault((r.kappa, r.rule_label), []).append(r)
+    return base, {k: sorted(v, key=key) for k, v in sorted(out.items())}
+
+
+def metric_table(metric: Metric, base: list, settings: dict, until: float | None = None,
+                 since: float | None = None) -> dict:
+    """Everything measured for one metric: the baseline curve and spread, and each setting's gaps
+    (on the epochs in [since, until] only, when given)."""
+
+    def curve(r):
+        xs, ys = V.run_curve(r, metric.name, metric.smooth_epochs)
+        keep = [i for i, x in enumerate(xs) if (until is None or x <= until + 1e-9)
+                and (since is None or x >= since - 1e-9)]
+        return [xs[i] for i in keep], [ys[i] for i in keep]
+
+    base_curves = [curve(r) for r in base]
+    bgrid, bmean, bstd = V.baseline_curve(base_curves)
+    if not bgrid:
+        raise UserError(f"the baseline runs logged no {metric.name!r} values in common; "
+                        f"check {base[0].path if base else 'the run directories'}/metrics.jsonl")
+    finals = [V.final(c) for c in base_curves]
+    by_seed = {r.seed: c for r, c in zip(base, base_curves, strict=True)}
+    rows = {("baseline", 1.0): {"gaps": V.pair_spread(base_curves), "unpaired": V.spread(base_curves),
+                                "finals": finals, "curves": base_curves, "seeds": [r.seed for r in base],
+                                "base_finals": finals}}
+    for (k, rule), rs in settings.items():
+        # Paired: each run against its own seed's baseline; a run whose seed has no baseline is left out.
+        rs = [r for r in rs if r.seed in by_seed]
+        curves = [curve(r) for r in rs]
+        rows[(rule, k)] = {"gaps": V.paired_gaps(curves, [by_seed[r.seed] for r in rs]),
+                           "unpaired": V.gaps(curves, (bgrid, bmean)), "finals": [V.final(c) for c in curves],
+                           "curves": curves, "seeds": [r.seed for r in rs],
+                           "base_finals": [V.final(by_seed[r.seed]) for r in rs]}
+    return {"metric": metric, "baseline": (bgrid, bmean, bstd), "rows": rows}
+
+
+def measure(family: Family, runs: list, arms: dict | None = None) -> dict:
+    """Every claim of `family` judged on `runs`, with the metric names and labels of the spec the baseline ran
+    (`claims.for_spec`): the tables' `metric` entries are the ones the figure draws. `arms`: run directory →
+    arm name, for the runs of the family's arms."""
+    base, settings = groups(runs, arms)
+    if not base:
+        raise UserError("no κ=1 baseline among the runs; the reproduction needs one (it runs first for every seed)")
+    family = for_spec(family, base[0].hparams.get("spec") or {})
+    logged = set.intersection(*(r.metrics() for r in base))
+    # A further metric (a control EMA) is judged only where the preset logs it.
+    metrics = [m for m in family.metrics if m in (family.ema_metric, family.target_metric) or m.name in logged]
+    since = transition_epoch([r for rs in settings.values() for r in rs])
+    tables = {m.name: metric_table(m, base, settings, since=since) for m in metrics}
+    kappas = sorted({k for k, rule in settings if rule in STANDARD or rule == "linear"})
+    gate = track_table(family, tables, base, settings, since)
+    claims = []
+    for c in expand(family.claims, kappas):
+        if c.metric not in tables:
+            claims.append(not_logged(c))
+            continue
+        if c.until:  # the claim's part of the run only
+            until = epochs_of_base_steps(base[0], c.until)
+            window = metric_table(family.metric(c.metric), base, settings, until, since)
+            claims.append(judge(family, c, {**tables, c.metric: window}, base, kappas, gate)
+                          | {"statistic": f"{STATISTIC[c.over]} up to epoch {until:.3g} ({c.until})"})
+        else:
+            claims.append(judge(family, c, tables, base, kappas, gate))
+    if since:
+        for c in claims:
+            if c["statistic"].startswith(STATISTIC["run"]):
+                c["statistic"] = c["statistic"].replace(STATISTIC["run"], f"{STATISTIC['run']} from epoch {since:g}")
+    out = {"tables": tables, "claims": claims, "kappas": kappas, "baseline_seeds": len(base),
+           "seeds": [r.seed for r in base], "goal": goal(family, tables, kappas), "since_epoch": since,
+           "optimizer_check": optimizer_check(family, gate, kappas)}
+    if since:
+        out["goal"]["statistic"] = f"{STATISTIC['run']} from epoch {since:g}"
+    return out
+
+
+def transition_epoch(runs: list) -> float | None:
+    """Where Progressive Scaling first takes κ away from 1, when every scaled run starts at κ=1 (a
+    step or smooth schedule): before it each run is its seed's baseline, bit for bit, so only the part
+    after it can tell the settings apart. None for constant κ."""
+    starts = []
+    for r in runs:
+        layout = r.hparams.get("layout") or []
+        first = next((st.get("start_epoch") for st in layout if not math.isclose(st.get("kappa", 1.0), 1.0)), 0.0)
+        starts.append(float(first or 0.0))
+    return min(starts) if starts and min(starts) > 0 else None
+
+
+def goal(family: Family, tables: dict, kappas: list) -> dict:
+    """The issue's goal on the EMA metric over the run at `family.goal_kappa`."""
+    k, table = family.goal_kappa, tables[family.ema_metric.name]
+    out = {"kappa": k, "metric": family.ema_metric.name, "statistic": STATISTIC["run"]}
+    if k not in kappas:
+        return out | {"met": None, "why": f"not measured: κ={k:g} was not in --kappas"}
+    gw, gwo, s = _stat(table, "with", k, "run"), _stat(table, "without", k, "run"), _spread(table, "run")
+    out |= {"gap_with_rule": gw, "gap_without_rule": gwo, "baseline_spread": s}
+    if None in (gw, gwo):
+        return out | {"met": None, "why": f"not measured: a run at κ={k:g} never logged {family.ema_metric.name}"}
+    if s is None:
+        return out | {"met": None, "why": "the baseline spread is undefined (fewer than 2 baseline seeds)"}
+    a, b = bool(gwo >= V.FACTOR * gw), bool(gw <= s)
+    out |= {"met": a and b, "without_at_least_2x_with": a, "with_within_spread": b}
+    if not (a and b):
+        out["diagnosis"] = diagnose(family, tables, k, "run")
+    return out
+
+
+def expand(claims, kappas: list) -> list[Claim]:
+    """An "up to κ" claim becomes one claim per κ ≠ 1 of the sweep up to its κ."""
+    out = []
+    for c in claims:
+        ks = [k for k in kappas if k != 1 and k <= c.kappa] if c.up_to else []
+        out.extend([replace(c, kappa=k) for k in ks] or [c])
+    return out
+
+
+def epochs_of_base_steps(run, key: str) -> float:
+    """A spec value counted in base (κ=1) steps, as epochs: steps × base batch / one epoch's measure."""
+    from emarule.engine.rundir import HPARAMS
+    from emarule.config.load import get
+
+    h = run.hparams
+    steps = get(h.get("spec") or {}, key)
+    base = ((h.get("hyperparameters") or {}).get("batch_size") or {}).get("base")
+    measure = h.get("epoch_measure") or h.get("dataset_size")
+    if steps is None or not base or not measure:
+        raise UserError(f"{run.path / HPARAMS}: needs the spec's {key}, the base batch and the epoch's measure")
+    return float(steps) * float(base) / float(measure)
+
+
+def not_logged(c: Claim) -> dict:
+    why = ("the spec has no ema.also, so no further EMA is evaluated" if SHORTEST_ALSO in c.metric
+           else f"this preset does not log {c.metric}")
+    return {"claim": c.text, "paper": c.paper, "where": c.where, "kind": c.kind, "metric": c.metric,
+            "kappa": c.kappa, "statistic": STATISTIC[c.over], "gap_with_rule": None, "gap_without_rule": None,
+            "baseline_spread": None, "note": c.note, "verdict": "inconclusive",
+            "why": f"not measured: {why}"}
+
+
+def _stat(table: dict, rule: str, kappa: float | None, over: str) -> float | None:
+    row = table["rows"].get((rule, kappa))
+    return None if row is None or row["gaps"] is None else row["gaps"][over]
+
+
+def _spread(table: dict, over: str) -> float | None:
+    g = table["rows"][("baseline", 1.0)]["gaps"]
+    return None if g is None else g[over]
+
+
+def _mean_final(table: dict, rule: str, kappa: float) -> float | None:
+    row = table["rows"].get((rule, kappa))
+    vals = [v for v in (row or {}).get("finals", []) if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _row(table: dict, setting: str, kappa: float | None) -> dict | None:
+    return table["rows"].get((setting, kappa))
+
+
+def _ci_of(table: dict, setting: str, kappa: float, over: str):
+    row = _row(table, setting, kappa)
+    return None if row is None or row["gaps"] is None else row["gaps"].get(f"ci_{over}")
+
+
+def paired_difference(table: dict, a: tuple, b: tuple, over: str) -> dict:
+    """Per seed gap(B) − gap(A), each against that seed's own baseline, on the seeds both settings ran;
+    its mean and bootstrap interval. `a`, `b`: (setting, κ) row keys."""
+    ra, rb = table["rows"].get(a), table["rows"].get(b)
+    if ra is None or rb is None or not ra["gaps"] or not rb["gaps"] or ra["gaps"][over] is None \
+            or rb["gaps"][over] is None:
+        return {"per_seed": [], "mean": None, "ci": None, "seeds": []}
+    ga = dict(zip(ra["seeds"], ra["gaps"][f"per_seed_{over}"], strict=True))
+    gb = dict(zip(rb["seeds"], rb["gaps"][f"per_seed_{over}"], strict=True))
+    seeds = [s for s in ra["seeds"] if s in gb]
+    d = V.differences([ga[s] for s in seeds], [gb[s] for s in seeds])
+    return {"per_seed": d, "mean": sum(d) / len(d) if d else None, "ci": V.bootstrap_ci(d), "seeds": seeds}
+
+
+def final_differences(table: dict, a: tuple, b: tuple | None, sign: float) -> dict:
+    """Per seed sign × (final(A) − final(B)), B the seed's own baseline when `b` is None; mean and interval."""
+    ra = table["rows"].get(a)
+    if ra is None:
+        return {"per_seed": [], "mean": None, "ci": None}
+    fa = dict(zip(ra["seeds"], ra["finals"], strict=True))
+    if b is None:
+        fb = dict(zip(ra["seeds"], ra["base_finals"], strict=True))
+    else:
+        rb = table["rows"].get(b)
+        fb = dict(zip(rb["seeds"], rb["finals"], strict=True)) if rb else {}
+    d = [sign * (fa[s] - fb[s]) for s in ra["seeds"] if s in fb and fa[s] is not None and fb[s] is not None]
+    return {"per_seed": d, "mean": sum(d) / len(d) if d else None, "ci": V.bootstrap_ci(d)}
+
+
+def setting_key(family: Family, name: str, kappa: float | None) -> tuple:
+    """A claim's setting name → its table row key: the standard ones at the claim's κ, an arm at its own."""
+    for a in family.arms:
+        if a.name == name:
+            return name, float(a.kappa)
+    return name, kappa
+
+
+def _label(name: str, kappa: float | None) -> str:
+    """`with the rule at κ=4`, `arm bn-scale at κ=2`."""
+    names = {"with": "with the rule", "without": "without the rule", "linear": "the linear rule"}
+    what = names.get(name, f"arm {name}")
+    return f"{what} at κ={kappa:g}" if kappa is not None else what
+
+
+def judge(family: Family, claim: Claim, tables: dict, base: list, kappas: list, gate: dict | None = None) -> dict:
+    table = tables[claim.metric]
+    metric: Metric = table["metric"]
+    over = claim.over
+    ka, kb = (setting_key(family, n, claim.kappa) for n in claim.settings)
+    out = {"claim": claim.text, "paper": claim.paper, "where": claim.where, "kind": claim.kind,
+           "metric": claim.metric, "kappa": claim.kappa, "statistic": STATISTIC[over],
+           "gap_with_rule": None, "gap_without_rule": None, "baseline_spread": _spread(table, over),
+           "note": claim.note}
+    if claim.settings != STANDARD:
+        out["settings"] = {"A": _label(*ka), "B": _label(*kb)}
+        if ka[0] not in STANDARD:  # judged at the arm's κ (a preset may run it at another than the paper's)
+            out["kappa"] = ka[1]
+    k = claim.kappa
+    pairwise = ("rule_needed", "rule_closer", "same_either_way", "target_explains", "arm_closer")
+    if claim.kind in (*pairwise, "optimizer_strays", "matches_or_better"):
+        need = [ka] if claim.kind in ("optimizer_strays", "matches_or_better") else [ka, kb]
+        absent = [key for key in need if key not in table["rows"]]
+        if absent:
+            what = " and ".join(_label(*key) for key in absent)
+            out.update(verdict="inconclusive", why=f"not measured: {what} {'were' if len(absent) > 1 else 'was'} not "
+                                                   f"run (see --kappas)")
+            return out
+    if claim.kind == "optimizer_strays":
+        gw = _stat(table, *ka, over)
+        out.update(gap_with_rule=gw, gap_without_rule=_stat(table, *kb, over), ci_with=_ci_of(table, *ka, over))
+        v, why = V.decide_optimizer(gw, out["baseline_spread"], out["ci_with"])
+        out.update(verdict=v, why=why)
+        return out
+    if claim.kind in pairwise:
+        gw, gwo, s = _stat(table, *ka, over), _stat(table, *kb, over), out["baseline_spread"]
+        out.update(gap_with_rule=gw, gap_without_rule=gwo, ci_with=_ci_of(table, *ka, over),
+                   ci_without=_ci_of(table, *kb, over))
+        missing = {key: ((_row(table, *key) or {}).get("gaps") or {}).get("missing", 0) for key in (ka, kb)}
+        if any(missing.values()):
+            out.update(verdict="inconclusive", why=f"not measured: {missing[ka]} run(s) of {_label(*ka)} and "
+                       f"{missing[kb]} of {_label(*kb)} never logged {claim.metric}")
+            return out
+        if any(((_row(table, *key) or {}).get("gaps") or {}).get("no_overlap") for key in (ka, kb)):
+            out.update(verdict="inconclusive", why=f"not measured: a run at κ={k:g} logged {claim.metric} only after "
+                       f"the baseline's last evaluation of it")
+            return out
+        diff = paired_difference(table, ka, kb, over)
+        out["paired_difference"] = {"mean": diff["mean"], "ci": diff["ci"], "per_seed": diff["per_seed"]}
+        if claim.kind == "target_explains":
+            target = tables[family.target_metric.name]
+            gt, st = _stat(target, *ka, over), _spread(target, over)
+            ct = _ci_of(target, *ka, over)
+            out["target"] = {"metric": family.target_metric.name, "gap_with_rule": gt, "ci_with": ct,
+                             "gap_without_rule": _stat(target, *kb, over), "baseline_spread": st}
+            v, why = V.decide_target(gw, s, gt, st, ct)
+        elif claim.kind == "arm_closer":
+            v, why = V.decide_arm_closer(gw, gwo, diff["ci"])
+        else:
+            v, why = V.decide(claim.kind, gw, gwo, s, diff["ci"])
+            if claim.kind == "rule_needed" and None not in (gw, gwo, s):
+                out["meets_issue_goal"] = bool(gwo >= V.FACTOR * gw and gw <= s)
+        out.update(verdict=v, why=why)
+        if v != "reproduced" and claim.settings == STANDARD:
+            out["diagnosis"] = diagnose(family, tables, k, over, claim.metric)
+    elif claim.kind == "matches_or_better":
+        sign = 1.0 if metric.higher_is_better else -1.0
+        d = final_differences(table, ka, None, sign)
+        out.update(gap_with_rule=_stat(table, *ka, "end"), ci_with=_ci_of(table, *ka, "end"),
+                   baseline_spread=_spread(table, "end"), a_minus_baseline=d)
+        v, why = V.decide_matches_or_better(d["mean"], d["ci"], out["baseline_spread"])
+        out.update(verdict=v, why=why)
+    elif claim.kind == "with_better":
+        sign = 1.0 if metric.higher_is_better else -1.0
+        diffs, cis = {}, {}
+        for kk in kappas:
+            d = final_differences(table, ("with", kk), ("without", kk), sign)
+            diffs[kk], cis[kk] = d["mean"], d["ci"]
+        s = _spread(table, "end")
+        if kappas:
+            top = kappas[-1]
+            out.update(kappa=top, gap_with_rule=_stat(table, "with", top, "end"),
+                       gap_without_rule=_stat(table, "without", top, "end"), baseline_spread=s)
+        out["with_minus_without"] = {f"{kk:g}": d for kk, d in diffs.items()}
+        out["with_minus_without_ci"] = {f"{kk:g}": c for kk, c in cis.items()}
+        v, why = V.decide_with_better(diffs, s, cis)
+        out.update(verdict=v, why=why)
+    elif claim.kind == "ema_above_target":
+        ema, target = tables[family.ema_metric.name], tables[family.target_metric.name]
+        sign = 1.0 if family.ema_metric.higher_is_better else -1.0
+        e = ema["rows"][("baseline", 1.0)]["finals"]
+        t = target["rows"][("baseline", 1.0)]["finals"]
+        diffs = [sign * (a - b) for a, b in zip(e, t, strict=True) if a is not None and b is not None]
+        out["ema_minus_target"] = diffs
+        out["ema_minus_target_ci"] = V.bootstrap_ci(diffs)
+        v, why = V.decide_ema_above(diffs)
+        out.update(verdict=v, why=why)
+    else:
+        raise ValueError(f"{family.name}: unknown claim kind {claim.kind!r}")
+    return gated(family, claim, out, gate, [ka] if claim.kind != "with_better" else
+                 [("with", kk) for kk in kappas])
+
+
+# The kinds whose claim is about the EMA at one setting: meaningful only where the target model tracks.
+GATED = ("rule_needed", "rule_closer", "same_either_way", "arm_closer", "matches_or_better", "with_better")
+
+
+def gated(family: Family, claim: Claim, out: dict, gate: dict | None, keys: list) -> dict:
+    """A claim about the EMA where the target model strays (`track_table`) is inconclusive, with the
+    measured reason: the optimizer rule already fails there, so the EMA is judged on a broken run. The
+    verdict the rules gave is kept as `verdict_if_target_tracked`."""
+    if not gate or not gate["blind"] or claim.kind not in GATED or out["verdict"] == "inconclusive":
+        return out
+    if claim.metric == gate["metric"] or not family.metric(claim.metric).depends_on_ema:
+        return out
+    bad = [(key, gate["rows"].get(key)) for key in keys if (gate["rows"].get(key) or {}).get("state") == "strays"]
+    if not bad:
+        return out
+    why = "; ".join(f"{_label(*key)}: {r['metric']} gap {_f(r['gap'])} (95 % CI {_fci(r['ci'])}) against a spread of "
+                    f"{_f(r['spread'])}" for key, r in bad)
+    return out | {"verdict_if_target_tracked": out["verdict"], "verdict": "inconclusive",
+                  "why": f"the target model strays ({why}): a claim about the EMA is not meaningful where the "
+                         f"optimizer rule already fails. Measured: {out['why']}"}
+
+
+def track_table(family: Family, tables: dict, base: list, settings: dict, since: float | None) -> dict | None:
+    """The optimizer-rule check: the target model's paired gap over the run for every setting, against the
+    baseline's pair spread, and whether it tracks, strays or sits between. `blind` says whether the target
+    metric is blind to the EMA (else a gap there may be the EMA's own, and no claim is gated on it); a
+    family's `target_blind_until` restricts it to the part of the run where it is (pseudo-labeling's
+    pre-training)."""
+    t = family.target_metric
+    if t is None or t.name not in tables:
+        return None
+    table, window = tables[t.name], None
+    if family.target_blind_until:
+        try:
+            until = epochs_of_base_steps(base[0], family.target_blind_until)
+        except UserError:
+            until = None
+        if until is not None:
+            table, window = metric_table(t, base, settings, until, since), until
+    s = _spread(table, "run")
+    rows = {}
+    for rule, k in table["rows"]:
+        if rule == "baseline":
+            continue
+        g, ci = _stat(table, rule, k, "run"), _ci_of(table, rule, k, "run")
+        st = V.strays(g, s, ci)
+        state = None if st is None else ("strays" if st else ("tracks" if g <= s else "between"))
+        rows[(rule, k)] = {"metric": t.name, "gap": g, "ci": ci, "spread": s, "state": state}
+    return {"metric": t.name, "blind": (not t.depends_on_ema) or window is not None, "spread": s, "rows": rows,
+            "until_epoch": window, "until": family.target_blind_until or None}
+
+
+def optimizer_check(family: Family, gate: dict | None, kappas: list) -> dict | None:
+    """What every sweep report prints: the target's gap at each κ with and without the rule (and each arm)
+    against the spread, and the first κ where it strays with the rule."""
+    if gate is None:
+        return None
+    rows = [{"setting": rule, "kappa": k, **{x: r[x] for x in ("gap", "ci", "state")}}
+            for (rule, k), r in sorted(gate["rows"].items(), key=lambda kv: (kv[0][1], kv[0][0]))]
+    first = next((r["kappa"] for r in rows if r["setting"] == "with" and r["state"] == "strays"), None)
+    window = f" up to epoch {gate['until_epoch']:.3g} ({gate['until']})" if gate["until_epoch"] is not None else ""
+    if first is not None:
+        head = f"the target model's {gate['metric']}{window} strays with the rule first at κ={first:g}"
+    elif any(r["state"] is None for r in rows if r["setting"] == "with"):
+        head = f"the target model's {gate['metric']}{window}: not judged (fewer than 2 baseline seeds, or no gap)"
+    else:
+        head = f"the target model's {gate['metric']}{window} does not stray with the rule at any κ run"
+    if not gate["blind"]:
+        head += (f"; {gate['metric']} depends on the EMA too, so a gap there may be the EMA's: no EMA claim is set "
+                 f"aside on it")
+    return {"metric": gate["metric"], "statistic": STATISTIC["run"] + window, "spread": gate["spread"],
+            "ema_blind": gate["blind"], "rows": rows, "first_strays_kappa": first, "summary": head,
+            "rule": "strays: gap > 2× spread and the gap's 95 % CI above 1× spread; tracks: gap ≤ 1× spread"}
+
+
+def _fci(ci) -> str:
+    return "—" if ci is None else f"{_f(ci[0])}–{_f(ci[1])}"
+
+
+def diagnose(family: Family, tables: dict, kappa: float, over: str, metric: str | None = None) -> str:
+    """Why a claim on `metric` (the EMA metric by default) fell short, from the numbers: noise, the
+    optimizer rule, or the EMA itself."""
+    metric = metric or family.ema_metric.name
+    table = tables[metric]
+    gw, gwo, s = _stat(table, "with", kappa, over), _stat(table, "without", kappa, over), _spread(table, over)
+    parts = []
+    if s is not None and gw is not None and gwo is not None and gwo <= V.FACTOR * s:
+        parts.append(f"noise: even without the rule the {metric} gap ({_f(gwo)}) is within 2× the baseline seeds' "
+                     f"spread ({_f(s)}), so this preset cannot separate the settings")
+    t = family.target_metric
+    tt = tables[t.name]
+    tg, ts = _stat(tt, "with", kappa, over), _spread(tt, over)
+    if t.name == metric:
+        if t.depends_on_ema:
+            parts.append(f"{t.name}, the student's, depends on the EMA too, so it cannot separate an optimizer-rule "
+                         f"failure from an EMA one")
+    elif tg is not None and ts is not None:
+        # The thresholds of `verdict.decide_target` / `decide_optimizer`: > 2× spread strays, ≤ 1× tracks.
+        if t.depends_on_ema:
+            parts.append(f"{t.name} depends on the EMA too (gap with the rule {_f(tg)}, spread {_f(ts)}), so it "
+                         f"cannot separate an optimizer-rule failure from an EMA one")
+        elif tg > V.FACTOR * ts:
+            parts.append(f"the optimizer rule: the target model's {t.name} strays too (gap with the rule {_f(tg)} > "
+                         f"2× its spread {_f(ts)})")
+        elif tg <= ts:
+            parts.append(f"the target model's {t.name} tracks (gap with the rule {_f(tg)} ≤ its spread {_f(ts)}): "
+                         f"the optimizer rule holds, so any remaining gap is the EMA's")
+        else:
+            parts.append(f"the target model's {t.name} gap with the rule ({_f(tg)}) lies between 1× and 2× its "
+                         f"spread ({_f(ts)}), within the noise band: unclear whether the optimizer rule breaks")
+    return "; ".join(parts) or "not enough runs to say"
+
+
+def _f(v: float | None) -> str:
+    return "—" if v is None else ("∞" if math.isinf(v) else f"{v:.3g}")

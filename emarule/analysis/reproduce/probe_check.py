@@ -1,0 +1,239 @@
+"""Does the tracking probe measure the teacher? An offline linear probe of each run's final teacher.
+
+The tracking probe (`emarule.analysis.probe`) learns alongside the run, so at κ = 4 it gets a quarter of the
+steps; a gap in `probe_top1` could be the probe's lag rather than the teacher's quality. This
+check takes the final teacher of a finished run (the EMA in its checkpoint), computes its
+representation of the train and test evaluation views — the same `represent(teacher, x)` the
+tracking probe reads, captured through the task's own evaluation — and fits a multinomial logistic
+regression on standardized train features to convergence (scikit-learn, L-BFGS). Its test top-1 is
+`offline_probe_top1`: a measure of the final teacher alone, the same for every κ.
+
+The same probe on the raw pixels of the same evaluation views (`pixel_probe`) is the other reference:
+a teacher that learned something a linear probe can see beats both its own initialization and the
+pixels.
+
+Cached as offline_probe.json (offline_probe_init.json, offline_probe_pixels.json) in the run directory
+(keyed by the checkpoint's step), so a reused reproduction does not recompute it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+from pathlib import Path
+
+import torch
+
+from emarule.engine.rundir import CHECKPOINT, HPARAMS, atomic_write_text
+
+CACHE, CACHE_INIT, CACHE_PIXELS = "offline_probe.json", "offline_probe_init.json", "offline_probe_pixels.json"
+BAR = 15.0  # top-1 points a trained teacher should gain over both its initialization and the pixels
+
+
+@contextlib.contextmanager
+def captured_features(store: list):
+    """The probe's `predict` records its input (the teacher's representation) and predicts nothing."""
+    from emarule.analysis import probe as P
+
+    original = P.ProbeModule.predict
+
+    def record(self, h):
+        store.append(h.detach().float().cpu())
+        return torch.zeros(len(h), 1)
+
+    P.ProbeModule.predict = record
+    try:
+        yield
+    finally:
+        P.ProbeModule.predict = original
+
+
+def _features(evaluation, teacher, data) -> tuple[torch.Tensor, torch.Tensor]:
+    feats, labels = [], []
+    with torch.no_grad(), captured_features(feats):
+        for start in range(0, len(data), 256):
+            items = [data[i] for i in range(start, min(start + 256, len(data)))]
+            x = torch.stack([torch.as_tensor(a) for a, _ in items])
+            y = torch.as_tensor([int(b) for _, b in items])
+            evaluation.score(teacher, (x, y), None)
+            labels.append(y)
+    return torch.cat(feats), torch.cat(labels)
+
+
+def offline_probe(run_dir: Path, at_init: bool = False) -> dict | None:
+    """{"offline_probe_top1", "step", ...} for a finished self-supervised run, or None when the task
+    has no tracking probe. `at_init`: the same probe on the run's teacher as initialized (step 0),
+    the reference a trained teacher should beat."""
+    run_dir = Path(run_dir)
+    ck_path = run_dir / CHECKPOINT
+    if not ck_path.is_file():
+        return None
+    ck = torch.load(ck_path, map_location="cpu", weights_only=False)
+    step = 0 if at_init else int(ck["clock"]["step"])
+    cache = run_dir / (CACHE_INIT if at_init else CACHE)
+    if cache.is_file():
+        got = json.loads(cache.read_text())
+        if got.get("step") == step:
+            return got
+    from emarule.analysis.probe import EvalImages
+
+    built = _build(run_dir)
+    if built is None:
+        return None
+    parts, evaluation = built
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        teacher = copy.deepcopy(parts.ema_source if parts.ema_source is not None else parts.model)
+        if not at_init:  # the task built the initial weights from the run's seed
+            teacher.load_state_dict(ck["emas"]["ema"]["module"])
+        teacher.eval()
+        train = EvalImages(parts.train_set.source, evaluation.data.size)
+        xtr, ytr = _features(evaluation, teacher, train)
+        xte, yte = _features(evaluation, teacher, evaluation.data)
+    finally:
+        torch.set_num_threads(threads)
+    top1 = fit_and_score(xtr.numpy(), ytr.numpy(), xte.numpy(), yte.numpy())
+    out = {"offline_probe_top1": top1, "step": step, "train_size": len(ytr), "test_size": len(yte),
+           "features": int(xtr.shape[1]), "tracking_probe_top1": (ck.get("final_metrics") or {}).get("probe_top1"),
+           "method": "multinomial logistic regression (L-BFGS, C=1) on standardized frozen teacher features"}
+    atomic_write_text(cache, json.dumps(out, indent=1) + "\n")
+    return out
+
+
+def _build(run_dir: Path):
+    """(task parts, the teacher's evaluation) of a byol or dino run as its hparams.json describes it, else None."""
+    from emarule.engine.context import RunContext, rule_of_hparams
+    from emarule.scaling import plan
+    from emarule.tasks import byol, dino
+
+    h = json.loads((run_dir / HPARAMS).read_text())
+    spec = h["spec"]
+    builders = {"byol": byol.build, "dino": dino.build}
+    if spec.get("task") not in builders:
+        return None
+    rule = rule_of_hparams(h)
+    ctx = RunContext(spec=spec, kappa=float(h["kappa"]), ema_rule=rule, plan=plan(spec, float(h["kappa"]), rule),
+                     out=run_dir, seed=int(h.get("seed") or 0), preset=h.get("preset"))
+    parts = builders[spec["task"]](ctx)
+    return parts, next(e for e in parts.evaluations if e.models == "teacher")
+
+
+def _views(data) -> tuple[torch.Tensor, torch.Tensor]:
+    xs, ys = zip(*(data[i] for i in range(len(data))), strict=True)
+    return torch.stack([torch.as_tensor(x).flatten() for x in xs]), torch.as_tensor([int(y) for y in ys])
+
+
+def pixel_probe(run_dir: Path) -> dict | None:
+    """{"pixels_probe_top1", ...}: the offline probe fitted on the raw pixels of the evaluation views (the
+    normalized train and test images the teacher is probed on), or None when the task has no tracking probe."""
+    run_dir = Path(run_dir)
+    cache = run_dir / CACHE_PIXELS
+    if cache.is_file():
+        return json.loads(cache.read_text())
+    if not (run_dir / HPARAMS).is_file():
+        return None
+    from emarule.analysis.probe import EvalImages
+
+    h = json.loads((run_dir / HPARAMS).read_text())
+    # The pixels depend on the data settings alone: the baseline seeds of one reproduction share one fit.
+    key = json.dumps([h["spec"].get("task"), h["spec"].get("data")], sort_keys=True, default=str)
+    if key in _PIXELS:
+        atomic_write_text(cache, _PIXELS[key])
+        return json.loads(_PIXELS[key])
+    built = _build(run_dir)
+    if built is None:
+        return None
+    parts, evaluation = built
+    xtr, ytr = _views(EvalImages(parts.train_set.source, evaluation.data.size))
+    xte, yte = _views(evaluation.data)
+    top1 = fit_and_score(xtr.numpy(), ytr.numpy(), xte.numpy(), yte.numpy())
+    out = {"pixels_probe_top1": top1, "train_size": len(ytr), "test_size": len(yte), "features": int(xtr.shape[1]),
+           "method": "multinomial logistic regression (L-BFGS, C=1) on standardized pixels of the evaluation views"}
+    _PIXELS[key] = json.dumps(out, indent=1) + "\n"
+    atomic_write_text(cache, _PIXELS[key])
+    return out
+
+
+_PIXELS: dict = {}
+
+
+def fit_and_score(xtr, ytr, xte, yte) -> float:
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    scaler = StandardScaler().fit(xtr)
+    clf = LogisticRegression(max_iter=5000).fit(scaler.transform(xtr), ytr)
+    return float(100.0 * (clf.predict(scaler.transform(xte)) == yte).mean())
+
+
+def probe_check(runs: list) -> dict:
+    """The offline probe of every run's final teacher, and of the baseline teachers at initialization,
+    beside the tracking probe's last reading; grouped by setting."""
+    from emarule.analysis.reproduce.verdict import loo_spread
+
+    rows: dict = {}
+    for r in runs:
+        got = offline_probe(r.path)
+        if got is None:
+            continue
+        key = "baseline" if r.is_baseline else f"κ={r.kappa:g} {r.rule_label}"
+        row = rows.setdefault(key, {"offline": [], "tracking": [], "init": [], "pixels": []})
+        row["offline"].append(got["offline_probe_top1"])
+        row["tracking"].append(got["tracking_probe_top1"])
+        if r.is_baseline:
+            row["init"].append(offline_probe(r.path, at_init=True)["offline_probe_top1"])
+            row["pixels"].append(pixel_probe(r.path)["pixels_probe_top1"])
+    if "baseline" not in rows:
+        return {}
+    out = {"settings": {k: {name: _stats(v) for name, v in row.items() if v} for k, row in rows.items()},
+           "offline_baseline_spread": loo_spread(rows["baseline"]["offline"])}
+    out["bar"] = bar(out["settings"]["baseline"])
+    out["summary"] = summary(out)
+    return out
+
+
+def _stats(values: list) -> dict:
+    vals = [v for v in values if v is not None]
+    m = sum(vals) / len(vals) if vals else None
+    sd = (sum((v - m) ** 2 for v in vals) / len(vals)) ** 0.5 if len(vals) > 1 else None
+    return {"mean": m, "std": sd, "values": vals}
+
+
+def bar(base: dict) -> dict:
+    """Whether the baseline's trained teachers beat both their initialization and the raw pixels by BAR points."""
+    trained, init, pixels = (base[k]["mean"] for k in ("offline", "init", "pixels"))
+    margin = trained - max(init, pixels)
+    return {"trained": trained, "init": init, "pixels": pixels, "margin": margin, "required": BAR,
+            "met": bool(margin >= BAR)}
+
+
+def summary(check: dict) -> str:
+    s = check["settings"]
+    base = s["baseline"]
+    parts = [f"a converged linear probe of the final teachers reads {_pm(base['offline'])} (baseline)"]
+    parts += [f"{_pm(v['offline'])} ({k})" for k, v in s.items() if k != "baseline"]
+    text = ", ".join(parts) + (f"; the teachers at initialization read {_pm(base['init'])}, the raw pixels "
+                               f"{_pm(base['pixels'])}; the tracking probe read ")
+    text += ", ".join(f"{_pm(v['tracking'])} ({k})" for k, v in s.items())
+    b = check["bar"]
+    notes = [f"the trained teachers beat the better of initialization and pixels by {b['margin']:.1f} points "
+             f"({'meets' if b['met'] else 'misses'} the {b['required']:g}-point bar)"]
+    if base["init"]["mean"] >= base["offline"]["mean"]:
+        notes.append("the trained teachers are no more linearly separable than at initialization, so on this data a "
+                     "linear probe cannot measure what the teacher learned")
+    spread = check["offline_baseline_spread"]
+    if spread is not None:
+        close = [k for k, v in s.items() if k != "baseline"
+                 and abs(v["offline"]["mean"] - base["offline"]["mean"]) <= 2 * spread]
+        if close:
+            notes.append(f"by the converged probe {', '.join(close)} end within 2× the baseline seeds' spread "
+                         f"({spread:.3g}) of the baseline")
+    return text + ("; " + "; ".join(notes) if notes else "")
+
+
+def _pm(st: dict) -> str:
+    if st.get("mean") is None:
+        return "—"
+    return f"{st['mean']:.1f}" + (f" ± {st['std']:.1f}" if st.get("std") is not None else "")

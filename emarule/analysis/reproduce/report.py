@@ -1,0 +1,278 @@
+"""What a reproduction writes and prints: report.md, verdict.json and the verdict table. Torch-free."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from emarule.analysis.reproduce import verdict as V
+from emarule.engine.rundir import atomic_write_text
+
+REPORT, VERDICT = "report.md", "verdict.json"
+STUDY_RULES = "Each study claim is judged by the rule written beside its check in `emarule/reproduce/studies.py`."
+
+
+def clean(x):
+    """JSON-safe: non-finite floats become null (an infinite gap is a run that stopped early)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [clean(v) for v in x]
+    return x
+
+
+def decision_rules() -> str:
+    doc = V.__doc__
+    return doc[doc.index("The statistics"):].strip()
+
+
+def settings_rows(measured: dict) -> list[dict]:
+    """One row per metric and setting (the EMA metric's and the target's, every κ, rule and arm): final value
+    (mean ± std over seeds), the paired gaps with their bootstrap intervals and per-seed values, and the
+    unpaired gaps (against the baselines' mean) beside them. The baseline's row holds its pair spread."""
+    rows = []
+    for name, table in measured["tables"].items():
+        for (rule, k), row in table["rows"].items():
+            finals = [v for v in row["finals"] if v is not None]
+            m = sum(finals) / len(finals) if finals else None
+            sd = math.sqrt(sum((v - m) ** 2 for v in finals) / len(finals)) if len(finals) > 1 else None
+            g, u = row["gaps"] or {}, row.get("unpaired") or {}
+            rows.append({"metric": name, "setting": "κ=1 baseline (its own spread)" if rule == "baseline" else rule,
+                         "kappa": k, "seeds": len(row["curves"]), "seed_list": row.get("seeds"),
+                         "final_mean": m, "final_std": sd, "gap_run": g.get("run"), "gap_end": g.get("end"),
+                         "ci_run": g.get("ci_run"), "ci_end": g.get("ci_end"),
+                         "per_seed_run": g.get("per_seed_run"), "per_seed_end": g.get("per_seed_end"),
+                         "unpaired_gap_run": u.get("run"), "unpaired_gap_end": u.get("end"),
+                         "incomplete": g.get("incomplete", 0)})
+    return rows
+
+
+def arms_rows(family, spec_preset: str | None) -> list[dict]:
+    """The family's arms as run: κ under the preset, and the --progressive schedule resolved from its spec."""
+    return [{"name": a.name, "kappa": a.kappa, "rule": "with" if a.rule else "without", "set": list(a.sets),
+             "progressive": a.schedule(family.experiment, spec_preset), "what": a.what} for a in family.arms]
+
+
+def payload(family, args: dict, claims: list, measured: dict | None, figures: list, timing: dict) -> dict:
+    return clean({
+        "family": family.name, "experiment": family.experiment, "section": family.section,
+        "preset": args.get("preset"), "seeds": args.get("seeds"), "kappas": list(args.get("kappas") or []),
+        "command": args["command"], "claims": [{k: v for k, v in c.items()} for c in claims],
+        "settings": settings_rows(measured) if measured else [],
+        "arms": args.get("arms") or [],
+        "optimizer_check": (measured or {}).get("optimizer_check"),
+        "probe_check": (measured or {}).get("probe_check") or None,
+        "goal": (measured or {}).get("goal"),
+        "figures": figures, "timing": timing,
+        "decision_rule": decision_rules() if family.kind == "sweep" else STUDY_RULES,
+        "not_judged_here": [{"claim": c.text, "paper": c.paper, "why": c.note} for c in family.extra_claims],
+    })
+
+
+def _g(v) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float) and math.isinf(v):
+        return "∞"
+    return f"{v:.3g}"
+
+
+def _short(text: str, n: int) -> str:
+    return text if len(text) <= n else text[:n - 1] + "…"
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|")
+
+
+def _pm(st: dict | None) -> str:
+    if not st or st.get("mean") is None:
+        return "—"
+    return f"{st['mean']:.1f}" + (f" ± {st['std']:.1f}" if st.get("std") is not None else "")
+
+
+def _kappa(v) -> str:
+    return "—" if v is None else f"{v:g}"
+
+
+def _gci(v, ci) -> str:
+    """A gap with its bootstrap interval: 1.2 [0.8, 1.6]."""
+    return _g(v) + (f" [{_g(ci[0])}, {_g(ci[1])}]" if ci and v is not None else "")
+
+
+def optimizer_lines(oc: dict) -> list[str]:
+    lines = ["## The optimizer-rule check", "",
+             f"The target model's {oc['metric']} ({oc['statistic']}): each setting's paired gap (mean over seeds, "
+             f"95 % bootstrap CI) against the baseline's pair spread {_g(oc['spread'])}. "
+             f"{oc['rule'][:1].upper() + oc['rule'][1:]}. An EMA claim "
+             f"at a setting where the target strays is inconclusive.", "",
+             "| setting | κ | gap [95 % CI] | × spread | target |", "|---|---:|---:|---:|---|"]
+    for r in oc["rows"]:
+        times = (r["gap"] / oc["spread"]) if r["gap"] is not None and oc["spread"] else None
+        lines.append(f"| {r['setting']} | {_kappa(r['kappa'])} | {_gci(r['gap'], r['ci'])} | {_g(times)} | "
+                     f"{r['state'] or '—'} |")
+    return lines + ["", f"**{oc['summary'][0].upper() + oc['summary'][1:]}.**", ""]
+
+
+def markdown(data: dict, family) -> str:
+    t = data["timing"]
+    lines = [f"# Reproduction: {family.name} ({family.experiment}, {family.section})", "",
+             f"Command: `{data['command']}`", ""]
+    if data.get("seeds"):
+        from emarule.cli.seeds import seeds_label
+
+        lines += [f"Seeds: {seeds_label(data['seeds'])} ({len(data['seeds'])}); every setting's run of a seed is "
+                  f"compared with that seed's baseline.", ""]
+    lines.append(f"Wall time of this invocation: {t['wall_s']:.0f} s"
+                 + (f"; the runs' own training time (as logged, reused runs included): {t['runs_wall_s']:.0f} s"
+                    if t.get("runs_wall_s") is not None else "")
+                 + f". Machine: {t['cpus']} CPU cores, load average {t['load_start']:.2f} at the start and "
+                 f"{t['load_end']:.2f} at the end; OMP_NUM_THREADS={t['omp_threads']}.")
+    if t.get("reused"):
+        lines.append(f"Runs reused from an earlier invocation (finished, or resumed from their checkpoint): "
+                     f"{t['reused']} of {t['runs']}.")
+    if data["figures"]:
+        lines += ["", "## Figures", ""] + [f"![{Path(f).name}]({f})" for f in data["figures"]]
+    lines += ["", "## Verdicts", ""]
+    if family.kind == "study":
+        lines += ["| # | claim | paper | our number | verdict |", "|---:|---|---|---|---|"]
+        for i, c in enumerate(data["claims"], 1):
+            lines.append(f"| {i} | {_cell(_short(c['claim'], 90))} | {c['paper']} | {_cell(c['why'])} | "
+                         f"**{c['verdict']}** |")
+    else:
+        lines += ["Gaps are paired (each run against its own seed's baseline), mean over seeds with a 95 % "
+                  "bootstrap CI; A and B are \"with\" and \"without\" the rule unless the claim names other settings.",
+                  "", "| # | claim | paper | metric | κ | statistic | gap A (with) | gap B (without) | B − A, paired "
+                  "[95 % CI] | baseline spread | verdict |", "|---:|---|---|---|---:|---|---:|---:|---:|---:|---|"]
+        for i, c in enumerate(data["claims"], 1):
+            pd = c.get("paired_difference") or {}
+            lines.append(f"| {i} | {_cell(_short(c['claim'], 90))} | {c['paper']} | {c['metric']} | "
+                         f"{_kappa(c['kappa'])} | {_cell(c['statistic'])} | "
+                         f"{_gci(c['gap_with_rule'], c.get('ci_with'))} | "
+                         f"{_gci(c['gap_without_rule'], c.get('ci_without'))} | {_gci(pd.get('mean'), pd.get('ci'))} | "
+                         f"{_g(c['baseline_spread'])} | **{c['verdict']}** |")
+    if data.get("optimizer_check"):
+        lines += [""] + optimizer_lines(data["optimizer_check"])
+    if data.get("arms"):
+        lines += ["## Arms: extra settings run beside the sweep", "", "| arm | κ | EMA rule | --set | --progressive | "
+                  "what |", "|---|---:|---|---|---|---|"]
+        for a in data["arms"]:
+            lines.append(f"| {a['name']} | {_kappa(a['kappa'])} | {a['rule']} | {', '.join(a['set']) or '—'} | "
+                         f"{_cell(a['progressive'] or 'the spec’s own')} | {_cell(a['what'])} |")
+        lines.append("")
+    g = data.get("goal")
+    if g:
+        lines += ["", "## The issue's goal", "",
+                  f"At κ={_kappa(g['kappa'])}, {g['metric']}, {g['statistic']}: the no-rule gap at least twice the "
+                  f"with-rule gap, and the with-rule gap within the baseline's seed spread (1×)."]
+        if g.get("met") is None:
+            lines.append(f"Not judged: {g['why']}.")
+        else:
+            lines.append(f"Gap with the rule {_g(g['gap_with_rule'])}, without {_g(g['gap_without_rule'])}, baseline "
+                         f"spread {_g(g['baseline_spread'])}: **{'met' if g['met'] else 'not met'}**"
+                         + (f" (without ≥ 2× with: {'yes' if g['without_at_least_2x_with'] else 'no'}; with ≤ "
+                            f"spread: {'yes' if g['with_within_spread'] else 'no'})." if not g["met"] else "."))
+            if g.get("diagnosis"):
+                lines.append(f"Why: {g['diagnosis']}.")
+    lines += ["", "## Claims", ""]
+    for i, c in enumerate(data["claims"], 1):
+        lines += [f"### {i}. {c['paper']}" + (f" ({c['where']})" if c.get("where") else ""), "",
+                  f"> {c['claim']}", "",
+                  f"- **Verdict: {c['verdict']}.** {c['why']}."]
+        if c.get("settings"):
+            lines.append(f"- Settings compared: A = {c['settings']['A']}, B = {c['settings']['B']}.")
+        if c.get("verdict_if_target_tracked"):
+            lines.append(f"- Had the target model tracked, the rules would have said: "
+                         f"{c['verdict_if_target_tracked']}.")
+        if c.get("diagnosis"):
+            lines.append(f"- Why it falls short: {c['diagnosis']}.")
+        if c.get("probe_check"):
+            lines.append(f"- Does the tracking probe measure the teacher? {c['probe_check']}.")
+        if c.get("target"):
+            tg = c["target"]
+            lines.append(f"- Target model ({tg['metric']}): gap with the rule {_g(tg['gap_with_rule'])}, without "
+                         f"{_g(tg['gap_without_rule'])}, baseline spread {_g(tg['baseline_spread'])}.")
+        if "meets_issue_goal" in c:
+            lines.append(f"- The stricter goal (without ≥ 2× with, and with ≤ 1× spread): "
+                         f"{'met' if c['meets_issue_goal'] else 'not met'}.")
+        if c.get("measured"):
+            lines.append(f"- Measured: `{json.dumps(c['measured'], ensure_ascii=False)}`")
+        if c.get("note"):
+            lines.append(f"- Our reading: {c['note']}.")
+        if c.get("figure"):
+            lines.append(f"- Figure: [{Path(c['figure']).name}]({c['figure']})")
+        lines += [f"- Command: `{data['command']}`", ""]
+    if data["settings"]:
+        lines += ["## Every setting", "",
+                  "Final value (mean ± std over seeds) and the paired gap statistics with their 95 % bootstrap CI "
+                  "(each run against its own seed's baseline); the baseline's row holds its pair spread (each "
+                  "baseline seed against each other one). The unpaired gap (against the mean of the baselines) "
+                  "is beside it for comparison.", "",
+                  "| metric | setting | κ | seeds | final | ± std | mean \\|Δ\\| over the run [CI] | "
+                  "\\|Δ\\| at the end [CI] | unpaired, run | unpaired, end |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in data["settings"]:
+            lines.append(f"| {r['metric']} | {r['setting']} | {_kappa(r['kappa'])} | {r['seeds']} | "
+                         f"{_g(r['final_mean'])} | {_g(r['final_std'])} | {_gci(r['gap_run'], r.get('ci_run'))} | "
+                         f"{_gci(r['gap_end'], r.get('ci_end'))} | {_g(r.get('unpaired_gap_run'))} | "
+                         f"{_g(r.get('unpaired_gap_end'))} |")
+        lines.append("")
+    if data.get("probe_check"):
+        pc = data["probe_check"]
+        lines += ["## Does the tracking probe measure the teacher?", "",
+                  "Each run's final teacher (the EMA in its checkpoint), probed offline: multinomial logistic "
+                  "regression on its standardized train-split features, fitted to convergence, scored on the test "
+                  "split (`emarule/reproduce/probe_check.py`); the baseline seeds' teachers at initialization as "
+                  "the reference.", "",
+                  "| setting | tracking probe (last reading) | offline probe, final teacher | offline probe, "
+                  "teacher at init |", "|---|---:|---:|---:|"]
+        for k, v in pc["settings"].items():
+            lines.append(f"| {k} | {_pm(v.get('tracking'))} | {_pm(v.get('offline'))} | {_pm(v.get('init'))} |")
+        lines += ["", f"{pc['summary']}.", ""]
+    lines += ["## How a verdict is reached", "", data["decision_rule"], ""]
+    if data["not_judged_here"]:
+        lines += ["## Claims this preset cannot judge (full scale)", ""]
+        for c in data["not_judged_here"]:
+            lines.append(f"- {c['paper']}: \"{c['claim']}\" — {c['why']}.")
+        lines += ["", f"Full scale: {family.full_scale}.", ""]
+    return "\n".join(lines)
+
+
+def write(out: Path, family, data: dict) -> None:
+    atomic_write_text(Path(out) / VERDICT, json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    atomic_write_text(Path(out) / REPORT, markdown(data, family))
+
+
+def print_verdicts(console, data: dict) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title=f"{data['family']}: the paper's claims, checked ({data['command']})", title_justify="left")
+    study = not data["settings"]
+    cols = ("#", "claim", "paper", "our number", "verdict") if study else (
+        "#", "claim", "paper", "metric", "κ", "stat", "with", "without", "spread", "verdict")
+    for c in cols:
+        t.add_column(c, justify="right" if c in ("#", "κ", "with", "without", "spread") else "left")
+    style = {"reproduced": "green", "contradicted": "red", "inconclusive": "yellow"}
+    for i, c in enumerate(data["claims"], 1):
+        verdict = f"[{style[c['verdict']]}]{c['verdict']}[/]"
+        if study:
+            t.add_row(str(i), escape(_short(c["claim"], 50)), c["paper"], escape(_short(c["why"], 110)), verdict)
+        else:
+            t.add_row(str(i), escape(_short(c["claim"], 60)), c["paper"], c["metric"], _kappa(c["kappa"]),
+                      "end" if "end" in c["statistic"] else "run", _g(c["gap_with_rule"]),
+                      _g(c["gap_without_rule"]), _g(c["baseline_spread"]), verdict)
+    console.print(t)
+    oc = data.get("optimizer_check")
+    if oc:
+        rows = ", ".join(f"κ={_kappa(r['kappa'])} {r['setting']} {_gci(r['gap'], r['ci'])}" for r in oc["rows"])
+        console.print(f"optimizer-rule check ({oc['metric']}, spread {_g(oc['spread'])}): {rows}; {oc['summary']}",
+                      highlight=False, markup=False)
+    g = data.get("goal")
+    if g and g.get("met") is not None:
+        console.print(f"goal at κ={_kappa(g['kappa'])} ({g['metric']}, over the run): gap with the rule "
+                      f"{_g(g['gap_with_rule'])}, without {_g(g['gap_without_rule'])}, baseline spread "
+                      f"{_g(g['baseline_spread'])}: {'met' if g['met'] else 'not met'}", highlight=False)

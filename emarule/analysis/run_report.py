@@ -1,0 +1,250 @@
+"""What a training run did: its figures, drawn from metrics.jsonl, and the summary printed at its end.
+
+    <run>/figures/loss.png        the training loss (`loss`) and the task's own losses (`*_loss`)
+    <run>/figures/eval.png        one panel per evaluation metric X: the target's X beside the EMAs'
+                                  `ema_X` and `ema_X/<name>`, and other splits' `X/<split>`
+    <run>/figures/schedules.png   the learning rate, every EMA momentum (`ema_momentum`,
+                                  `ema_momentum/<name>`) and, when Progressive Scaling changes it, κ
+
+all against epochs. A figure with nothing to draw is not written. Metric names follow the engine's
+convention: an EMA's metric is the target's name prefixed `ema_`; further EMAs add `/<name>`, the
+name under which their momentum is logged (`ema_momentum/<name>`). The tracking probe's metrics
+(`probe_*`, BYOL and DINO) measure the EMA teacher and are listed with the EMA's.
+
+Torch-free: it reads only the run directory, so it runs anywhere the run directory is.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from emarule.analysis.compare import finite_number, is_metric
+from emarule.engine.context import rule_names, rule_of_hparams
+from emarule.engine.rundir import FIGURES, HPARAMS, METRICS, atomic_write_bytes, read_metrics
+
+EMA_PREFIX = "ema_"
+PROBE_PREFIX = "probe_"  # the tracking probe: it measures the EMA teacher
+MOMENTUM = "ema_momentum"
+
+
+@dataclass
+class Report:
+    run: Path
+    figures: list[Path] = field(default_factory=list)
+    final: dict[str, dict[str, float]] = field(default_factory=dict)  # "target", "EMA", "EMA <name>" → metrics
+    where: dict = field(default_factory=dict)  # epoch, step, samples_seen, kappa of the last row
+    wall_s: float | None = None
+    headline: str = ""
+    skipped: int | None = None  # training items skipped for failing to decode (data.skip_bad_items)
+
+    def text(self) -> str:
+        lines = [f"run finished: {self.run}" + (f" ({self.headline})" if self.headline else "")]
+        width = max((len(k) for k in self.final), default=0)
+        for who, metrics in self.final.items():
+            lines.append(f"  {who + ':':<{width + 1}} " + ", ".join(f"{k} {_g(v)}" for k, v in metrics.items()))
+        if not self.final:
+            lines.append("  no metrics logged")
+        if self.skipped is not None:
+            lines.append(f"  skipped: {self.skipped} training item{'s' * (self.skipped != 1)} that failed to decode "
+                         f"(data.skip_bad_items)")
+        if self.wall_s is not None:
+            lines.append(f"  wall time: {self.wall_s:.1f} s")
+        lines.append("  figures: " + (", ".join(str(f) for f in self.figures) or "none (nothing logged to plot)"))
+        return "\n".join(lines)
+
+
+def _g(v: float) -> str:
+    return f"{v:.4g}"
+
+
+def _rows(rows: list[dict], kind: str) -> list[dict]:
+    return [r for r in rows if r.get("kind", "train") == kind and finite_number(r.get("epoch")) is not None]
+
+
+def _columns(rows: list[dict], keep) -> list[str]:
+    out: list[str] = []
+    for r in rows:
+        for k, v in r.items():
+            if k not in out and keep(k) and finite_number(v) is not None:
+                out.append(k)
+    return out
+
+
+def _series(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
+    pts = [(float(r["epoch"]), finite_number(r.get(key))) for r in rows]
+    pts = [(x, y) for x, y in pts if y is not None]
+    return [x for x, _ in pts], [y for _, y in pts]
+
+
+def is_loss(key: str) -> bool:
+    base = key.split("/", 1)[0]
+    return base == "loss" or base.endswith("_loss")
+
+
+def base_metric(key: str) -> str:
+    """`ema_top1/0.9999` → `top1`: the target metric an EMA's or a split's metric belongs with."""
+    key = key[len(EMA_PREFIX):] if key.startswith(EMA_PREFIX) else key
+    return key.split("/", 1)[0]
+
+
+def ema_names(train: list[dict]) -> list[str]:
+    """Names of the further EMAs, from their logged momenta (`ema_momentum/<name>`)."""
+    return [k.split("/", 1)[1] for k in _columns(train, lambda k: k.startswith(MOMENTUM + "/"))]
+
+
+def owner(key: str, extra_emas: list[str]) -> str:
+    """Whose metric `key` is: "target", "EMA" (the main one) or "EMA <name>".
+
+    The tracking probe of BYOL and DINO (`probe_top1`, `probe_loss`, `probe_train_top1`;
+    emarule/probe.py) reads the EMA teacher's representation, so its metrics are the EMA's.
+    """
+    if key.startswith(PROBE_PREFIX):
+        return "EMA"
+    if not key.startswith(EMA_PREFIX):
+        return "target"
+    for part in key.split("/")[1:]:
+        if part in extra_emas:
+            return f"EMA {part}"
+    return "EMA"
+
+
+def final_metrics(train: list[dict], evals: list[dict]) -> dict[str, dict[str, float]]:
+    """The last value of each training loss and each evaluation metric, by model."""
+    extra = ema_names(train)
+    out: dict[str, dict[str, float]] = {}
+    last: dict[str, float] = {}
+    for k in _columns(train, is_loss):
+        ys = _series(train, k)[1]
+        last[k] = ys[-1]
+    for k in _columns(evals, is_metric):
+        ys = _series(evals, k)[1]
+        last[k] = ys[-1]
+    for k, v in last.items():
+        out.setdefault(owner(k, extra), {})[k] = v
+    order = ["target", "EMA", *(f"EMA {n}" for n in extra)]
+    return {who: out[who] for who in sorted(out, key=lambda w: order.index(w) if w in order else len(order))}
+
+
+# --- figures ------------------------------------------------------------------------------------
+
+
+def _panels(series: list[tuple[str, list[tuple[str, list, list]]]], title: str) -> bytes:
+    """A figure with one panel per (ylabel, [(label, xs, ys)]), returned as PNG bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    n = len(series)
+    cols = min(3, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.4 * cols, 3.2 * rows), squeeze=False)
+    for ax, (ylabel, lines) in zip(axes.flat, series, strict=False):
+        for i, (label, xs, ys) in enumerate(lines):
+            ax.plot(xs, ys, lw=1.4, ls="-" if i == 0 else "--", label=label, marker="." if len(xs) < 30 else None)
+        ax.set_xlabel("epochs")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, dpi=120, format="png")
+    finally:
+        plt.close(fig)
+    return buf.getvalue()
+
+
+def loss_panels(train: list[dict]) -> list:
+    keys = _columns(train, is_loss)
+    return [(k, [(k, *_series(train, k))]) for k in keys]
+
+
+def eval_panels(evals: list[dict]) -> list:
+    groups: dict[str, list[str]] = {}
+    for k in _columns(evals, is_metric):
+        groups.setdefault(base_metric(k), []).append(k)
+    panels = []
+    for base, keys in groups.items():
+        keys.sort(key=lambda k: (k.startswith(EMA_PREFIX), k != base, k))  # the target's own first
+        panels.append((base, [(k, *_series(evals, k)) for k in keys]))
+    return panels
+
+
+def schedule_panels(train: list[dict]) -> list:
+    panels = []
+    if _columns(train, lambda k: k == "lr"):
+        panels.append(("learning rate", [("lr", *_series(train, "lr"))]))
+    momenta = _columns(train, lambda k: k == MOMENTUM or k.startswith(MOMENTUM + "/"))
+    if momenta:
+        panels.append(("EMA momentum ρ̂", [(k, *_series(train, k)) for k in momenta]))
+    kappas = _series(train, "kappa")[1]
+    if len(set(kappas)) > 1:
+        panels.append(("κ", [("kappa", *_series(train, "kappa"))]))
+    return panels
+
+
+def write_figures(run: Path, rows: list[dict], name: str) -> list[Path]:
+    train, evals = _rows(rows, "train"), _rows(rows, "eval")
+    out = []
+    for fname, panels, what in (("loss.png", loss_panels(train), "training loss"),
+                                ("eval.png", eval_panels(evals), "evaluation: target and EMAs"),
+                                ("schedules.png", schedule_panels(train), "learning rate and EMA momentum")):
+        if not panels:
+            continue
+        path = Path(run) / FIGURES / fname
+        atomic_write_bytes(path, _panels(panels, f"{name}: {what}"))
+        out.append(path)
+    return out
+
+
+# --- the report ---------------------------------------------------------------------------------
+
+
+def _headline(run: Path, last: dict) -> str:
+    parts = []
+    try:
+        h = json.loads((run / HPARAMS).read_text())
+    except (OSError, ValueError):
+        h = None
+    if isinstance(h, dict):
+        if finite_number(h.get("kappa")) is not None:
+            parts.append(f"κ={h['kappa']:g}")
+        parts.append(rule_names(rule_of_hparams(h)).label)
+        if h.get("seed") is not None:
+            parts.append(f"seed {h['seed']}")
+    for key, text in (("epoch", "epoch {:.4g}"), ("step", "step {:.0f}"), ("samples_seen", "{:.0f} samples seen")):
+        v = finite_number(last.get(key))
+        if v is not None:
+            parts.append(text.format(v))
+    return ", ".join(parts)
+
+
+def report(run: Path | str, wall_s: float | None = None, figures: bool = True) -> Report | None:
+    """Draw the run's figures and gather its final metrics; None for a run without metrics.jsonl
+    (the parabola and precision studies, which write their own figures)."""
+    run = Path(run)
+    if not (run / METRICS).exists():
+        return None
+    rows = read_metrics(run / METRICS)  # lenient: the log of the run that just ended
+    train, evals = _rows(rows, "train"), _rows(rows, "eval")
+    last = max(train + evals, key=lambda r: float(r["epoch"])) if train or evals else {}
+    rep = Report(run=run, final=final_metrics(train, evals), where=last, wall_s=wall_s,
+                 headline=_headline(run, last))
+    skipped = [r["skipped_items"] for r in train if isinstance(r.get("skipped_items"), int)]
+    rep.skipped = skipped[-1] if skipped else None
+    if figures:
+        rep.figures = write_figures(run, rows, run.name)
+    return rep
+
+
+def print_report(console, rep: Report | None) -> None:
+    if rep is not None:
+        console.print(rep.text(), markup=False, highlight=False, soft_wrap=True)

@@ -1,0 +1,246 @@
+"""Checks that `run`, `sweep` and `compare` make before they write anything.
+
+Output paths, `--resume`, `--data`, batch sizes in samples, whether a task can run, and metric
+names: each failure is a UserError naming the option and the fix, raised while nothing has been
+created yet. Pure Python (no torch), and nothing here writes: a directory's writability is probed
+with a temporary file that is gone before the call returns.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+
+from emarule.errors import UserError
+from emarule.engine.rundir import CHECKPOINT, HPARAMS, METRICS, UNSAVED
+from emarule.engine.runlock import check_free
+from emarule.config.schema import TASKS, get
+
+# data.source values that ship with the package or are generated: there is nothing for --data to
+# point at. The one list of them (the schema lists every source a task accepts).
+BUNDLED_DATA = frozenset({"digits", "shapes", "synthetic", "textures"})
+
+# data.source values read from a local directory (--data or data.path): what each one needs there,
+# and each task's source when the spec names none (the tasks' own defaults).
+LOCAL_DATA = {
+    "cifar10": ("CIFAR-10 is read from a local directory: pass --data DIR holding cifar-10-batches-py/ "
+                "(nothing is downloaded)"),
+    "imagenet": "ImageNet is read from a local directory: pass --data DIR holding train/<class>/ and val/<class>/",
+    "librispeech": ("{name} reads LibriSpeech: pass --data ROOT holding {labeled}/<speaker>/<chapter>/*.flac "
+                    "(nothing is downloaded)"),
+}
+DEFAULT_SOURCE = {"byol": "cifar10", "dino": "cifar10", "polyak": "imagenet", "ctc": "librispeech"}
+
+# Tasks that sweep κ (or ρ) themselves and write their own figures and tables, with no
+# metrics.jsonl: a κ sweep of them means nothing.
+STUDIES = frozenset({"parabola", "precision"})
+
+# What each trainable task logs besides the loop's `loss` and `grad_norm`, so that `sweep --metric`
+# is checked before anything trains. EMA and split variants (`ema_X`, `X/suffix`) need no entry.
+# A task missing here is not checked; tests/test_sweep.py holds the list to what a run logs.
+TASK_METRICS = {
+    "byol": ("byol_loss", "probe_loss", "probe_train_top1", "probe_top1"),
+    "polyak": ("train_top1", "bn_momentum", "top1", "val_loss"),
+    "ctc": ("ctc_loss", "wer", "pl_wer", "phase", "unlabeled_share"),
+    "toy": ("mse", "val_mse"),
+}
+LOOP_METRICS = ("loss", "grad_norm")
+
+
+def _existing_ancestor(p: Path) -> Path:
+    p = Path(os.path.abspath(p))
+    while not os.path.lexists(p):
+        p = p.parent
+    return p
+
+
+def _writable(directory: Path) -> bool:
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            return True
+    except OSError:
+        return False
+
+
+def _kind(p: Path) -> str:
+    """What a path that is not a directory is, for a message."""
+    return "a broken symbolic link" if p.is_symlink() and not p.exists() else "a file"
+
+
+def out_dir(path: Path | str | None, flag: str = "--out") -> Path | None:
+    """A directory that exists and is writable, or that can be created (it is not created here)."""
+    if path is None:
+        return None
+    if str(path).strip() == "":
+        raise UserError(f"{flag} is empty; give a directory, e.g. {flag} runs/my-run")
+    p = Path(path)
+    if os.path.lexists(p) and not p.is_dir():
+        fix = "remove the link or pass another directory" if _kind(p) != "a file" else "pass a directory"
+        raise UserError(f"{flag} {p} is {_kind(p)}, not a directory; {fix} (it is created if missing)")
+    anc = _existing_ancestor(p)
+    if not anc.is_dir():
+        raise UserError(f"{flag} {p}: {anc} is {_kind(anc)}, so nothing can be created under it; pass another path")
+    if not _writable(anc):
+        raise UserError(f"{flag} {p}: cannot write in {anc} (no permission or a read-only file system); "
+                        f"pass a directory you can write to")
+    return p
+
+
+def out_file(path: Path | str, flag: str = "--out", fix: str = "pass another path") -> Path:
+    """A file path whose folder exists and is writable, or can be created (it is not created here)."""
+    if str(path).strip() == "":
+        raise UserError(f"{flag} is empty; give a file path, e.g. {flag} compare.png")
+    p = Path(path)
+    if p.is_dir():
+        raise UserError(f"{flag} {p} is a directory; {fix}, e.g. {p / 'compare.png'}")
+    anc = _existing_ancestor(p.parent)
+    if not anc.is_dir():
+        raise UserError(f"{flag} {p}: {anc} is {_kind(anc)}, so nothing can be written under it; {fix}")
+    if not _writable(anc):
+        raise UserError(f"{flag} {p}: cannot write in {anc} (no permission or a read-only file system); {fix}")
+    return p
+
+
+def run_dir(out: Path, resume: bool) -> None:
+    """`--resume` needs a run to continue; a new run needs a directory that holds none.
+
+    A run's record is its checkpoint, hparams.json or metrics.jsonl: a directory holding any of
+    them is never written over by a new run (its checkpoint may have been deleted; the record stays),
+    unless the run marked it as stopped before its first checkpoint (`rundir.UNSAVED`). A directory
+    another live process has locked is named with its holder.
+    Only `emarule run` calls this: a sweep resumes its own runs where a checkpoint is, and restarts
+    the others.
+    """
+    check_free(out, "run")
+    record = [n for n in (HPARAMS, METRICS) if (out / n).exists()]
+    if (out / UNSAVED).exists() and not (out / CHECKPOINT).exists():
+        return  # stopped before its first checkpoint: nothing to keep; the run starts again from scratch
+    if resume:
+        if not out.exists():
+            raise UserError(f"--resume: {out} does not exist; pass --out with the directory of the run to "
+                            f"continue, or drop --resume to start a new run")
+        if not (out / CHECKPOINT).exists():
+            if record:
+                raise UserError(f"--resume: no checkpoint in {out} (it holds {' and '.join(record)} of a run that "
+                                f"cannot be continued); pass --out NEW_DIR to start a new run, or delete {out}")
+            raise UserError(f"--resume: no checkpoint in {out}; drop --resume to start the run from scratch")
+    elif (out / CHECKPOINT).exists():
+        raise UserError(f"{out} already holds a run (checkpoint.pt); pass --resume to continue it or "
+                        f"--out NEW_DIR to start another")
+    elif record:
+        raise UserError(f"{out} already holds a run ({' and '.join(record)}, no checkpoint to resume from); "
+                        f"pass --out NEW_DIR to start another, or delete {out} to start over")
+
+
+def _bundled_presets(spec: dict) -> list[str]:
+    """The presets of the spec's file that train on bundled data (`cpu` first), none where unreadable."""
+    from emarule.config.load import load_spec, read_yaml
+
+    source = spec.get("source")
+    try:
+        names = list((read_yaml(Path(source)).get("presets") or {}) if source else [])
+    except UserError:
+        return []
+    out = []
+    for name in names:
+        if name == spec.get("preset"):
+            continue
+        try:
+            resolved = load_spec(path=source, preset=name)  # applied as `--preset` applies it
+        except UserError:
+            continue
+        if get(resolved, "data.source") in BUNDLED_DATA:
+            out.append(str(name))
+    return sorted(out, key=lambda n: (n != "cpu", n))
+
+
+def local_data(spec: dict) -> None:
+    """A data set read from disk needs --data (or data.path): said before anything is written, with
+    a fix this spec has (a preset of its own on bundled data, else `--set data.source=...`)."""
+    task = spec.get("task")
+    source = get(spec, "data.source", DEFAULT_SOURCE.get(task))
+    if source not in LOCAL_DATA or get(spec, "data.path"):
+        return
+    field = get(TASKS.get(task, {}), "data.source")
+    bundled = [c for c in (getattr(field, "choices", None) or ()) if c in BUNDLED_DATA]
+    presets = _bundled_presets(spec)
+    if presets:
+        fix = f"use --preset {presets[0]} (bundled data, no download)"
+    elif bundled:
+        fix = f"add --set data.source={bundled[0]} (bundled, no download)"
+    else:
+        fix = "set data.path in the spec"
+    what = LOCAL_DATA[source].format(name=spec.get("name", "?"), labeled=get(spec, "data.labeled", "train-clean-100"))
+    raise UserError(f"{what}, or {fix}")
+
+
+def data(spec: dict, path: Path | None) -> None:
+    """--data only where the run reads a data set from disk, and there it is needed (or data.path)."""
+    if path is None:
+        local_data(spec)
+        return
+    name, task = spec.get("name", "?"), spec.get("task")
+    if "data" not in TASKS.get(task, {}):
+        raise UserError(f"--data: {name} reads no data set (its {task!r} task makes its own); drop --data")
+    source = get(spec, "data.source")
+    if source in BUNDLED_DATA:
+        preset = spec.get("preset")
+        fix = f"drop --preset {preset} to train on your own data" if preset else "set data.source to your data's"
+        raise UserError(f"--data: {name}{f' --preset {preset}' if preset else ''} uses bundled data "
+                        f"(data.source: {source}); drop --data, or {fix}")
+
+
+def whole_batches(spec: dict, plan, batch_size: float | None, runs: bool) -> None:
+    """A batch counted in samples is at least one sample, and a whole number of them.
+
+    `batch_size` is an explicit --batch-size; every batch the plan holds (κB and each Progressive
+    Scaling stage's) must be at least one sample; with `runs`, each must be a whole number too, as
+    `plan` may show a fractional κB.
+    """
+    if get(spec, "batch.unit", "samples") != "samples":
+        return  # seconds of audio may be fractional
+    name, base = spec.get("name", "?"), spec["batch"]["size"]
+    if batch_size is not None and not float(batch_size).is_integer():
+        raise UserError(f"--batch-size {batch_size:g}: {name} counts its batch in samples; give a whole number")
+    batches = [(plan.kappa, plan["batch_size"])]
+    batches += [(st.kappa, st.batch_size) for st, _ in (plan.stages or [])]
+    for k, b in batches:
+        if b < 1 and not math.isclose(b, 1.0, rel_tol=0, abs_tol=1e-6):
+            raise UserError(f"κ={k:g} gives a batch of {b:g} samples (κ × {base:g}), below one sample; "
+                            f"choose κ ≥ {1 / base:.4g} (κB ≥ 1), or pass --batch-size N with N ≥ 1")
+    if not runs:
+        return
+    if not float(base).is_integer():
+        raise UserError(f"batch.size {base:g}: {name} counts its batch in samples; give a whole number")
+    for k, b in batches:
+        if not math.isclose(b, round(b), rel_tol=0, abs_tol=1e-6):
+            raise UserError(f"κ={k:g} gives a batch of {b:g} samples (κ × {base:g}); choose κ so that κB is "
+                            f"a whole number, or pass --batch-size N")
+
+
+def runnable(spec: dict, runnable_tasks, sweep: bool = False) -> None:
+    """The task can run here (and, for a sweep, trains at one κ per run)."""
+    name, task = spec.get("name", "?"), spec.get("task")
+    if task not in runnable_tasks:
+        ready = ", ".join(sorted(runnable_tasks))
+        raise UserError(f"{name}: the {task!r} task cannot run yet (runnable tasks: {ready}); "
+                        f"`emarule plan {name} --kappa K` shows its scaled recipe")
+    if sweep and task in STUDIES:
+        raise UserError(f"{name} sweeps κ itself and has no κ=1 baseline to compare with; "
+                        f"use `emarule run {name}` instead of `emarule sweep`")
+
+
+def metric(spec: dict, name: str | None) -> None:
+    """`sweep --metric` names something the task logs (checked where the task's metrics are known)."""
+    if name is None:
+        return
+    known = TASK_METRICS.get(spec.get("task"))
+    if known is None:
+        return
+    base = name.split("/", 1)[0]
+    base = base[len("ema_"):] if base.startswith("ema_") else base
+    if not name.strip() or base not in (*LOOP_METRICS, *known):
+        raise UserError(f"--metric {name!r}: {spec.get('name', '?')} logs {', '.join((*LOOP_METRICS, *known))} "
+                        f"(and ema_<name> for its EMA); pass one of them")

@@ -1,0 +1,575 @@
+"""The `emarule` command line: parse, resolve the spec and κ, check, dispatch. No logic of its own.
+
+`list`, `plan`, `table`, `limits` and `compare` never import torch; `run` and `sweep` import a task
+only once every option has been checked (`emarule.cli.checks`), before anything is written.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from emarule import __version__
+from emarule.cli.render import wide_console
+from emarule.cli.seeds import MAX_SEED, MAX_SEEDS, parse_seeds
+
+try:  # typer ≥ 0.20 vendors click; older releases use the click package
+    from typer._click import exceptions as click_exc
+except ImportError:  # pragma: no cover
+    from click import exceptions as click_exc
+
+from emarule.errors import UserError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="Scale every hyperparameter, the model-EMA momentum included, when the batch size changes "
+    "(Busbridge et al., 'How to Scale Your EMA', NeurIPS 2023).",
+)
+console = wide_console()
+err_console = wide_console(stderr=True)
+
+
+class Fmt(str, Enum):
+    table = "table"
+    json = "json"
+    yaml = "yaml"
+    timm = "timm"  # with --timm-args: the scaled args.yaml
+
+
+class TableFmt(str, Enum):
+    table = "table"
+    csv = "csv"
+    markdown = "markdown"
+
+
+class LimitsFmt(str, Enum):
+    table = "table"
+    json = "json"
+
+
+class EmaRule(str, Enum):
+    exponential = "exponential"
+    linear = "linear"
+
+
+class TableKind(str, Enum):
+    momenta = "momenta"
+    lr = "lr"
+
+
+class Optim(str, Enum):
+    sgd = "sgd"
+    adam = "adam"
+
+
+class Dtype(str, Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+def fail(message: str) -> None:
+    err_console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def friendly(fn):
+    """Turn a UserError into one line on stderr and exit code 2: no traceback reaches the user.
+
+    A file-system error that the checks could not foresee (a disk that fills up, permissions that
+    change mid-run) gets the same treatment, naming the file.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UserError as e:
+            fail(str(e))
+        except OSError as e:
+            from emarule.engine.rundir import no_space
+
+            if no_space(e):  # a write outside emarule.engine.rundir's (a library's own file): still one line
+                fail(f"cannot write {e.filename or 'a file'}: {e.strerror or e}; free space (or raise the limit) "
+                     f"and run the command again")
+            if e.filename is None:
+                raise
+            fail(f"{e.filename}: {e.strerror or e}; check the path and its permissions")
+
+    return wrapper
+
+
+def number(text: str | None, what: str) -> float | None:
+    """Parse a float given as text so that 'abc', 'nan' and 'inf' get our one-line error."""
+    if text is None:
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        raise UserError(f"{what} must be a number, got {text!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise UserError(f"{what} must be finite and > 0, got {text!r}")
+    return v
+
+
+def numbers(text: str | None, what: str, example: str = "1,2,4") -> list[float] | None:
+    """Comma-separated numbers; an empty list or an empty item ('2,,4', '2,4,') is an error."""
+    if text is None:
+        return None
+    items = [t.strip() for t in text.split(",")]
+    if not any(items):
+        raise UserError(f"{what} is empty; give comma-separated numbers, e.g. {what} {example}")
+    if not all(items):
+        raise UserError(f"{what} {text!r}: an empty item; give numbers separated by commas, e.g. {example}")
+    return [number(t, what) for t in items]
+
+
+def whole(values: list[float], what: str) -> list[int]:
+    bad = [v for v in values if not float(v).is_integer()]
+    if bad:
+        raise UserError(f"{what} {bad[0]:g}: batch sizes count samples; give whole numbers")
+    return [int(v) for v in values]
+
+
+def resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule, ema_rule, progressive):
+    """Spec + κ + rule + progressive schedule → (spec, κ, rule name or None, progressive dict, plan)."""
+    from emarule.cli import checks
+    from emarule.scaling import kappa_from, plan
+    from emarule.scaling import progressive as prog
+    from emarule.config.load import load_spec
+
+    if no_ema_rule and ema_rule is not None:
+        raise UserError(f"--no-ema-rule and --ema-rule {ema_rule.value} contradict each other; give one of them")
+    s = load_spec(experiment, spec, preset, overrides or [])
+    b = number(batch_size, "--batch-size")
+    k = kappa_from(s, number(kappa, "--kappa"), b)
+    rule = None if no_ema_rule else (ema_rule or EmaRule.exponential).value
+    # Only a command-line schedule is passed on: `plan` itself takes the spec's, or skips it (κ < 1).
+    p = plan(s, k, rule, prog.parse(progressive) if progressive else None)
+    checks.whole_batches(s, p, b, runs=False)
+    return s, k, rule, p.progressive, p
+
+
+def check_seed(seed: int | None) -> None:
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise UserError(f"--seed must be a whole number from 0 to {MAX_SEED} (2^32 − 1), got {seed}")
+
+
+def check_seeds(seeds: str | None) -> tuple[int, ...] | None:
+    """--seeds as a count, a range or a list (`emarule.cli.seeds`); None when not given."""
+    return None if seeds is None else parse_seeds(seeds)
+
+
+def check_run_options(wandb: str, max_device_batch: int | None, seed: int | None = None) -> None:
+    if wandb not in ("off", "offline", "online", "disabled"):
+        raise UserError(f"--wandb must be off, offline or online, got {wandb!r}")
+    if max_device_batch is not None and max_device_batch < 1:
+        raise UserError(f"--max-device-batch must be ≥ 1, got {max_device_batch}")
+    check_seed(seed)
+
+
+def presets_help() -> str:
+    """Every experiment's presets, read from the specs when help is asked for (not at import)."""
+    from emarule.config.load import experiment_names, read_yaml, spec_path
+
+    have = []
+    for name in experiment_names():
+        try:
+            presets = read_yaml(spec_path(name, None)).get("presets") or {}
+        except UserError:
+            continue
+        if presets:
+            have.append(f"{name}: {', '.join(sorted(presets))}")
+    return "Presets (--preset): " + ("; ".join(have) or "none") + ". `emarule list` marks which experiments run."
+
+
+def _no_type(ctx) -> None:
+    return None
+
+
+class Help(typer.core.TyperCommand):
+    """Help without typer's `<str>` and `<bool>` type labels: an argument is named by its metavar, a
+    flag needs no value; every option that takes one has a metavar (PATH, DIR, NAME, INT, ...)."""
+
+    def format_help(self, ctx, formatter):
+        for p in self.get_params(ctx):
+            if isinstance(p, typer.core.TyperArgument) or getattr(p, "is_flag", False):
+                p.display_type_rich = _no_type
+        return super().format_help(ctx, formatter)
+
+
+class PresetsInHelp(Help):
+    def format_help(self, ctx, formatter):
+        self.epilog = presets_help()
+        return super().format_help(ctx, formatter)
+
+
+ExpArg = typer.Argument(None, metavar="EXPERIMENT", show_default=False,
+                        help="experiment name (see `emarule list`); omit with --spec")
+SpecOpt = typer.Option(None, "--spec", metavar="PATH", help="a YAML spec of your own instead of a named experiment")
+PresetOpt = typer.Option(None, "--preset", metavar="NAME", help="a named preset of the spec (e.g. cpu, tiny, quick)")
+SetOpt = typer.Option(None, "--set", metavar="KEY=VALUE",
+                      help="override a spec value: --set optimizer.lr=0.1 (repeatable)")
+KappaOpt = typer.Option(None, "--kappa", "-k", metavar="FLOAT", help="κ = B̂/B, the batch-size scaling")
+BatchOpt = typer.Option(None, "--batch-size", "-b", metavar="FLOAT",
+                        help="new batch size in the spec's unit (instead of --kappa)")
+NoRuleOpt = typer.Option(False, "--no-ema-rule", help="baseline: scale everything but the EMA momentum")
+RuleOpt = typer.Option(None, "--ema-rule", help="ρ^κ (exponential, the default) or 1 − κ(1 − ρ) (linear)")
+DataOpt = typer.Option(None, "--data", metavar="DIR", help="local data set directory (CIFAR-10, ImageNet, ...)")
+WandbOpt = typer.Option("off", "--wandb", metavar="MODE", help="mirror metrics to wandb: off, offline or online")
+MaxDevOpt = typer.Option(None, "--max-device-batch", metavar="INT",
+                         help="largest per-device micro-batch; the rest is accumulated")
+ProgOpt = typer.Option(None, "--progressive", metavar="SCHEDULE",
+                       help="Progressive Scaling: constant, step:E, smooth:E1-E2, incremental:START,DELTA_B,EVERY")
+
+
+def _version(value: bool) -> None:
+    if value:
+        console.print(f"emarule {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="print the version and exit")) -> None:
+    pass
+
+
+@app.command("list", cls=Help)
+@friendly
+def list_cmd() -> None:
+    """The paper's experiments: section, data, base batch, optimizer, EMA ρ, presets, and which ones run."""
+    from rich.table import Table
+
+    from emarule.cli.render import fmt
+    from emarule.config.load import experiment_names, load_spec, read_yaml, spec_path
+    from emarule.tasks import RUNNABLE_TASKS
+
+    t = Table(title="emarule experiments (base values at κ=1)", title_justify="left")
+    for c in ("experiment", "section", "data set", "base batch", "optimizer", "EMA ρ", "task", "runs", "presets"):
+        t.add_column(c)
+    for name in experiment_names():
+        s = load_spec(name)
+        b = s["batch"]
+        unit = "" if b.get("unit", "samples") == "samples" else f" {b['unit']}"
+        presets = ", ".join(sorted(read_yaml(spec_path(name, None)).get("presets") or {}))
+        t.add_row(name, s.get("section", ""), s.get("dataset", ""), f"{fmt(b['size'])}{unit}",
+                  s["optimizer"].get("name", ""), fmt(s["ema"].get("momentum")), s["task"],
+                  "yes" if s["task"] in RUNNABLE_TASKS else "plan only", presets)
+    console.print(t)
+
+
+@app.command(cls=Help)
+@friendly
+def plan(
+    experiment: Optional[str] = ExpArg,
+    spec: Optional[Path] = SpecOpt,
+    kappa: Optional[str] = KappaOpt,
+    batch_size: Optional[str] = BatchOpt,
+    no_ema_rule: bool = NoRuleOpt,
+    ema_rule: EmaRule = RuleOpt,
+    progressive: Optional[str] = ProgOpt,
+    preset: Optional[str] = PresetOpt,
+    overrides: Optional[List[str]] = SetOpt,
+    format: Fmt = typer.Option(Fmt.table, "--format", "-f", help="table, json, yaml; timm: the scaled args.yaml"),
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="with Progressive Scaling: a full table per stage, not one row per stage"),
+    timm_args: Optional[Path] = typer.Option(None, "--timm-args", metavar="PATH",
+                                             help="scale the args.yaml of a timm train.py run (--batch-size: global)"),
+    world_size: int = typer.Option(1, "--world-size", min=1, metavar="N",
+                                   help="with --timm-args: processes of that run"),
+    out: Optional[Path] = typer.Option(None, "--out", metavar="PATH", help="with --format timm: write it here"),
+) -> None:
+    """Every hyperparameter, base → scaled, with the rule that produced it (and one row per stage)."""
+    from emarule.cli.render import print_plan
+
+    if kappa is None and batch_size is None:
+        raise UserError("give --kappa K or --batch-size B, e.g. `emarule plan byol-vit --kappa 6`")
+    if timm_args is not None or format is Fmt.timm or out is not None:
+        from emarule.cli.timm_plan import plan_timm
+
+        return plan_timm(console, timm_args, experiment or spec, kappa, batch_size, world_size, format.value, out,
+                         verbose or overrides or preset or progressive or no_ema_rule)
+    *_, p = resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule, ema_rule, progressive)
+    print_plan(console, p, format.value, verbose)
+
+
+@app.command(cls=Help)
+@friendly
+def table(
+    kind: TableKind = typer.Argument(..., help="momenta (ρ^κ) or lr (κη for SGD, √κη for Adam)"),
+    base_batch_size: Optional[str] = typer.Option(None, "--base-batch-size", "-B", metavar="INT",
+                                                  help="reference batch B of the given values (default 256)"),
+    momentum: Optional[List[str]] = typer.Option(None, "--momentum", metavar="FLOAT",
+                                                 help="base momentum ρ (repeatable)"),
+    lr: Optional[List[str]] = typer.Option(None, "--lr", metavar="FLOAT", help="base learning rate η (repeatable)"),
+    optimizer: Optional[Optim] = typer.Option(None, "--optimizer", help="lr rule for --lr: sgd (κη, the default) "
+                                                                        "or adam (√κη)"),
+    batch_sizes: Optional[str] = typer.Option(None, "--batch-sizes", metavar="INT,INT,...",
+                                              help="rows, e.g. 256,1024,4096"),
+    format: TableFmt = typer.Option(TableFmt.table, "--format", "-f"),
+) -> None:
+    """The paper's reference tables, or the same for your own base values."""
+    from emarule.cli.render import print_ref_table
+    from emarule.scaling import tables
+
+    rows = whole(numbers(batch_sizes, "--batch-sizes", "256,1024,4096") or tables.PAPER_BATCH_SIZES,
+                 "--batch-sizes")
+    base = number(base_batch_size, "--base-batch-size")
+    if base is not None:
+        whole([base], "--base-batch-size")
+    if optimizer is not None and not lr:
+        raise UserError("--optimizer picks the lr rule for --lr values; give --lr too (`emarule table lr --lr 0.1 "
+                        "--optimizer adam`)")
+    if kind is TableKind.momenta:
+        if lr:
+            raise UserError("--lr goes with `emarule table lr`")
+        if momentum:
+            cols = []
+            for m in momentum:
+                try:
+                    rho = float(m)
+                except ValueError:
+                    raise UserError(f"--momentum must be a number, got {m!r}") from None
+                if not 0.0 <= rho < 1.0:
+                    raise UserError(f"--momentum must be in [0, 1), got {m!r}")
+                cols.append((base or 256, rho))
+            t = tables.momentum_table(cols, rows)
+        elif base is not None:
+            raise UserError("--base-batch-size needs --momentum values to go with it")
+        else:
+            t = tables.momentum_table(batch_sizes=rows)
+    else:
+        if momentum:
+            raise UserError("--momentum goes with `emarule table momenta`")
+        if lr:
+            cols = [(base or 256, number(v, "--lr"), (optimizer or Optim.sgd).value) for v in lr]
+            t = tables.lr_table(cols, rows)
+        elif base is not None:
+            raise UserError("--base-batch-size needs --lr values to go with it")
+        else:
+            t = tables.lr_table(batch_sizes=rows)
+    print_ref_table(console, t, format.value)
+
+
+@app.command(cls=Help)
+@friendly
+def limits(
+    momentum: str = typer.Option(..., "--momentum", metavar="FLOAT", help="base momentum ρ in (0, 1)"),
+    batch_size: str = typer.Option(..., "--batch-size", metavar="FLOAT",
+                                   help="reference batch B at which ρ is written"),
+    dtype: Dtype = typer.Option(Dtype.float32, "--dtype"),
+    relative_gap: str = typer.Option("1", "--relative-gap", metavar="FLOAT",
+                                     help="r = |θ − ζ| / |ζ| assumed for the update bound (default 1)"),
+    format: LimitsFmt = typer.Option(LimitsFmt.table, "--format", "-f"),
+) -> None:
+    """The range of κ (and batch size) over which ρ^κ and the EMA update stay meaningful in a dtype."""
+    from emarule.cli.render import print_limits
+    from emarule.scaling.limits import limits as compute
+
+    try:
+        rho = float(momentum)
+    except ValueError:
+        raise UserError(f"--momentum must be a number, got {momentum!r}") from None
+    if not 0.0 < rho < 1.0:
+        raise UserError(f"--momentum must be in (0, 1), got {momentum!r}")
+    lim = compute(rho, number(batch_size, "--batch-size"), dtype.value, number(relative_gap, "--relative-gap"))
+    print_limits(console, lim, format.value)
+
+
+OutDirOpt = typer.Option(None, "--out", metavar="DIR", help="run directory (default runs/<experiment>/<name>)")
+
+
+@app.command(cls=PresetsInHelp)
+@friendly
+def run(
+    experiment: Optional[str] = ExpArg,
+    spec: Optional[Path] = SpecOpt,
+    kappa: Optional[str] = KappaOpt,
+    batch_size: Optional[str] = BatchOpt,
+    no_ema_rule: bool = NoRuleOpt,
+    ema_rule: Optional[EmaRule] = RuleOpt,
+    progressive: Optional[str] = ProgOpt,
+    preset: Optional[str] = PresetOpt,
+    overrides: Optional[List[str]] = SetOpt,
+    data: Optional[Path] = DataOpt,
+    out: Optional[str] = OutDirOpt,
+    resume: bool = typer.Option(False, "--resume", help="continue from the run directory's last checkpoint"),
+    seed: int = typer.Option(0, "--seed", metavar="INT", help=f"seed of every random stream, 0 to {MAX_SEED}"),
+    wandb: str = WandbOpt,
+    max_device_batch: Optional[int] = MaxDevOpt,
+) -> None:
+    """Run an experiment at κ, with or without the EMA rule (alone or under torchrun); print what it did."""
+    import time
+
+    from emarule.cli import checks
+    from emarule.engine.context import RunContext, default_run_name
+    from emarule.tasks import RUNNABLE_TASKS
+
+    check_run_options(wandb, max_device_batch, seed)
+    s, k, rule, pr, p = resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule, ema_rule,
+                                progressive)
+    checks.runnable(s, RUNNABLE_TASKS)
+    checks.data(s, data)
+    checks.whole_batches(s, p, None, runs=True)
+    run_dir = checks.out_dir(out) or Path("runs") / s["name"] / default_run_name(k, rule, seed, pr, preset)
+    checks.out_dir(run_dir)
+    checks.run_dir(run_dir, resume)
+    ctx = RunContext(spec=s, kappa=k, ema_rule=rule, plan=p, out=run_dir, progressive=pr, preset=preset,
+                     data=data, resume=resume, seed=seed, wandb="off" if wandb == "disabled" else wandb,
+                     max_device_batch=max_device_batch)
+    from emarule.engine import distributed  # torch, from here on
+    from emarule.analysis.run_report import print_report, report
+    from emarule.tasks import run_task
+
+    main = distributed.is_main()
+    if main:  # what `emarule plan` warns about (a value that rounds to 1, a setting with no effect) is said here too
+        for w in p.warnings:
+            err_console.print(f"warning: {w}", markup=False, highlight=False, soft_wrap=True)
+    t0 = time.monotonic()
+    run_task(ctx)
+    if main:
+        print_report(console, report(run_dir, time.monotonic() - t0))
+
+
+class CompareFmt(str, Enum):
+    table = "table"
+    json = "json"
+
+
+@app.command(cls=PresetsInHelp)
+@friendly
+def sweep(
+    experiment: Optional[str] = ExpArg,
+    spec: Optional[Path] = SpecOpt,
+    kappas: str = typer.Option("1,2,4", "--kappas", metavar="FLOAT,FLOAT,...",
+                               help="κ values, comma-separated (κ=1, the baseline, always runs)"),
+    rule: str = typer.Option("with,without", "--rule", metavar="RULE,RULE,...",
+                             help="with (ρ^κ), without (ρ), linear (1 − κ(1 − ρ)), comma-separated"),
+    seeds: str = typer.Option("1", "--seeds", metavar="N|A-B|S,S,...",
+                              help=f"seeds: a count (0..N−1), a range (100-104) or a list (3,7,11); at most "
+                                   f"{MAX_SEEDS}"),
+    progressive: Optional[str] = ProgOpt,
+    preset: Optional[str] = PresetOpt,
+    overrides: Optional[List[str]] = SetOpt,
+    data: Optional[Path] = DataOpt,
+    out: Optional[str] = typer.Option(None, "--out", metavar="DIR", help="root of the run directories (default runs/)"),
+    metric: Optional[str] = typer.Option(None, "--metric", metavar="NAME",
+                                         help="metric to compare (default: the EMA's: "
+                                         "probe_top1, ema_top1 or ema_wer; else loss)"),
+    wandb: str = WandbOpt,
+    max_device_batch: Optional[int] = MaxDevOpt,
+) -> None:
+    """The κ=1 baseline and each κ with and without the EMA Scaling Rule, one after another; then compare."""
+    from emarule.engine import sweep as sw
+
+    check_run_options(wandb, max_device_batch)
+    seed_list = check_seeds(seeds)
+    runs = sw.plan_runs(sw.distinct_kappas(numbers(kappas, "--kappas"), kappas), sw.parse_rules(rule),
+                        seed_list)
+
+    def resolve_run(k: float, ema: Optional[str], baseline: bool):
+        return resolve(experiment, spec, preset, overrides, repr(k), None, ema is None, ema and EmaRule(ema),
+                       "constant" if baseline else progressive)
+
+    from emarule.cli.checks import out_dir
+
+    sw.execute(console, runs, resolve_run, Path("runs") if out is None else out_dir(out), data=data,
+               max_device_batch=max_device_batch, wandb="off" if wandb == "disabled" else wandb, metric=metric)
+
+
+@app.command("compare", cls=Help)
+@friendly
+def compare_cmd(
+    run_dirs: List[Path] = typer.Argument(..., metavar="RUN_DIR",
+                                          help="run directories, or a folder holding them (runs/byol-r18)"),
+    metric: Optional[str] = typer.Option(None, "--metric", "-m", metavar="NAME",
+                                         help="metric to overlay (default: the EMA's: probe_top1, ema_top1 or "
+                                              "ema_wer; else loss)"),
+    out: Optional[str] = typer.Option(None, "--out", metavar="PNG",
+                                      help="figure path ending in .png (default: compare-<metric>.png beside "
+                                           "the runs)"),
+    format: CompareFmt = typer.Option(CompareFmt.table, "--format", "-f"),
+) -> None:
+    """Overlay runs on the κ=1 baseline (one panel per κ) and print each run's gap to it."""
+    from emarule.analysis.compare import run_compare
+
+    run_compare(console, run_dirs, metric, out, format.value)
+
+
+@app.command(cls=Help)
+@friendly
+def reproduce(
+    family: str = typer.Argument(..., metavar="FAMILY",
+                                 help="parabola, precision, polyak, byol, byol-vit, byol-r50-lars, dino, ctc-polyak or "
+                                      "ctc-pseudo-label"),
+    preset: Optional[str] = typer.Option(None, "--preset", metavar="NAME",
+                                         help="the spec's preset (default: the family's, cpu for training families); "
+                                              "full: the paper's recipe"),
+    seeds: Optional[str] = typer.Option(None, "--seeds", metavar="N|A-B|S,S,...",
+                                        help=f"seeds per setting: a count (0..N−1), a range (100-104) or a list "
+                                             f"(3,7,11); default 5, at most {MAX_SEEDS}"),
+    kappas: Optional[str] = typer.Option(None, "--kappas", metavar="FLOAT,FLOAT,...",
+                                         help="κ values (default: the family's; the κ=1 baseline always runs)"),
+    out: Optional[str] = typer.Option(None, "--out", metavar="DIR",
+                                      help="where runs, report.md, verdict.json and figures go "
+                                           "(default runs/reproduce/FAMILY); finished runs there are reused"),
+    data: Optional[Path] = DataOpt,
+) -> None:
+    """Every claim of the paper for one family: run the sweep, measure gaps and seed spread, write a verdict."""
+    from emarule.analysis.reproduce.command import reproduce as run_reproduction
+
+    seed_list = check_seeds(seeds)
+
+    def resolver(experiment: str, spec_preset: Optional[str]):
+        def resolve_run(k: float, ema: Optional[str], baseline: bool, arm=None):
+            # An arm (emarule.analysis.reproduce.claims.Arm) adds its --set overrides and --progressive schedule.
+            sets = list(arm.sets) if arm is not None else []
+            prog = "constant" if baseline else (arm.schedule(experiment, spec_preset) if arm is not None else None)
+            return resolve(experiment, None, spec_preset, sets, repr(k), None, ema is None, ema and EmaRule(ema),
+                           prog)
+        return resolve_run
+
+    from emarule.engine.sweep import distinct_kappas
+
+    run_reproduction(console, family, preset=preset, seeds=seed_list,
+                     kappas=distinct_kappas(numbers(kappas, "--kappas"), kappas), out=out,
+                     data=data, resolver=resolver)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: usage errors become one line on stderr with exit code 2, like every other error."""
+    command = typer.main.get_command(app)
+    try:
+        rv = command.main(args=argv if argv is not None else sys.argv[1:], prog_name="emarule",
+                          standalone_mode=False)
+    except click_exc.NoArgsIsHelpError:
+        _exit(2)  # the help has been printed already
+    except click_exc.ClickException as e:
+        err_console.print(f"error: {e.format_message()}", markup=False, highlight=False, soft_wrap=True)
+        _exit(2)
+    except (KeyboardInterrupt, typer.Abort):
+        _exit(130)
+    except UserError as e:
+        err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
+        _exit(2)
+    _exit(rv if isinstance(rv, int) else 0)
+
+
+def _exit(code: int) -> None:
+    # A process of a torchrun launch ends through distributed.exit_process; only a command that trained has
+    # imported it, so table, plan and limits stay free of torch.
+    launched = sys.modules.get("emarule.engine.distributed")
+    if launched is not None and os.environ.get("WORLD_SIZE", "1") not in ("", "1"):
+        launched.exit_process(code)
+    sys.exit(code)

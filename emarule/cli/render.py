@@ -1,0 +1,175 @@
+"""Text renderings of plans, tables and limits: rich tables for people, CSV/JSON/YAML for tools."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import sys
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from emarule.engine.context import rule_names
+from emarule.engine.rundir import atomic_write_text
+from emarule.scaling import Plan
+from emarule.scaling.limits import Limits
+from emarule.scaling.tables import Table as RefTable
+from emarule.scaling.tables import paper_round
+
+
+def wide_console(stderr: bool = False, quiet: bool = False) -> Console:
+    """A terminal console; 200 columns when piped (rich would assume 80 and fold the tables)."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, quiet=quiet, width=None if stream.isatty() else 200)
+
+
+def print_and_save(console: Console, tables: list, path: Path) -> None:
+    """Print `tables` and write the same text, uncoloured, to `path` (atomically)."""
+    record = Console(record=True, width=200, file=io.StringIO())
+    for t in tables:
+        console.print(t)
+        record.print(t)
+    atomic_write_text(path, record.export_text())
+
+
+def fmt(v) -> str:
+    if isinstance(v, bool) or v is None:
+        return str(v)
+    if isinstance(v, float):
+        if math.isinf(v):
+            return "∞"
+        if v == int(v) and abs(v) < 1e15:
+            return f"{int(v):,}" if abs(v) >= 1e4 else str(int(v))
+        return f"{v:.6g}"
+    if isinstance(v, int):
+        return f"{v:,}" if abs(v) >= 1e4 else str(v)
+    if isinstance(v, list):
+        return "(" + ", ".join(fmt(x) for x in v) + ")"
+    return str(v)
+
+
+def exact(v: float) -> str:
+    """A value with every digit it needs to be told apart from its neighbours (ρ = 0.99999999999 is not
+    printed as 1): the shortest text that reads back as the same float."""
+    return repr(float(v))
+
+
+def plan_table(p: Plan, title: str) -> Table:
+    t = Table(title=title, title_justify="left")
+    for col, just in (("hyperparameter", "left"), ("base", "right"), ("scaled", "right"), ("unit", "left"),
+                      ("rule", "left")):
+        t.add_column(col, justify=just, overflow="fold")
+    for name, s in p.values.items():
+        changed = s.base != s.scaled
+        t.add_row(name, fmt(s.base), f"[bold]{fmt(s.scaled)}[/bold]" if changed else fmt(s.scaled), s.unit, s.rule)
+    return t
+
+
+def _axis(stage) -> str:
+    """What a stage's bounds count: "epoch", or "base step" for a step placed on the base-step clock."""
+    return {"base_steps": "base step"}.get(getattr(stage, "axis", "epochs"), "epoch")
+
+
+def _describe(prog: dict | None) -> str:
+    prog = prog or {}
+    kind = prog.get("kind", "constant")
+    if kind == "step" and prog.get("base_step") is not None:
+        return f"step at base step {prog['base_step']:g}"
+    if kind == "step":
+        return f"step at epoch {prog.get('epoch', 0):g}"
+    if kind == "smooth":
+        return f"smooth, epochs {prog.get('start_epoch', 0):g}–{prog.get('end_epoch', 0):g}"
+    if kind == "incremental":
+        return (f"incremental, +{prog.get('delta_batch', 0):g} every {prog.get('every_epochs', 0):g} epochs "
+                f"from epoch {prog.get('start_epoch', 0):g}")
+    return str(kind)
+
+
+def stage_table(p: Plan) -> Table:
+    """One row per Progressive Scaling stage: the values that change with κ, compactly."""
+    keys = [k for k in ("optimizer.lr", "optimizer.betas", "optimizer.alpha", "ema.momentum") if k in p.values]
+    heads = {"optimizer.lr": "lr", "optimizer.betas": "betas", "optimizer.alpha": "alpha", "ema.momentum": "ρ"}
+    t = Table()
+    for col in (_axis(p.stages[0][0]) + "s" if p.stages else "epochs", "batch", "κ", *(heads[k] for k in keys)):
+        t.add_column(col, justify="right")
+    for stage, sp in p.stages or []:
+        t.add_row(f"{stage.start_epoch:g}–{stage.end_epoch:g}", fmt(stage.batch_size), f"{stage.kappa:.4g}",
+                  *(fmt(sp.get(k)) for k in keys))
+    return t
+
+
+def print_plan(console: Console, p: Plan, fmt_: str, verbose: bool = False) -> None:
+    """A table of every value with its rule; with stages, the final κ's table and one compact row per
+    stage (`verbose`: one full table per stage). JSON and YAML always hold everything."""
+    if fmt_ == "json":
+        console.print_json(json.dumps(p.as_dict()))
+        return
+    if fmt_ == "yaml":
+        console.print(yaml.safe_dump(p.as_dict(), sort_keys=False, allow_unicode=True), end="", markup=False)
+        return
+    rule = rule_names(p.ema_rule).plan
+    if p.stages and verbose:
+        for stage, sp in p.stages:
+            console.print(plan_table(sp, f"{p.experiment}: {_axis(stage)}s {stage.start_epoch:g}–{stage.end_epoch:g}, "
+                                         f"batch {fmt(stage.batch_size)}, κ={stage.kappa:g} ({rule})"))
+    elif p.stages:
+        last = p.stages[-1][0]
+        console.print(plan_table(p, f"{p.experiment} at κ={p.kappa:g}, batch {fmt(p['batch_size'])} ({rule}): "
+                                    f"the last stage, from {_axis(last)} {last.start_epoch:g}"))
+        console.print(f"Progressive Scaling ({_describe(p.progressive)}): {len(p.stages)} stages, every value "
+                      f"re-derived for each stage's κ (--verbose: one full table per stage)", highlight=False)
+        console.print(stage_table(p))
+    else:
+        console.print(plan_table(p, f"{p.experiment} at κ={p.kappa:g}, batch {fmt(p['batch_size'])} ({rule})"))
+    for w in p.warnings:
+        console.print(f"[yellow]warning:[/yellow] {w}")
+
+
+def ref_cells(t: RefTable) -> list[list[str]]:
+    return [[str(r[0])] + [paper_round(v) for v in r[1:]] for r in t.rows]
+
+
+def print_ref_table(console: Console, t: RefTable, fmt_: str) -> None:
+    cells = ref_cells(t)
+    if fmt_ == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(t.headers)
+        w.writerows(cells)
+        console.print(buf.getvalue(), end="", markup=False, highlight=False, soft_wrap=True)
+        return
+    if fmt_ == "markdown":
+        lines = ["| " + " | ".join(t.headers) + " |", "|" + "---|" * len(t.headers)]
+        for i, row in enumerate(cells):
+            lines.append("| " + " | ".join(f"**{c}**" if (i, j) in t.bold else c for j, c in enumerate(row)) + " |")
+        console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
+        return
+    table = Table(title=t.title + " — reference values in bold", title_justify="left")
+    for h in t.headers:
+        table.add_column(h.replace("@", "\n").replace("rho", "ρ"), justify="right")
+    for i, row in enumerate(cells):
+        table.add_row(*[f"[bold]{c}[/bold]" if (i, j) in t.bold else c for j, c in enumerate(row)])
+    console.print(table)
+
+
+def print_limits(console: Console, lim: Limits, fmt_: str) -> None:
+    d = lim.as_dict()
+    if fmt_ == "json":
+        console.print_json(json.dumps(d))
+        return
+    lo, hi = d["meaningful_kappa"]
+    blo, bhi = d["meaningful_batch_size"]
+    t = Table(title=f"ρ={exact(lim.momentum)} at batch {fmt(lim.batch_size)} in {lim.dtype} "
+                    f"(p={d['significand_bits']} significand bits, relative gap r={lim.relative_gap:g})",
+              title_justify="left")
+    for c, j in (("bound", "left"), ("κ", "right"), ("batch size", "right"), ("formula", "left"),
+                 ("meaning", "left")):
+        t.add_column(c, justify=j, overflow="fold")
+    for name, b in d["bounds"].items():
+        t.add_row(name, f"{b['kappa']:.4g}", f"{b['batch_size']:.4g}", b["formula"], b["meaning"])
+    console.print(t)
+    console.print(f"meaningful: κ ∈ [{lo:.4g}, {hi:.4g}], batch size ∈ [{blo:.4g}, {bhi:.4g}]")

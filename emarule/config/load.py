@@ -1,0 +1,249 @@
+"""Load an experiment spec: YAML at κ=1, then a preset, then `--set key=value` overrides.
+
+Every failure is a `UserError` naming the file and the key path, so the CLI prints one line.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from emarule.errors import UserError
+from emarule.config.schema import check_needs, check_tree, get, schema_for
+
+class _Loader(yaml.SafeLoader):
+    """YAML with 1.2's floats: `5e-4` is a number, not the string PyYAML's 1.1 rules make it."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                  |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                  |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                  |[-+]?\.(?:inf|Inf|INF)
+                  |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."),
+)
+
+
+# A spec is a few hundred values a few levels deep; these bounds leave room for any real one and refuse
+# a tree that would exhaust the stack (thousands of levels) or memory (aliases that expand exponentially).
+MAX_DEPTH = 32
+MAX_NODES = 100_000
+
+
+class SpecShapeError(yaml.YAMLError):
+    """A YAML document that parses but is not a spec: a duplicate key, too deep, too large once aliases expand."""
+
+    def __init__(self, problem: str, mark=None, fix: str = "fix the YAML"):
+        super().__init__(problem)
+        self.problem, self.problem_mark, self.fix = problem, mark, fix
+
+
+def _check_shape(root) -> None:
+    """Depth and size of the tree the node graph expands to (an alias counts its whole subtree each
+    time it is used), and duplicate keys; iterative, so no depth can overflow the stack here."""
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    stack = [(root, False)]
+    on_path: set[int] = set()
+    while stack:
+        node, done = stack.pop()
+        kids = _children(node)
+        if done:
+            on_path.discard(id(node))
+            size[id(node)] = 1 + sum(size[id(k)] for k in kids)
+            depth[id(node)] = 1 + max((depth[id(k)] for k in kids), default=0)
+            if depth[id(node)] > MAX_DEPTH:
+                raise SpecShapeError(f"nested more than {MAX_DEPTH} levels deep", node.start_mark,
+                                     "a spec is a few levels of sections; flatten it")
+            if size[id(node)] > MAX_NODES:
+                raise SpecShapeError(f"expands to more than {MAX_NODES:,} values (YAML aliases repeat a subtree "
+                                     f"each time they are used)", node.start_mark, "write the values out, "
+                                     "without aliases that refer to aliases")
+            continue
+        if id(node) in size:
+            continue
+        if id(node) in on_path:
+            raise SpecShapeError("an alias refers to the node that contains it (an endless tree)", node.start_mark,
+                                 "remove the recursive alias")
+        on_path.add(id(node))
+        stack.append((node, True))
+        if isinstance(node, yaml.MappingNode):
+            _no_duplicate_keys(node)
+        stack.extend((k, False) for k in kids if id(k) not in size)
+
+
+def _children(node) -> list:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _no_duplicate_keys(node) -> None:
+    seen: dict = {}
+    for key, _ in node.value:
+        if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+            continue
+        if key.value in seen:
+            raise SpecShapeError(f"key {key.value!r} appears twice in one mapping (first at line "
+                                 f"{seen[key.value].line + 1})", key.start_mark,
+                                 "keep one of them (YAML would silently take the last)")
+        seen[key.value] = key.start_mark
+
+
+def yaml_load(text: str):
+    loader = _Loader(text)
+    try:
+        try:
+            node = loader.get_single_node()
+        except RecursionError:
+            raise SpecShapeError("nested too deep to parse", None, "a spec is a few levels of sections; "
+                                 "flatten it") from None
+        if node is None:
+            return None
+        _check_shape(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+EXPERIMENTS_DIR = Path(os.environ.get("EMARULE_EXPERIMENTS", Path(__file__).resolve().parents[2] / "experiments"))
+
+
+def experiment_names() -> list[str]:
+    return sorted(p.stem for p in EXPERIMENTS_DIR.glob("*.yaml"))
+
+
+def spec_path(name: str | None, path: str | os.PathLike | None) -> Path:
+    if path is not None and name:
+        raise UserError(f"give an experiment name ({name!r}) or --spec {path}, not both")
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise UserError(f"spec file not found: {p}; pass --spec PATH to an existing YAML file")
+        return p
+    if not name:
+        raise UserError("no experiment given; name one (see `emarule list`) or pass --spec PATH")
+    p = EXPERIMENTS_DIR / f"{name}.yaml"
+    if not p.is_file():
+        known = ", ".join(experiment_names()) or "(none found)"
+        raise UserError(f"unknown experiment {name!r}; choose one of: {known} (or pass --spec PATH)")
+    return p
+
+
+def read_yaml(p: Path) -> dict:
+    try:
+        data = yaml_load(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise UserError(f"{p}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); "
+                        f"save the spec as a UTF-8 YAML file") from None
+    except SpecShapeError as e:
+        where = f" at line {e.problem_mark.line + 1}" if e.problem_mark else ""
+        raise UserError(f"{p}: {e.problem}{where}; {e.fix}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or "malformed YAML"
+        raise UserError(f"{p}: {problem}{where}; fix the YAML syntax") from None
+    except OSError as e:
+        raise UserError(f"cannot read spec {p}: {e.strerror}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{p}: a spec must be a YAML mapping of sections (batch, optimizer, ema, ...)")
+    return data
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    if "=" not in item:
+        raise UserError(f"--set {item!r}: expected key=value, e.g. --set optimizer.lr=0.1")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise UserError(f"--set {item!r}: empty key; expected key=value, e.g. --set ema.momentum=0.996")
+    try:
+        value = yaml_load(raw) if raw.strip() else None
+    except SpecShapeError as e:
+        raise UserError(f"--set {key}: the value is {e.problem}; {e.fix}") from None
+    except yaml.YAMLError:
+        raise UserError(f"--set {item!r}: cannot parse the value {raw!r}") from None
+    return key, value
+
+
+def set_dotted(tree: dict, key: str, value: Any, where: str) -> None:
+    parts = key.split(".")
+    node = tree
+    for part in parts[:-1]:
+        nxt = node.get(part)
+        if nxt is None:
+            nxt = node[part] = {}
+        if not isinstance(nxt, dict):
+            raise UserError(f"{where}: {key}: {part} is not a section")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def _not_given_twice(key: str, item: str, given: dict) -> None:
+    """`--set k=a --set k=b` (or a section and a key inside it) would let the last one win unseen."""
+    for other, first in given.items():
+        if key == other or key.startswith(other + ".") or other.startswith(key + "."):
+            same = "twice" if key == other else "in two overlapping --set options"
+            raise UserError(f"--set {key} is given {same} ({first!r}, then {item!r}); give each key once")
+    given[key] = item
+
+
+def load_spec(
+    name: str | None = None,
+    path: str | os.PathLike | None = None,
+    preset: str | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+) -> dict:
+    """The validated spec as a plain nested dict (presets removed, `preset` recorded)."""
+    p = spec_path(name, path)
+    spec = read_yaml(p)
+    task = spec.get("task")
+    schema = schema_for(task if isinstance(task, str) else None)
+    err = check_tree("", spec, schema)
+    if err:
+        raise UserError(f"{p}: {err}")
+    spec = copy.deepcopy(spec)
+    presets = spec.pop("presets", {}) or {}
+    if preset is not None:
+        if preset not in presets:
+            known = ", ".join(sorted(presets)) or "none"
+            raise UserError(f"{p}: no preset {preset!r} (this spec has: {known})")
+        for key, value in (presets[preset] or {}).items():
+            if get(schema, key) is None:
+                raise UserError(f"{p}: presets.{preset}.{key}: unknown key")
+            set_dotted(spec, key, value, f"{p}: presets.{preset}")
+        err = check_tree("", spec, schema)
+        if err:
+            raise UserError(f"{p}: preset {preset!r}: {err}")
+    given: dict[str, str] = {}
+    for item in overrides:
+        key, value = parse_override(item)
+        _not_given_twice(key, item, given)
+        if get(schema, key) is None:
+            raise UserError(f"--set {key}: unknown key for a {task} spec; see `emarule plan` for the keys")
+        set_dotted(spec, key, value, f"--set {item}")
+    err = check_tree("", spec, schema)
+    if err:
+        raise UserError(f"--set {err}")
+    err = check_needs(spec)
+    if err:
+        raise UserError(f"{p}: {err}" if not overrides else err)
+    for required in ("name", "task", "batch", "optimizer", "ema"):
+        if required not in spec:
+            raise UserError(f"{p}: missing section {required!r}")
+    spec["preset"] = preset
+    spec["source"] = str(p)
+    return spec
+
+
+__all__ = ["get", "load_spec", "experiment_names", "spec_path", "read_yaml", "yaml_load"]

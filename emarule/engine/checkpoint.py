@@ -1,0 +1,116 @@
+"""Checkpoints that resume exactly, written atomically; SIGTERM turns into a checkpoint.
+
+A checkpoint holds everything the next optimizer step depends on: model, EMA, optimizer,
+every rank's RNG states (torch, CUDA, numpy, python), the clock of data seen and the position in
+the data order (epoch, items consumed), the task's own state, and the run's fingerprint (plan +
+seed) so `--resume` refuses a directory made with other settings. The stage in force is not
+stored: it is a function of the clock. Data order and schedules are functions of (seed, data
+seen), so with the RNG states restored
+a run killed at any point (SIGKILL included) and resumed from its last checkpoint ends, on CPU in
+one process, with bitwise the same weights as a run never interrupted.
+
+Written by rank 0 through a temporary file and `os.replace`, so a kill during the write leaves
+the previous checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+import signal
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from emarule.engine import distributed
+from emarule.errors import UserError
+from emarule.engine.rundir import CHECKPOINT, atomic_write_bytes
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def path_in(out: Path) -> Path:
+    return Path(out) / CHECKPOINT
+
+
+def save(out: Path, state: dict) -> Path | None:
+    """Every rank calls this (RNG states are gathered); rank 0 writes. Returns the path on rank 0."""
+    rngs = distributed.gather_objects(rng_state())
+    p = path_in(out)
+    if distributed.is_main():
+        buf = io.BytesIO()
+        torch.save({**state, "rng": rngs}, buf)
+        atomic_write_bytes(p, buf.getvalue())
+    distributed.barrier()
+    return p if distributed.is_main() else None
+
+
+def load(out: Path, device: torch.device) -> dict:
+    """The run's checkpoint; a missing one is the caller's to report before anything is written."""
+    p = path_in(out)
+    if distributed.is_main():
+        for stale in Path(out).glob(f".{p.name}.*.tmp"):  # a write cut short by SIGKILL
+            stale.unlink(missing_ok=True)
+    if not p.exists():
+        raise UserError(f"--resume: no checkpoint in {out}; drop --resume to start the run from scratch")
+    try:
+        return torch.load(p, map_location=device, weights_only=False)
+    except Exception as e:  # a truncated or foreign file
+        raise UserError(f"--resume: cannot read {p} ({type(e).__name__}); delete it to start over") from None
+
+
+def restore_rng(ckpt: dict) -> bool:
+    """This rank's RNG states, when the checkpoint was made with the same world size."""
+    rngs = ckpt.get("rng") or []
+    if len(rngs) != distributed.world_size():
+        return False
+    set_rng_state(rngs[distributed.rank()])
+    return True
+
+
+class StopSignal:
+    """SIGTERM (preemption, `kill`) or Ctrl-C sets a flag; the loop checkpoints at the next step and exits.
+
+    A second Ctrl-C stops at once, as usual, without the checkpoint.
+    """
+
+    SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT"}
+
+    def __init__(self):
+        self.requested = False
+        self.signal_name = ""
+        self._previous: dict = {}
+
+    def _handler(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.signal_name = self.SIGNALS.get(signum, str(signum))
+
+    def __enter__(self):
+        for sig in self.SIGNALS:
+            try:
+                self._previous[sig] = signal.signal(sig, self._handler)
+            except ValueError:  # not the main thread (e.g. a notebook worker): no handler
+                pass
+        return self
+
+    def __exit__(self, *exc):
+        for sig, prev in self._previous.items():
+            signal.signal(sig, prev)
+        self._previous = {}
+        return False

@@ -1,0 +1,253 @@
+"""Processes and devices: the one module that reads the torchrun environment and knows about ranks.
+
+`python -m emarule run ...` runs as one process; `torchrun --nproc_per_node N -m emarule run ...`
+sets RANK / WORLD_SIZE / LOCAL_RANK and `setup()` joins the process group (gloo on CPU, nccl on
+GPU). Everything else in the engine asks this module for the rank, the device and the collectives;
+which items a rank computes is `emarule.engine.batching`'s arithmetic over (seed, epoch, position).
+
+Gradients are summed with an explicit all-reduce after the last micro-batch instead of wrapping
+the model in DistributedDataParallel: a task's loss calls submodules of the model and the EMA
+teacher directly (BYOL's online network, predictor and probe), which DDP's forward-hook
+bookkeeping does not follow. Exact equivalence across world sizes and micro-batchings (up to the
+order of floating-point sums) holds for models without BatchNorm, and for SyncBatchNorm without
+accumulation; BatchNorm normalizes each micro-batch by its own statistics, so per-device batch
+composition then changes the function being trained.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from emarule.errors import UserError
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+_STATE: Dist | None = None
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise UserError(f"environment variable {name}={raw!r} is not an integer; "
+                        f"unset it or run under torchrun") from None
+
+
+def setup() -> Dist:
+    """Join the process group when launched by torchrun; a single process otherwise. Idempotent."""
+    global _STATE
+    if _STATE is not None:
+        return _STATE
+    world = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local = _env_int("LOCAL_RANK", 0)
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local % max(1, torch.cuda.device_count()))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world > 1 and not (dist.is_available() and dist.is_initialized()):
+        if not dist.is_available():
+            raise UserError("WORLD_SIZE > 1 but this torch build has no torch.distributed; run one process")
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, timeout=timedelta(minutes=30),
+                                **({"device_id": device} if device.type == "cuda" else {}))
+        atexit.register(_leave_group)
+    _STATE = Dist(rank, world, local, device)
+    return _STATE
+
+
+def state() -> Dist:
+    return setup()
+
+
+def teardown() -> None:
+    """Forget this run's state (so a sweep, or a test, can call train() again in this process).
+
+    The process group itself stays joined until the process exits: a sweep under torchrun trains run
+    after run, and joining the launcher's store again after leaving it could wait forever at the
+    rendezvous of the second run.
+    """
+    global _STATE
+    _STATE = None
+
+
+def _leave_group() -> None:
+    if dist.is_available() and dist.is_initialized():
+        # gloo can abort a process ("terminate called without an active exception") that tears the group
+        # down while a peer's last messages are in flight: meet every rank first. Bounded, because a peer
+        # that already failed never arrives.
+        try:
+            dist.barrier(async_op=True).wait(timeout=timedelta(seconds=LEAVE_TIMEOUT_S))
+        except Exception:  # noqa: BLE001 - a failed or timed-out peer: leave anyway
+            pass
+        dist.destroy_process_group()
+
+
+LEAVE_TIMEOUT_S = 60
+
+
+def exit_process(code: int) -> None:
+    """End a process of a launch now: leave the group, flush, and skip the interpreter's teardown, where
+    gloo's worker threads can still free work objects that need the GIL and the process aborts ("terminate
+    called without an active exception") after its work was done and saved. Returns at once for a
+    process that is in no group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    _leave_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def world_size() -> int:
+    return _STATE.world_size if _STATE is not None else _env_int("WORLD_SIZE", 1)
+
+
+def rank() -> int:
+    # Outside training (before or after it: the CLI deciding who prints) the launcher's
+    # environment answers; asking must not join a process group that nothing would leave.
+    return _STATE.rank if _STATE is not None else _env_int("RANK", 0)
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def device() -> torch.device:
+    return state().device
+
+
+def _active() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def barrier() -> None:
+    if _active():
+        dist.barrier()
+
+
+def all_reduce_sum_(t: torch.Tensor) -> torch.Tensor:
+    """In-place sum over ranks (no-op in one process)."""
+    if _active():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def gather_objects(obj) -> list:
+    """Every rank's `obj`, in rank order (on every rank)."""
+    if not _active():
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+_BUCKET_ELEMENTS = 2**24  # 64 MB of fp32 per all-reduce call
+
+
+def _buckets(tensors: list[torch.Tensor]):
+    by_key: dict = {}
+    for t in tensors:
+        by_key.setdefault((t.device, t.dtype), []).append(t)
+    for group in by_key.values():
+        bucket, size = [], 0
+        for t in group:
+            bucket.append(t)
+            size += t.numel()
+            if size >= _BUCKET_ELEMENTS:
+                yield bucket
+                bucket, size = [], 0
+        if bucket:
+            yield bucket
+
+
+def all_reduce_grads_(params: list[torch.nn.Parameter]) -> None:
+    """Sum gradients over ranks, flattened into large buckets (one collective per bucket)."""
+    if not _active():
+        return
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    grads = [p.grad for p in params if p.grad is not None]
+    for bucket in _buckets(grads):
+        flat = _flatten_dense_tensors(bucket)
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        for g, r in zip(bucket, _unflatten_dense_tensors(flat, bucket), strict=True):
+            g.copy_(r)
+
+
+def _broadcast_(tensors: list[torch.Tensor], src: int) -> None:
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    with torch.no_grad():
+        for bucket in _buckets(tensors):
+            flat = _flatten_dense_tensors(bucket)
+            dist.broadcast(flat, src=src)
+            for t, r in zip(bucket, _unflatten_dense_tensors(flat, bucket), strict=True):
+                t.copy_(r)
+
+
+def broadcast_module_(module: torch.nn.Module, src: int = 0) -> None:
+    """Make every rank start from rank 0's parameters and buffers (as DDP does at construction)."""
+    if _active():
+        _broadcast_([t.data for t in list(module.parameters()) + list(module.buffers())], src)
+
+
+def broadcast_buffers_(module: torch.nn.Module, src: int = 0) -> None:
+    """Rank 0's BatchNorm running statistics win, as with DDP(broadcast_buffers=True)."""
+    if _active():
+        _broadcast_([b.data for b in module.buffers()], src)
+
+
+def sync_batchnorm_possible(sync_bn: bool) -> bool:
+    """SyncBatchNorm needs several replicas and an accelerator (torch has no CPU kernel for it)."""
+    return sync_bn and world_size() > 1 and device().type != "cpu"
+
+
+def maybe_sync_batchnorm(model: torch.nn.Module, sync_bn: bool) -> torch.nn.Module:
+    """SyncBatchNorm across replicas when the spec asks for it and it can run here.
+
+    Children are replaced in place, so references a task holds to submodules stay valid. On CPU
+    (gloo) the spec's sync_bn is dropped with a warning: each process then normalizes by its own
+    share of the batch, as plain BatchNorm under DDP does.
+    """
+    if sync_bn and world_size() > 1 and device().type == "cpu" and is_main():
+        import sys
+
+        print("warning: norm.sync_bn is set, but SyncBatchNorm has no CPU implementation; "
+              "each process normalizes its own share of the batch", file=sys.stderr)
+    if not sync_batchnorm_possible(sync_bn):
+        return model
+    return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+
+
+def to_device(batch, device: torch.device):
+    """Tensors of a (nested) batch onto `device`; the loop moves each batch once, tasks never do."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch

@@ -1,0 +1,817 @@
+"""The training loop shared by every task: one visible loop of plain functions.
+
+    train(ctx, parts) -> final metrics
+
+Read it top to bottom; `_train` is the whole story:
+
+    setup   validate everything and build the model, EMAs, optimizer and schedules: no file yet
+    open    a fresh run directory, or the run resumed from its checkpoint
+    loop    stage change → the next global batch → one optimizer step → log, evaluate, checkpoint
+    finish  the evaluations due at the end and the final checkpoint
+
+Time is the clock of data seen, in the batch's unit: samples, or seconds of audio. One epoch is
+the training set's measure (its size, or its total duration); a step-counted recipe value is the
+point base steps × base batch. Progressive Scaling looks up κ at the start of every step (whole
+epochs, or a base step) and, when it changes, takes every scaled value from the plan of the new
+stage (`Plan.for_kappa`): lr peak and floor, betas, eps, weight decay, each EMA's ρ^κ and the
+BatchNorm momentum. Data order, batching and the split over ranks are in `emarule.engine.batching`; an
+epoch's remainder that cannot fill a batch is dropped and the clock jumps to the epoch's end.
+
+Engine settings that are not part of a recipe come from `ctx.extra` (all optional):
+  checkpoint_every_epochs (1), checkpoint_every_minutes (30), log_every_steps (≈50 rows/epoch),
+  num_workers (TaskParts.num_workers, else 0 on CPU and min(8, cores) on GPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from emarule.engine import batching, checkpoint, distributed, evaluation, optimizers, runlock, schedules
+from emarule.engine.baditems import SKIP_KEY, Guarded, ItemError, guarded_collate
+from emarule.engine.context import RunContext
+from emarule.engine.ema import ModelEma
+from emarule.errors import UserError
+from emarule.engine.progress import Progress, Window
+from emarule.engine.rundir import FIGURES, HPARAMS, UNSAVED, DiskFull, MetricsLog, atomic_write_text, write_hparams
+from emarule.scaling import BatchSchedule
+from emarule.scaling.plan import extra_ema_name
+from emarule.config.schema import SKIP_BAD_ITEMS
+from emarule.engine.seeding import mix
+from emarule.config.load import get
+from emarule.engine.interface import MAIN_EMA, Now, TaskParts
+
+EPS = 1e-6
+
+
+class TrainingDiverged(UserError):
+    """A non-finite loss: the run stops and the last good checkpoint is kept."""
+
+
+@dataclass
+class Clock:
+    seen: float = 0.0  # data seen in the batch unit (an epoch's dropped remainder counts at its end)
+    samples: int = 0  # training items seen
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0  # the epoch in progress
+    pos: int = 0  # items of the epoch's order consumed
+    batch: int = 0  # global batches done in the epoch
+    skipped: int = 0  # training items skipped because they failed to decode (data.skip_bad_items), all ranks
+
+
+@dataclass
+class Segment:
+    """The global batches from the current position to the epoch's end at one batch size, with
+    this rank's DataLoader over them (rebuilt when the epoch or the batch size changes)."""
+
+    epoch: int
+    size: float
+    first: int  # the epoch's batch index at which the segment starts
+    batches: list  # (items, measure, this rank's micro-batch index lists)
+    loader: object
+    next: int = 0
+
+    @property
+    def per_epoch(self) -> int:
+        return self.first + len(self.batches)
+
+
+@dataclass
+class Run:
+    """Everything the loop carries from one step to the next."""
+
+    ctx: RunContext
+    parts: TaskParts
+    d: distributed.Dist
+    unit: str
+    base_batch: float
+    batcher: batching.Batcher
+    sched: schedules.Schedule
+    batches: BatchSchedule
+    total: float  # the run's length in the batch unit
+    model: nn.Module
+    source: nn.Module  # what the EMAs average
+    emas: dict  # name -> ModelEma, the main one first
+    optimizer: torch.optim.Optimizer
+    precision: str
+    sync_bn: bool
+    aux_ids: frozenset
+    evals: list  # [Evaluation, cadence in epochs, next due epoch]
+    workers: int
+    kappa: float = 0.0
+    plan: object = None
+    lay: batching.BatchLayout | None = None
+    clock: Clock = field(default_factory=Clock)
+    segment: Segment | None = None
+    final: dict = field(default_factory=dict)
+    momenta: dict = field(default_factory=dict)  # the ρ each EMA used in the last step, by log name
+    last_eval_at: float = -1.0
+    next_ckpt: float = 0.0
+    last_ckpt: tuple | None = None
+    t_ckpt: float = field(default_factory=time.monotonic)
+    record: dict = field(default_factory=dict)  # what hparams.json holds; every checkpoint keeps a copy
+    skip_bad: bool = False  # data.skip_bad_items
+    new_skipped: int = 0  # this rank's skipped items not yet added to clock.skipped
+
+    @property
+    def epoch_measure(self) -> float:
+        return self.batcher.epoch_measure
+
+    @property
+    def epoch_now(self) -> float:
+        return self.clock.seen / self.epoch_measure
+
+    def now(self) -> Now:
+        c = self.clock
+        return Now(seen=c.seen, samples=c.samples, epoch=self.epoch_now, base_step=c.seen / self.base_batch,
+                   step=c.step, kappa=self.kappa, plan=self.plan, emas=self.emas, unit=self.unit)
+
+    def autocast(self):
+        return torch.autocast(device_type=self.d.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
+
+
+# --- setup: everything checked and built before the first file is written ----------------------
+
+
+def seed_everything(seed: int, rank: int) -> None:
+    """Dropout and other in-model randomness: one stream per rank, fixed by (seed, rank)."""
+    s = mix(seed, rank, 0x5EED)
+    torch.manual_seed(s)
+    np.random.seed(s % 2**32)
+    random.seed(s)
+
+
+def set_precision(precision: str) -> None:
+    if torch.cuda.is_available():
+        tf32 = precision in ("tf32", "bf16")
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+
+
+def set_bn_momentum(model: nn.Module, plan) -> None:
+    """torch's BatchNorm momentum = 1 − ρ_BN (ρ_BN^κ when norm.bn_scale)."""
+    m = plan.get("norm.bn_torch_momentum")
+    if m is None:
+        return
+    for mod in model.modules():
+        if isinstance(mod, nn.modules.batchnorm._BatchNorm):
+            mod.momentum = m
+
+
+def stage_plans(ctx: RunContext) -> list:
+    """(stage, plan) for every stage the run goes through: the plan's stages, or its one plan."""
+    return list(ctx.plan.stages) if ctx.plan.stages else [(None, ctx.plan)]
+
+
+def build_emas(spec: dict, source: nn.Module, plan) -> dict:
+    """The main EMA (`ema.momentum`) and one per `ema.also` momentum, each scaled by the plan."""
+    if get(spec, "ema.momentum") is None:
+        return {}
+    names = [MAIN_EMA] + [extra_ema_name(r) for r in get(spec, "ema.also") or []]
+    # the plan's start_steps/κ steps of the first stage's batch (what `plan` shows)
+    start = (plan.get("ema.start_steps", 0) or 0) * plan["batch_size"]
+    emas = {}
+    for name in names:
+        if plan[momentum_key(name)] >= 1.0:  # ρ^κ can round to 1 in float64; the plan warns, a run refuses
+            raise UserError(f"{momentum_key(name)}: ρ̂ = {plan[momentum_key(name)]:g} at κ={plan.kappa:g} never "
+                            f"moves the EMA; use a smaller ρ or a larger κ (see `emarule limits`)")
+        e = ModelEma(source, plan[momentum_key(name)], buffers=get(spec, "ema.buffers", "copy"), start_samples=start,
+                     dtype=get(spec, "ema.dtype", "float32"))
+        e.module.train()
+        emas[name] = e
+    return emas
+
+
+def momentum_key(ema: str) -> str:
+    return "ema.momentum" if ema == MAIN_EMA else f"ema.momentum/{ema}"
+
+
+def make_batcher(ctx: RunContext, parts: TaskParts) -> batching.Batcher:
+    """The training set's order and measure (its size, or its seconds of audio)."""
+    unit = ctx.spec["batch"].get("unit", batching.SAMPLES)
+    n = len(parts.train_set)
+    if n < 1:
+        raise UserError("task error: the training set is empty")
+    durations = None
+    if unit == batching.SECONDS:
+        if parts.duration is None:
+            raise UserError(f"{ctx.experiment}: batch.unit seconds needs a task that gives each item's duration")
+        durations = [float(parts.duration(i)) for i in range(n)]
+    return batching.Batcher(n, ctx.seed, durations, int(get(ctx.spec, "batch.sort_window", 1024)))
+
+
+def check_batches_fit(ctx: RunContext, batcher: batching.Batcher, world_size: int) -> None:
+    """Every stage's batch fits the world size and the data set (checked before anything is written)."""
+    unit = ctx.spec["batch"].get("unit", batching.SAMPLES)
+    for _, p in stage_plans(ctx):
+        lay = batching.layout(p["batch_size"], world_size, ctx.max_device_batch, unit)
+        if lay.global_batch > batcher.epoch_measure + EPS:
+            what = f"{batcher.n} samples" if unit == batching.SAMPLES else f"{batcher.epoch_measure:.6g} s of audio"
+            raise UserError(f"the batch κB = {lay.global_batch:g} is larger than the training set ({what}); "
+                            f"use a smaller κ or more data")
+
+
+def check_same_settings(ctx: RunContext, fp: dict | None) -> None:
+    """A run continued in `ctx.out` was made with these settings (`fp`: its recorded fingerprint)."""
+    import json
+
+    def plain(x):  # as hparams.json holds it: tuples as lists, on both sides
+        return json.loads(json.dumps(x))
+
+    diff = differences(plain(fp or {}), plain(fingerprint(ctx)))
+    if diff:
+        shown = ", ".join(diff[:6]) + (f" and {len(diff) - 6} more" if len(diff) > 6 else "")
+        if ctx.resume_hint:  # a sweep continuing what its root holds
+            raise UserError(f"{ctx.out} was made with other settings ({shown} differ); give the sweep a new --out "
+                            f"or remove that run")
+        raise UserError(f"--resume: {ctx.out} was made with other settings ({shown} differ); use the original "
+                        f"command or a new --out")
+
+
+def setup(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> Run:
+    spec = ctx.spec
+    unit = spec["batch"].get("unit", batching.SAMPLES)
+    batcher = make_batcher(ctx, parts)
+    base_batch = float(spec["batch"]["size"])
+    sched = schedules.from_spec(spec, batcher.epoch_measure)
+    batches = BatchSchedule(ctx.progressive, base_batch, ctx.kappa, get(spec, "schedule.epochs"),
+                            get(spec, "schedule.total_steps"))
+    check_batches_fit(ctx, batcher, d.world_size)
+    if ctx.resume and not checkpoint.path_in(ctx.out).exists() and (ctx.out / UNSAVED).exists():
+        if d.is_main:
+            print(f"--resume: {ctx.out} stopped before its first checkpoint; starting it from the beginning",
+                  file=sys.stderr)
+        ctx.resume = False
+    if ctx.resume and not checkpoint.path_in(ctx.out).exists():
+        raise UserError(f"--resume: no checkpoint in {ctx.out}; drop --resume to start the run from scratch")
+    if not ctx.resume and checkpoint.path_in(ctx.out).exists():
+        raise UserError(f"{ctx.out} already holds a run (checkpoint.pt); pass --resume to continue it or "
+                        f"--out NEW_DIR to start another")
+
+    precision = spec.get("precision", "fp32")
+    set_precision(precision)
+    seed_everything(ctx.seed, d.rank)
+    sync_bn = distributed.sync_batchnorm_possible(bool(get(spec, "norm.sync_bn", False)))
+    model = distributed.maybe_sync_batchnorm(parts.model.to(d.device), bool(get(spec, "norm.sync_bn", False)))
+    parts.model = model
+    distributed.broadcast_module_(model)
+    model.train()
+    source = parts.ema_source if parts.ema_source is not None else model
+    plan = ctx.plan.for_kappa(batches.kappa_at(0))
+    named = dict(model.named_parameters())
+    run = Run(ctx=ctx, parts=parts, d=d, unit=unit, base_batch=base_batch, batcher=batcher, sched=sched,
+              batches=batches, total=sched.total_epochs * batcher.epoch_measure, model=model, source=source,
+              emas=build_emas(spec, source, plan),
+              optimizer=optimizers.build(spec, model, parts.no_decay, plan, frozenset(parts.aux_params),
+                                         parts.aux_lr_ratio),
+              precision=precision, sync_bn=sync_bn,
+              aux_ids=frozenset(id(named[k]) for k in parts.aux_params if k in named),
+              evals=[[ev, evaluation.every_epochs(ev, base_batch, batcher.epoch_measure), 0.0]
+                     for ev in parts.evaluations],
+              workers=parts_workers(parts, ctx, d),
+              skip_bad=bool(get(spec, SKIP_KEY, SKIP_BAD_ITEMS.default)))
+    enter_stage(run, batches.kappa_at(0))
+    return run
+
+
+def parts_workers(parts: TaskParts, ctx: RunContext, d: distributed.Dist) -> int:
+    w = ctx.extra.get("num_workers", parts.num_workers)
+    if w is not None:
+        return int(w)
+    if d.device.type == "cpu":
+        return 0  # CPU training shares the same cores; workers would only compete
+    import os
+
+    return min(8, max(1, (os.cpu_count() or 2) // max(1, d.world_size) - 1))
+
+
+# --- open: a fresh run directory, or the run resumed from its checkpoint ------------------------
+
+
+def fingerprint(ctx: RunContext) -> dict:
+    """What must match for --resume to continue a run (not: world size, micro-batch, logging, nor
+    data.skip_bad_items: a run stopped by a file that fails to decode continues with it turned on)."""
+    spec = {k: v for k, v in ctx.spec.items() if k not in ("source",)}
+    if isinstance(spec.get("data"), dict) and "skip_bad_items" in spec["data"]:
+        spec["data"] = {k: v for k, v in spec["data"].items() if k != "skip_bad_items"}
+    return {"spec": spec, "kappa": ctx.kappa, "ema_rule": ctx.ema_rule, "seed": ctx.seed,
+            "progressive": ctx.progressive}
+
+
+def differences(a, b, prefix: str = "") -> list[str]:
+    """Dotted names of the values that differ between two nested dicts."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b), key=str):
+            out += differences(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else str(k))
+        return out
+    return [] if a == b else [prefix or "(root)"]
+
+
+def open_fresh(run: Run, log: MetricsLog) -> None:
+    if run.d.is_main:
+        atomic_write_text(run.ctx.out / UNSAVED, "")  # first: whatever follows may be cut short
+        (run.ctx.out / FIGURES).mkdir(parents=True, exist_ok=True)
+    distributed.barrier()
+    log.start_fresh()
+    run.next_ckpt = next_checkpoint(run)
+    for e in run.evals:
+        e[2] = evaluation.next_due(0.0, e[1])
+
+
+def open_resumed(run: Run, log: MetricsLog) -> bool:
+    """Load the checkpoint into the run; True when that run had already finished."""
+    ctx = run.ctx
+    ck = checkpoint.load(ctx.out, run.d.device)
+    check_same_settings(ctx, ck.get("fingerprint"))
+    check_record(ctx, ck.get("record"))
+    run.model.load_state_dict(ck["model"])
+    for name, e in run.emas.items():
+        e.load_state_dict(ck["emas"][name])
+    run.optimizer.load_state_dict(ck["optimizer"])
+    if run.parts.state is not None:
+        run.parts.state.load_state_dict(ck["task_state"])
+    run.clock = Clock(**ck["clock"])
+    run.kappa = 0.0  # re-enter the stage in force: plan values into the optimizer, EMAs and BatchNorm
+    enter_stage(run, run.batches.kappa_at(schedule_time(run)))
+    if not checkpoint.restore_rng(ck):
+        seed_everything(mix(ctx.seed, run.clock.samples), run.d.rank)
+    run.last_ckpt = (str(checkpoint.path_in(ctx.out)), where(run))
+    log.truncate_after(run.clock.samples)
+    run.final = ck.get("final_metrics") or {}
+    run.next_ckpt = next_checkpoint(run)
+    for e in run.evals:
+        e[2] = evaluation.next_due(run.epoch_now, e[1])
+    if run.d.is_main and not ck.get("finished"):
+        print(f"resuming {ctx.out} at {where(run)}", file=sys.stderr)
+    return bool(ck.get("finished"))
+
+
+# How a run executes, not what it computes: these may change from one --resume to the next.
+EXECUTION_KEYS = frozenset({"layout", "world_size", "max_device_batch", "device", "num_workers", "torch", "python",
+                            "sync_bn_effective", "data"})
+
+
+def check_record(ctx: RunContext, copy: dict | None) -> None:
+    """hparams.json says what the checkpoint's own copy says: a record edited, deleted or damaged after
+    the run wrote it would make the summary and `compare` report settings the run did not use."""
+    import json
+
+    from emarule.engine.rundir import _jsonable
+
+    if copy is None:  # a checkpoint written before checkpoints kept a copy
+        return
+    p = ctx.out / HPARAMS
+    fix = "put back the file the run wrote (the checkpoint keeps a copy, see docs/faults.md) or start a new run " \
+          "with --out NEW_DIR"
+    if not p.is_file():
+        raise UserError(f"--resume: {p} is missing; {fix}")
+    try:
+        record = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        why = "not valid JSON" if isinstance(e, ValueError) else (e.strerror or str(e))
+        raise UserError(f"--resume: {p} is corrupt ({why}); {fix}") from None
+    if not isinstance(record, dict):
+        raise UserError(f"--resume: {p} is corrupt (not a JSON object); {fix}")
+    ours = json.loads(json.dumps(_jsonable(copy)))
+    diff = differences({k: v for k, v in ours.items() if k not in EXECUTION_KEYS},
+                       {k: v for k, v in record.items() if k not in EXECUTION_KEYS})
+    if diff:
+        shown = ", ".join(diff[:4]) + (f" and {len(diff) - 4} more" if len(diff) > 4 else "")
+        raise UserError(f"--resume: {p} was edited after the run wrote it ({shown} differ from the checkpoint's "
+                        f"copy); {fix}")
+
+
+def where(run: Run) -> str:
+    c = run.clock
+    seen = f"{c.samples} samples" + (f" ({c.seen:.1f} s of audio)" if run.unit == batching.SECONDS else "")
+    return f"{seen} seen, epoch {run.epoch_now:.4g}, step {c.step}"
+
+
+def hparams(run: Run) -> dict:
+    """The plan as `emarule plan --format json` prints it, plus how this run executes it."""
+    import platform
+
+    ctx, d = run.ctx, run.d
+    layout = []
+    for stage, p in stage_plans(ctx):
+        lay = batching.layout(p["batch_size"], d.world_size, ctx.max_device_batch, run.unit)
+        layout.append({"start_epoch": stage.start_epoch if stage else 0.0,
+                       "end_epoch": stage.end_epoch if stage else run.sched.total_epochs,
+                       "axis": stage.axis if stage else "epochs", "batch_size": lay.global_batch,
+                       "kappa": p.kappa, "world_size": d.world_size, "accumulation": lay.accumulation,
+                       "micro_batch": lay.max_micro,
+                       "steps_per_epoch": (run.batcher.n // int(lay.global_batch)
+                                           if run.unit == batching.SAMPLES else None)})
+    return {
+        **ctx.plan.as_dict(), "seed": ctx.seed, "preset": ctx.preset, "progressive": ctx.progressive,
+        "spec": ctx.spec, "layout": layout, "world_size": d.world_size, "max_device_batch": ctx.max_device_batch,
+        "device": str(d.device), "batch_unit": run.unit, "dataset_size": run.batcher.n,
+        "epoch_measure": run.epoch_measure, "total_epochs": run.sched.total_epochs,
+        "warmup_epochs": run.sched.warmup_epochs, "total": run.total, "num_workers": run.workers,
+        "emas": list(run.emas), "sync_bn_effective": run.sync_bn, "task": run.parts.info,
+        "torch": torch.__version__, "python": platform.python_version(),
+        "data": str(ctx.data) if ctx.data else None, "fingerprint": fingerprint(ctx),
+    }
+
+
+# --- the stage in force and the next global batch ----------------------------------------------
+
+
+def schedule_time(run: Run) -> float:
+    """Where the clock is on the Progressive Scaling schedule's axis: epochs or base steps."""
+    return run.clock.seen / run.base_batch if run.batches.axis == "base_steps" else run.epoch_now
+
+
+def enter_stage(run: Run, kappa: float) -> None:
+    """Progressive Scaling: every scaled value from the plan of the stage running at κ."""
+    if kappa == run.kappa:
+        return
+    run.kappa, run.plan = kappa, run.ctx.plan.for_kappa(kappa)
+    run.lay = batching.layout(run.plan["batch_size"], run.d.world_size, run.ctx.max_device_batch, run.unit)
+    set_bn_momentum(run.model, run.plan)
+    for name, e in run.emas.items():
+        e.set_momentum(run.plan[momentum_key(name)])
+    optimizers.apply_plan(run.optimizer, run.plan, run.sched.lr(run.epoch_now, run.plan))
+    run.segment = None
+
+
+def open_segment(run: Run) -> Segment:
+    """This rank's batches from the current position to the epoch's end, and a DataLoader over them."""
+    from torch.utils.data import DataLoader, default_collate
+
+    c, lay = run.clock, run.lay
+    if hasattr(run.parts.train_set, "set_epoch"):
+        run.parts.train_set.set_epoch(c.epoch)
+    rows, pos, lists = [], c.pos, []
+    while (got := run.batcher.take(c.epoch, pos, lay.global_batch)) is not None:
+        items, measure = got
+        parts = run.batcher.parts(items, lay)
+        mine = [p for p in parts[run.d.rank * lay.accumulation:(run.d.rank + 1) * lay.accumulation] if p]
+        # a rank left without an item (a seconds batch of fewer utterances than ranks) still joins the reduction
+        idle = lay.world_size > 1 and any(not any(parts[r * lay.accumulation:(r + 1) * lay.accumulation])
+                                          for r in range(lay.world_size))
+        rows.append((items, measure, mine, idle))
+        lists.extend(mine)
+        pos += len(items)
+    # Its own generator: a DataLoader iterator otherwise draws its worker seed from the global RNG,
+    # and a resumed run (one more iterator, made mid-epoch) would shift dropout's random stream.
+    gen = torch.Generator().manual_seed(mix(run.ctx.seed, c.epoch, run.d.rank))
+    loader = DataLoader(Guarded(run.parts.train_set), batch_sampler=lists,
+                        collate_fn=guarded_collate(run.parts.collate or default_collate),
+                        num_workers=run.workers if lists else 0, pin_memory=run.d.device.type == "cuda",
+                        generator=gen)
+    return Segment(c.epoch, lay.global_batch, c.batch, rows, iter(loader))
+
+
+def next_batch(run: Run):
+    """(micro-batches, their measures, global measure, item count, data seen after the step, whether some
+    rank has no item in it), or None at an epoch's end."""
+    seg = run.segment
+    if seg is None or seg.epoch != run.clock.epoch or seg.size != run.lay.global_batch:
+        seg = run.segment = open_segment(run)
+    if seg.next >= len(seg.batches):
+        return None
+    items, measure, mine, idle = seg.batches[seg.next]
+    seg.next += 1
+    micro, measures, skipped = [], [], False
+    for m in mine:
+        got = next(seg.loader)
+        bad = {b.index for b in got.bad}
+        if bad:
+            count_bad_items(run, got.bad)
+            skipped = True
+        if got.batch is not None:
+            micro.append(got.batch)
+            measures.append(run.batcher.measure([i for i in m if i not in bad]))
+    if mine and not micro:
+        raise UserError(f"every item of a batch failed to decode (the first: {got.bad[0].path}); the data set is "
+                        f"too damaged to train on: check it")
+    if len(micro) < len(mine) and run.d.world_size > 1:
+        raise UserError(f"every item of a micro-batch failed to decode (the first: {got.bad[0].path}); with "
+                        f"several processes a rank cannot sit a micro-batch out: check the data set")
+    if skipped and run.d.world_size == 1:
+        measure = sum(measures)  # the skipped items' share of the step goes to the others
+    c = run.clock
+    last = seg.next == len(seg.batches)
+    seen_after = (c.epoch + 1) * run.epoch_measure if last else c.seen + seg.batches[seg.next - 1][1]
+    return micro, measures, measure, len(items), seen_after, idle
+
+
+SHOWN_BAD = 10  # skipped items named on stderr; the count goes on
+
+
+def count_bad_items(run: Run, bad: list) -> None:
+    """An item that failed to decode stops the run, naming the file, or is skipped and counted."""
+    if not run.skip_bad:
+        raise bad[0].error()
+    for b in bad:
+        run.new_skipped += 1
+        shown = run.clock.skipped + run.new_skipped
+        if shown <= SHOWN_BAD:
+            print(f"warning: skipped {b.path} ({b.why}) ({SKIP_KEY}: true)"
+                  + ("; further skips are counted, not named" if shown == SHOWN_BAD else ""), file=sys.stderr)
+
+
+def sync_skipped(run: Run) -> None:
+    """Every rank's newly skipped items into clock.skipped (a collective: all ranks call it together)."""
+    if not run.skip_bad:
+        return
+    new = run.new_skipped
+    if run.d.world_size > 1:
+        new = sum(distributed.gather_objects(new))
+    run.clock.skipped += new
+    run.new_skipped = 0
+
+
+def end_epoch(run: Run) -> None:
+    c = run.clock
+    c.seen = max(c.seen, (c.epoch + 1) * run.epoch_measure)
+    if run.unit == batching.SAMPLES:
+        c.samples = int(round(c.seen))
+    c.epoch, c.pos, c.batch = c.epoch + 1, 0, 0
+    run.segment = None
+
+
+# --- one optimizer step -------------------------------------------------------------------------
+
+
+def agree_on_metric_names(sums: dict, device: torch.device) -> None:
+    """Zeros for the metrics other ranks computed and this one did not (it had no item this step), so
+    that every rank all-reduces vectors of the same layout."""
+    mine = {k: (tuple(v.shape) if isinstance(v, torch.Tensor) else None) for k, v in sums.items()}
+    for theirs in distributed.gather_objects(mine):
+        for k, shape in theirs.items():
+            if k not in sums:
+                sums[k] = 0.0 if shape is None else torch.zeros(shape, dtype=torch.float64, device=device)
+
+
+def optimizer_step(run: Run, micro, measures, global_measure, seen_after, idle: bool, stop_flag: bool,
+                   time_flag: bool):
+    """Forward/backward every micro-batch, reduce, check, clip, step, update the EMAs.
+
+    Returns (loss, logged metrics, reduced tensors, flags, problem): `problem` names a non-finite
+    loss or gradient norm, in which case nothing was stepped.
+    """
+    model, parts, d, opt = run.model, run.parts, run.d, run.optimizer
+    teacher = run.emas[parts.teacher].module if parts.teacher in run.emas else None
+    now = run.now()
+    opt.zero_grad(set_to_none=True)
+    loss_sum = torch.zeros((), device=d.device, dtype=torch.float64)
+    sums: dict[str, object] = {}
+    for batch, measure in zip(micro, measures, strict=True):
+        weight = measure / global_measure  # gradients are summed over micro-batches and ranks
+        batch = distributed.to_device(batch, d.device)
+        with run.autocast():
+            loss, metrics = parts.loss(model, teacher, batch, now)
+        (loss * weight).backward()
+        loss_sum += loss.detach().double() * weight
+        for k, v in (metrics or {}).items():
+            v = v.detach().double() * weight if isinstance(v, torch.Tensor) else float(v) * weight
+            sums[k] = sums[k] + v if k in sums else v
+    if idle:
+        agree_on_metric_names(sums, d.device)
+    # One collective for the loss, the task's metrics and the stop flags (identical decisions on
+    # every rank): [loss, scalars..., tensors flattened..., stop requested, checkpoint due by time].
+    scalars = sorted(k for k, v in sums.items() if not isinstance(v, torch.Tensor))
+    tensors = sorted(k for k, v in sums.items() if isinstance(v, torch.Tensor))
+    flat = [sums[k].reshape(-1).to(d.device) for k in tensors]
+    vec = torch.cat([torch.tensor([0.0] + [sums[k] for k in scalars], dtype=torch.float64, device=d.device), *flat,
+                     torch.tensor([float(stop_flag), float(time_flag)], dtype=torch.float64, device=d.device)])
+    vec[0] = loss_sum
+    distributed.all_reduce_sum_(vec)
+    values = vec.tolist()
+    loss_value = values[0]
+    metrics = dict(zip(scalars, values[1:1 + len(scalars)], strict=True))
+    reduced, i = {}, 1 + len(scalars)
+    for k, f in zip(tensors, flat, strict=True):
+        reduced[k] = vec[i:i + f.numel()].reshape(sums[k].shape)
+        i += f.numel()
+    flags = (values[-2] > 0, values[-1] > 0)
+    if not math.isfinite(loss_value):
+        return loss_value, metrics, reduced, flags, f"the loss became {loss_value}"
+    params = [p for p in model.parameters() if p.requires_grad]
+    if d.world_size > 1:
+        for p in params:  # the all-reduce needs the same tensors on every rank
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        distributed.all_reduce_grads_(params)
+        if not run.sync_bn:  # before the EMA reads them: every rank's teacher gets rank 0's statistics
+            distributed.broadcast_buffers_(model)
+    metrics["grad_norm"] = clip_gradients(params, run.aux_ids, get(run.ctx.spec, "optimizer.grad_clip"))
+    if not math.isfinite(metrics["grad_norm"]):  # a finite loss can still overflow in backward
+        return loss_value, metrics, reduced, flags, f"the gradient norm became {metrics['grad_norm']}"
+    pre = get(run.ctx.spec, "ema.update_from", "post") == "pre"
+    if pre:
+        update_emas(run, seen_after)  # θ_t: the parameters before the step
+    opt.step()
+    if not pre:
+        update_emas(run, seen_after)  # θ_{t+1}
+    return loss_value, metrics, reduced, flags, None
+
+
+def clip_gradients(params: list, aux_ids: frozenset, clip: float | None) -> float:
+    """Global-norm clipping of the model's gradients; a tracking probe is neither clipped nor counted."""
+    body = [p for p in params if id(p) not in aux_ids]
+    if clip:
+        return float(torch.nn.utils.clip_grad_norm_(body, clip))
+    return float(torch.nn.utils.get_total_norm([p.grad for p in body if p.grad is not None]))
+
+
+def update_emas(run: Run, seen_after: float) -> None:
+    """Each EMA holds the plan's ρ̂ for the stage (set_momentum) and no base batch, so ρ is raised to κ once."""
+    for name, e in run.emas.items():
+        key = "ema_momentum" if name == MAIN_EMA else f"ema_momentum/{name}"
+        run.momenta[key] = e.update(run.source, samples_seen=seen_after)
+
+
+# --- log, evaluate, checkpoint -----------------------------------------------------------------
+
+
+def next_checkpoint(run: Run) -> float:
+    return evaluation.next_due(run.epoch_now, float(run.ctx.extra.get("checkpoint_every_epochs", 1.0)))
+
+
+def advance_clock(run: Run, count: int, seen_after: float) -> int:
+    """Count the step just taken; returns its global batch index within the epoch."""
+    c = run.clock
+    i = c.batch
+    c.step, c.pos, c.batch, c.seen = c.step + 1, c.pos + count, i + 1, seen_after
+    # in samples the clock counts an epoch's dropped remainder at its end, as it always has
+    c.samples = int(round(seen_after)) if run.unit == batching.SAMPLES else c.samples + count
+    return i
+
+
+def log_train(run: Run, log: MetricsLog, lr: float, window: Window, progress: Progress) -> None:
+    sync_skipped(run)
+    skipped = {"skipped_items": run.clock.skipped} if run.skip_bad else {}
+    log.log({"kind": "train", **time_fields(run), "batch_size": run.lay.global_batch,
+             "accumulation": run.lay.accumulation, "lr": lr, **(run.momenta or {"ema_momentum": None}),
+             **window.mean(), **skipped, "samples_per_s": progress.rate(), "wall_s": progress.elapsed()})
+
+
+def evaluate_due(run: Run, log: MetricsLog, at_end: bool) -> None:
+    epoch = run.epoch_now
+    due = [e for e in run.evals if at_end or epoch + 1e-9 >= e[2]]
+    if not due:
+        return
+    ev = evaluation.run([e[0] for e in due], run.model, run.source, run.emas, run.parts.teacher, run.now(),
+                        run.d.device, run.autocast, run.workers)
+    for e in due:
+        e[2] = evaluation.next_due(epoch, e[1])
+    run.final, run.last_eval_at = {**run.final, **ev}, run.clock.seen
+    if ev:
+        log.log({"kind": "eval", **time_fields(run), **ev})
+
+
+def time_fields(run: Run) -> dict:
+    c = run.clock
+    row = {"samples_seen": c.samples}
+    if run.unit == batching.SECONDS:
+        row["seconds_seen"] = c.seen
+    return {**row, "epoch": run.epoch_now, "step": c.step, "kappa": run.kappa}
+
+
+def save(run: Run, finished: bool = False) -> None:
+    if not all(bool(torch.isfinite(p).all()) for p in run.model.parameters()):
+        # never overwrite the last good checkpoint with a diverged model
+        raise diverged(run, "the weights became non-finite")
+    sync_skipped(run)
+    checkpoint.save(run.ctx.out, {
+        "model": run.model.state_dict(), "emas": {k: e.checkpoint() for k, e in run.emas.items()},
+        "optimizer": run.optimizer.state_dict(), "clock": asdict(run.clock), "fingerprint": fingerprint(run.ctx),
+        "task_state": run.parts.state.state_dict() if run.parts.state is not None else None,
+        "finished": finished, "final_metrics": run.final, "record": run.record})
+    if run.d.is_main:
+        (run.ctx.out / UNSAVED).unlink(missing_ok=True)
+    run.last_ckpt = (str(checkpoint.path_in(run.ctx.out)), where(run))
+    run.t_ckpt = time.monotonic()
+
+
+def diverged(run: Run, what: str) -> TrainingDiverged:
+    last = run.last_ckpt
+    fix = (f"the last good checkpoint is {last[0]} ({last[1]}); lower the learning rate or κ and --resume" if last
+           else "no checkpoint was written yet; lower the learning rate or κ and start again")
+    return TrainingDiverged(f"{what} after {where(run)}; stopped: {fix}")
+
+
+# --- the loop ----------------------------------------------------------------------------------
+
+
+def train(ctx: RunContext, parts: TaskParts) -> dict:
+    """Train `parts.model` as `ctx` says; returns the final metrics (see the module docstring)."""
+    d = distributed.setup()
+    try:
+        return _train(ctx, parts, d)
+    finally:
+        distributed.teardown()
+
+
+def _train(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> dict:
+    run = setup(ctx, parts, d)
+    with runlock.lock_dir(ctx.out, "run", enabled=d.is_main):  # after the checks, before the first write
+        try:
+            return _locked(run, ctx, parts, d)
+        except DiskFull as e:
+            raise e.kept(kept_after_disk_full(run)) from None
+        except ItemError as e:
+            raise UserError(f"cannot decode {e.path} ({e.why}); fix or remove the file (or add --set "
+                            f"{SKIP_KEY}=true to skip such items, counted in the summary), then "
+                            + (f"continue from the last good checkpoint ({run.last_ckpt[1]}) with --resume"
+                               if run.last_ckpt else "run the same command again")) from None
+
+
+def kept_after_disk_full(run: Run) -> str:
+    fix = "free space (or raise the limit) and"
+    if run.last_ckpt:
+        return f"the last good checkpoint is kept ({run.last_ckpt[1]}): {fix} continue with --resume"
+    return f"no checkpoint was written yet, so nothing is lost: {fix} run the same command again"
+
+
+def _locked(run: Run, ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> dict:
+    log = MetricsLog(ctx.out, enabled=d.is_main)
+    if ctx.resume:
+        if open_resumed(run, log):
+            log.close()
+            return run.final
+    else:
+        open_fresh(run, log)
+    hp = run.record = hparams(run)
+    if d.is_main:
+        write_hparams(ctx.out, hp)
+    log.attach_wandb(ctx.wandb, ctx.out, ctx.out.name, hp)
+    progress = Progress(run.total, run.clock.seen, unit=run.unit, enabled=d.is_main and not ctx.quiet)
+    window = Window()
+    ckpt_seconds = 60.0 * float(ctx.extra.get("checkpoint_every_minutes", 30.0))
+    log_every = int(ctx.extra.get("log_every_steps") or 0)
+    try:
+        with checkpoint.StopSignal() as stop, progress, contextlib.closing(log):
+            while run.clock.seen < run.total - EPS:
+                enter_stage(run, run.batches.kappa_at(schedule_time(run)))
+                got = next_batch(run)
+                if got is None:
+                    end_epoch(run)
+                    continue
+                micro, measures, measure, count, seen_after, idle = got
+                lr = run.sched.lr(run.epoch_now, run.plan, (seen_after - run.clock.seen) / run.epoch_measure)
+                optimizers.set_lr(run.optimizer, lr)
+                time_due = d.is_main and time.monotonic() - run.t_ckpt > ckpt_seconds
+                loss, metrics, reduced, (stop_now, time_due), problem = optimizer_step(
+                    run, micro, measures, measure, seen_after, idle, stop.requested, time_due)
+                if problem:
+                    raise diverged(run, f"{problem} in the batch")
+                i, seg = advance_clock(run, count, seen_after), run.segment
+                epoch_done = seg.next == len(seg.batches)
+                if parts.on_step is not None:
+                    parts.on_step(run.now(), reduced)
+                window.add(loss, metrics)
+                progress.advance(run.clock.seen, metrics.get(parts.progress_metric, loss))
+                at_end = run.clock.seen >= run.total - EPS
+                every = log_every or max(1, math.ceil(seg.per_epoch / 50))
+                if (i + 1) % every == 0 or i == seg.first or epoch_done or at_end:
+                    log_train(run, log, lr, window, progress)
+                    window = Window()
+                if epoch_done:
+                    end_epoch(run)
+                evaluate_due(run, log, at_end)
+                if (run.epoch_now + 1e-9 >= run.next_ckpt or time_due or stop_now) and not at_end:
+                    save(run)
+                    run.next_ckpt = next_checkpoint(run)
+                if stop_now and not at_end:  # at the end, the final checkpoint follows
+                    raise Interrupted(stop.signal_name)
+            if run.last_eval_at != run.clock.seen:
+                evaluate_due(run, log, at_end=True)
+            run.final = {**run.final, "samples_seen": run.clock.samples, "epoch": run.epoch_now,
+                         "steps": run.clock.step, "kappa": run.kappa}
+            if run.unit == batching.SECONDS:
+                run.final["seconds_seen"] = run.clock.seen
+            if run.skip_bad:
+                sync_skipped(run)
+                run.final["skipped_items"] = run.clock.skipped
+            save(run, finished=True)
+    except Interrupted as e:
+        log.close()
+        progress.stop()
+        if d.is_main:
+            how = ctx.resume_hint or f"continue with the same command and --resume --out {ctx.out}"
+            print(f"{e.signal}: checkpoint written at {where(run)}; {how}", file=sys.stderr)
+        raise SystemExit(130 if e.signal == "SIGINT" else 143) from None
+    except (TrainingDiverged, DiskFull):
+        log.close()
+        progress.stop()
+        raise
+    return run.final
+
+
+class Interrupted(Exception):
+    def __init__(self, signal: str):
+        super().__init__(signal)
+        self.signal = signal

@@ -1,0 +1,237 @@
+"""`emarule sweep`: the κ=1 baseline and every κ with and without the EMA Scaling Rule, then compare.
+
+For each seed: the baseline at κ=1 once (with and without the rule are the same run there:
+ρ^1 = ρ), then each κ ≠ 1 once per rule. Runs go one after another in this process, each into
+ROOT/<experiment>/<name> with `emarule.engine.context.default_run_name` names (tiny-k1-rule-s0,
+tiny-k4-norule-s0, ...). Every run is resolved and checked before the first one trains. A run
+directory that already holds a checkpoint is resumed — a finished run is kept as it is — so an
+interrupted sweep picks up where it stopped with the same command. Each run ends with its figures
+and summary (`emarule.analysis.run_report`); at the end the runs are compared (`emarule.analysis.compare`) on the
+task's headline metric and on the training loss, with one figure per metric in ROOT/<experiment>/.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from emarule.cli import checks
+from emarule.engine.context import EMA_RULE_NAMES, rule_from_word, rule_names
+from emarule.errors import UserError
+from emarule.engine.rundir import CHECKPOINT
+
+RULES = {r.word: r.rule for r in EMA_RULE_NAMES}  # --rule word → the plan's rule
+
+
+@dataclass
+class SweepRun:
+    kappa: float
+    rule: str | None  # "exponential", "linear" or None
+    seed: int
+    baseline: bool
+    # A reproduction's extra setting (emarule.analysis.reproduce.claims.Arm): its name goes into the run's name,
+    # and `resolve_run` gets it as a fourth argument.
+    arm: object = None
+
+    @property
+    def label(self) -> str:
+        if self.arm is not None:
+            return f"arm {self.arm.name}"
+        return "baseline" if self.baseline else rule_names(self.rule).label
+
+
+def parse_rules(text: str) -> list[str | None]:
+    names = [t.strip() for t in text.split(",")]
+    if len(names) > 1 and "" in names:
+        raise UserError(f"--rule {text!r}: an empty item; give with, without or linear separated by commas "
+                        f"(e.g. --rule with,without)")
+    names = [n for n in names if n]
+    if not names:
+        raise UserError("--rule needs at least one of with, without, linear (e.g. --rule with,without)")
+    bad = [n for n in names if n not in RULES]
+    if bad:
+        raise UserError(f"--rule {bad[0]!r}: use with, without or linear, comma-separated (e.g. --rule with,without)")
+    out: list[str | None] = []
+    for n in names:
+        if rule_from_word(n) in out:
+            raise UserError(f"--rule {text!r}: {n!r} is given twice; give each rule once (e.g. --rule with,without)")
+        out.append(rule_from_word(n))
+    return out
+
+
+def distinct_kappas(kappas: list[float] | None, text: str | None) -> list[float] | None:
+    """`--kappas 2,2` would run κ=2 once and drop the second without a word: an error instead."""
+    seen: list[float] = []
+    for k in kappas or []:
+        if any(math.isclose(k, s) for s in seen):
+            raise UserError(f"--kappas {text}: κ={k:g} is given twice; give each κ once (e.g. --kappas 1,2,4)")
+        seen.append(k)
+    return kappas
+
+
+def plan_runs(kappas: list[float], rules: list[str | None], seeds, arms=()) -> list[SweepRun]:
+    """Baseline first for each seed, then κ ascending, rule in the order given, then each arm. `seeds`:
+    the seeds (`emarule.cli.seeds.parse_seeds`), or a count N for seeds 0…N−1."""
+    if isinstance(seeds, int):
+        if seeds < 1:
+            raise UserError(f"--seeds must be ≥ 1, got {seeds}")
+        seeds = range(seeds)
+    ks = sorted({float(k) for k in kappas})
+    if not ks:
+        raise UserError("--kappas needs at least one value, e.g. --kappas 1,2,4")
+    base_rule = "exponential" if "exponential" in rules else rules[0]
+    runs = []
+    for seed in seeds:
+        runs.append(SweepRun(1.0, base_rule, seed, True))
+        for k in ks:
+            if math.isclose(k, 1.0):
+                continue
+            for r in rules:
+                runs.append(SweepRun(k, r, seed, False))
+        for a in arms:
+            runs.append(SweepRun(float(a.kappa), a.rule, seed, False, a))
+    return runs
+
+
+def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, *, data: Path | None = None,
+            max_device_batch: int | None = None, wandb: str = "off", metric: str | None = None) -> list[dict]:
+    """Resolve and check every run first (a bad κ, rule, batch, --data or --metric fails before any
+    training and before anything is written), run them in turn, compare.
+
+    `resolve_run(kappa, rule, baseline)` → (spec, κ, rule, progressive, plan), as the CLI's `resolve`.
+    """
+    from emarule.engine.context import RunContext, default_run_name
+    from emarule.tasks import RUNNABLE_TASKS
+
+    checks.out_dir(root)
+    ctxs = []
+    for r in runs:
+        s, k, rule, pr, p = resolve_run(r.kappa, r.rule, r.baseline, *([r.arm] if r.arm is not None else []))
+        if not ctxs:  # the same spec for every run
+            checks.runnable(s, RUNNABLE_TASKS, sweep=True)
+            checks.data(s, data)
+            checks.metric(s, metric)
+        checks.whole_batches(s, p, None, runs=True)
+        arm = r.arm.name if r.arm is not None else None
+        out = checks.out_dir(root / s["name"] / default_run_name(k, rule, r.seed, pr, s.get("preset"), arm))
+        ctxs.append(RunContext(spec=s, kappa=k, ema_rule=rule, plan=p, out=out, progressive=pr,
+                               preset=s.get("preset"), data=data, seed=r.seed, wandb=wandb,
+                               max_device_batch=max_device_batch))
+    check_before_training(ctxs)
+    from emarule.engine.runlock import lock_dir
+
+    with lock_dir(ctxs[0].out.parent, "sweep"):  # ROOT/<experiment>: its runs and compare figures
+        return _run_all(console, runs, ctxs, metric)
+
+
+def _run_all(console, runs: list[SweepRun], ctxs: list, metric: str | None) -> list[dict]:
+    from emarule.engine import distributed
+    from emarule.analysis.run_report import print_report, report
+    from emarule.tasks import run_task
+
+    main = distributed.is_main()
+    done = []
+
+    for i, (r, ctx) in enumerate(zip(runs, ctxs, strict=True), 1):
+        ctx.resume = (ctx.out / CHECKPOINT).exists()
+        if main:
+            p = ctx.plan
+            rho = p.get("ema.momentum")
+            console.print(f"[{i}/{len(runs)}] {ctx.out}: κ={ctx.kappa:g} {r.label}, B={p['batch_size']:g}"
+                          + (f", ρ={rho:.6g}" if rho is not None else "")
+                          + (" (resuming what is there)" if ctx.resume else ""), highlight=False)
+            for w in p.warnings:
+                console.print(f"  warning: {w}", markup=False, highlight=False)
+        t0 = time.monotonic()
+        result = run_task(ctx) or {}
+        wall = time.monotonic() - t0
+        if main:
+            print_report(console, report(ctx.out, wall))
+        done.append({"run": str(ctx.out), "kappa": r.kappa, "rule": r.label, "seed": r.seed,
+                     "wall_s": wall, "resumed": ctx.resume, "result": result,
+                     "arm": r.arm.name if r.arm is not None else None})
+    if main and done:
+        print_summary(console, done)
+        # An arm shares κ and rule with a standard setting (it differs by --set or --progressive), so
+        # compare, which groups by those, sees the standard runs only; the reproduction's figure draws arms.
+        compare_after(console, [Path(d["run"]) for d in done if d["arm"] is None], ctxs[0].out.parent, metric)
+    return done
+
+
+def check_before_training(ctxs: list) -> None:
+    """What a run would find only when its turn comes, found before the first one trains: a run already
+    in the root made with other settings, and a batch larger than the training set (the task's data is
+    built once, for the run with the largest batch)."""
+    import json
+    from dataclasses import replace
+
+    from emarule.engine import distributed, loop as train
+    from emarule.engine.rundir import HPARAMS
+    from emarule.tasks import build_parts
+
+    from emarule.engine.runlock import check_free
+
+    check_free(ctxs[0].out.parent, "sweep")
+    for ctx in ctxs:
+        ctx.resume_hint = "run the same command again: finished runs are kept and this one resumes"
+        check_free(ctx.out, "run")
+        if (ctx.out / CHECKPOINT).exists() and (ctx.out / HPARAMS).is_file():
+            try:
+                recorded = json.loads((ctx.out / HPARAMS).read_text()).get("fingerprint")
+            except (ValueError, AttributeError):  # a damaged record: said when this run resumes
+                recorded = None
+            if recorded is not None:  # runs written before hparams.json held it are checked when resumed
+                train.check_same_settings(ctx, recorded)
+
+    def largest(ctx) -> float:
+        return max(p["batch_size"] for _, p in train.stage_plans(ctx))
+
+    big = max(ctxs, key=largest)
+    if largest(big) > largest(ctxs[0]):  # the first run checks its own batch before it writes anything
+        quiet = replace(big, quiet=True)
+        train.check_batches_fit(quiet, train.make_batcher(quiet, build_parts(quiet)), distributed.world_size())
+
+
+def print_summary(console, done: list[dict]) -> None:
+    from rich.table import Table
+
+    keys = []
+    for d in done:
+        for k, v in (d["result"] or {}).items():
+            if k not in keys and k not in ("samples_seen", "steps", "kappa", "epoch") and isinstance(v, (int, float)):
+                keys.append(k)
+    t = Table(title="sweep: runs", title_justify="left")
+    for c in ("run", "κ", "rule", "seed", "steps", "wall s", *keys):
+        t.add_column(c, justify="left" if c in ("run", "rule") else "right")
+    for d in done:
+        res = d["result"] or {}
+        t.add_row(Path(d["run"]).name, f"{d['kappa']:g}", d["rule"], str(d["seed"]), str(res.get("steps", "—")),
+                  f"{d['wall_s']:.1f}" + (" (resumed)" if d["resumed"] else ""),
+                  *[f"{res[k]:.4g}" if isinstance(res.get(k), (int, float)) else "—" for k in keys])
+    total = sum(d["wall_s"] for d in done)
+    console.print(t)
+    console.print(f"total wall time: {total:.1f} s", highlight=False)
+
+
+TRAINING_LOSSES = ("byol_loss", "loss")  # first logged one is compared after the headline metric
+
+
+def compare_after(console, run_dirs: list[Path], root: Path, metric: str | None) -> list[dict]:
+    """The compare table (and figure) for the headline metric, then for the training loss (the
+    task's own, e.g. BYOL's without the tracking probe's cross-entropy, when it logs one)."""
+    from emarule.analysis import compare
+
+    first = compare.compare(run_dirs, metric)
+    metrics = [first["metric"]]
+    if metric is None:
+        shared = set.intersection(*(r.metrics() for r in first["_runs"]))
+        loss = next((m for m in TRAINING_LOSSES if m in shared), None)
+        if loss is not None and loss != first["metric"]:
+            metrics.append(loss)
+    out = []
+    for m in metrics:
+        out.append(compare.run_compare(console, run_dirs, m, root / f"compare-{m}.png"))
+    return out
