@@ -58,11 +58,11 @@ def make_ctx(tmp: Path, spec: dict, kappa: float = 1.0, out: str = "run", progre
 
 
 def run_toy(tmp: Path, spec: dict, kappa: float = 1.0, out: str = "run", **kw) -> tuple[dict, RunContext]:
-    from emarule.tasks import toy
+    from emarule.tasks import run_task
 
     torch.set_num_threads(1)
     ctx = make_ctx(tmp, spec, kappa, out, **kw)
-    return toy.run(ctx), ctx
+    return run_task(ctx), ctx
 
 
 def load_checkpoint(run_dir: Path) -> dict:

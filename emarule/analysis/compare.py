@@ -29,6 +29,7 @@ from pathlib import Path
 from emarule.errors import UserError
 from emarule.engine.context import progressive_label, rule_names, rule_of_hparams
 from emarule.engine.rundir import HPARAMS, METRICS, atomic_write_bytes, read_metrics
+from emarule.tasks.registry import preferred_metrics
 
 # Row keys that are clocks or settings, not metrics (also with a `/suffix`: `ema_momentum/0.9999`).
 NOT_METRICS = {"kind", "samples_seen", "seconds_seen", "epoch", "step", "kappa", "batch_size", "accumulation", "lr",
@@ -38,7 +39,6 @@ NOT_METRICS = {"kind", "samples_seen", "seconds_seen", "epoch", "step", "kappa",
 def is_metric(key: str) -> bool:
     return key.split("/", 1)[0] not in NOT_METRICS
 # The EMA-dependent metric first: the paper's figures compare what the EMA rule acts on.
-PREFERRED = ("probe_top1", "ema_top1", "ema_wer", "top1", "wer", "val_top1", "test_top1", "loss")
 
 COLORS = {"with": "tab:blue", "without": "tab:red", "linear": "tab:purple"}
 PROGRESSIVE_COLORS = ("tab:green", "tab:orange", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
@@ -196,14 +196,15 @@ def load_runs(paths: list[Path]) -> list[Run]:
 
 
 def pick_metric(runs: list[Run], metric: str | None) -> str:
-    """--metric, or the first of PREFERRED the baselines logged; every run must have logged it."""
+    """--metric, or the first of the registry's preferred metrics (each task's headline first) the baselines
+    logged; every run must have logged it."""
     base = [r for r in runs if r.is_baseline]
     have = set.intersection(*(r.metrics() for r in base)) if base else set()
     if metric is None:
         if not have:
             raise UserError(f"the baseline run has no metrics yet ({base[0].path / METRICS if base else '?'} is "
                             f"empty); wait for it to log or pass finished runs")
-        metric = next((m for m in PREFERRED if m in have), sorted(have)[0])
+        metric = next((m for m in preferred_metrics() if m in have), sorted(have)[0])
     for r in runs:
         if metric not in r.metrics():
             known = ", ".join(sorted(r.metrics())) or "none logged yet"

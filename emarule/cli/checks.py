@@ -16,7 +16,8 @@ from pathlib import Path
 from emarule.errors import UserError
 from emarule.engine.rundir import CHECKPOINT, HPARAMS, METRICS, UNSAVED
 from emarule.engine.runlock import check_free
-from emarule.config.schema import TASKS, get
+from emarule.config.schema import get, task_keys
+from emarule.tasks import registry
 
 # data.source values that ship with the package or are generated: there is nothing for --data to
 # point at. The one list of them (the schema lists every source a task accepts).
@@ -31,22 +32,22 @@ LOCAL_DATA = {
     "librispeech": ("{name} reads LibriSpeech: pass --data ROOT holding {labeled}/<speaker>/<chapter>/*.flac "
                     "(nothing is downloaded)"),
 }
-DEFAULT_SOURCE = {"byol": "cifar10", "dino": "cifar10", "polyak": "imagenet", "ctc": "librispeech"}
-
-# Tasks that sweep κ (or ρ) themselves and write their own figures and tables, with no
-# metrics.jsonl: a κ sweep of them means nothing.
-STUDIES = frozenset({"parabola", "precision"})
-
-# What each trainable task logs besides the loop's `loss` and `grad_norm`, so that `sweep --metric`
-# is checked before anything trains. EMA and split variants (`ema_X`, `X/suffix`) need no entry.
-# A task missing here is not checked; tests/test_sweep.py holds the list to what a run logs.
-TASK_METRICS = {
-    "byol": ("byol_loss", "probe_loss", "probe_train_top1", "probe_top1"),
-    "polyak": ("train_top1", "bn_momentum", "top1", "val_loss"),
-    "ctc": ("ctc_loss", "wer", "pl_wer", "phase", "unlabeled_share"),
-    "toy": ("mse", "val_mse"),
-}
 LOOP_METRICS = ("loss", "grad_norm")
+
+
+def __getattr__(name: str):
+    """Views of the registry, read at use (a family registered later is in them):
+    DEFAULT_SOURCE (each task's source when the spec names none), STUDIES (tasks that sweep κ or ρ themselves,
+    with no metrics.jsonl: a κ sweep of them means nothing) and TASK_METRICS (what each training task logs
+    besides LOOP_METRICS, so that `sweep --metric` is checked before anything trains; EMA and split variants,
+    `ema_X` and `X/suffix`, need no entry; tests hold each list to what a run logs)."""
+    if name == "DEFAULT_SOURCE":
+        return {t.name: t.default_source for t in registry.REGISTRY.values() if t.default_source}
+    if name == "STUDIES":
+        return frozenset(t.name for t in registry.REGISTRY.values() if t.kind == "study")
+    if name == "TASK_METRICS":
+        return {t.name: t.metrics for t in registry.training()}
+    raise AttributeError(f"module 'emarule.cli.checks' has no attribute {name!r}")
 
 
 def _existing_ancestor(p: Path) -> Path:
@@ -160,10 +161,11 @@ def local_data(spec: dict) -> None:
     """A data set read from disk needs --data (or data.path): said before anything is written, with
     a fix this spec has (a preset of its own on bundled data, else `--set data.source=...`)."""
     task = spec.get("task")
-    source = get(spec, "data.source", DEFAULT_SOURCE.get(task))
+    t = registry.lookup(task)
+    source = get(spec, "data.source", t.default_source if t else None)
     if source not in LOCAL_DATA or get(spec, "data.path"):
         return
-    field = get(TASKS.get(task, {}), "data.source")
+    field = get(task_keys(task), "data.source")
     bundled = [c for c in (getattr(field, "choices", None) or ()) if c in BUNDLED_DATA]
     presets = _bundled_presets(spec)
     if presets:
@@ -182,7 +184,7 @@ def data(spec: dict, path: Path | None) -> None:
         local_data(spec)
         return
     name, task = spec.get("name", "?"), spec.get("task")
-    if "data" not in TASKS.get(task, {}):
+    if "data" not in task_keys(task):
         raise UserError(f"--data: {name} reads no data set (its {task!r} task makes its own); drop --data")
     source = get(spec, "data.source")
     if source in BUNDLED_DATA:
@@ -227,7 +229,8 @@ def runnable(spec: dict, runnable_tasks, sweep: bool = False) -> None:
         ready = ", ".join(sorted(runnable_tasks))
         raise UserError(f"{name}: the {task!r} task cannot run yet (runnable tasks: {ready}); "
                         f"`emarule plan {name} --kappa K` shows its scaled recipe")
-    if sweep and task in STUDIES:
+    t = registry.lookup(task)
+    if sweep and t is not None and t.kind == "study":
         raise UserError(f"{name} sweeps κ itself and has no κ=1 baseline to compare with; "
                         f"use `emarule run {name}` instead of `emarule sweep`")
 
@@ -236,9 +239,10 @@ def metric(spec: dict, name: str | None) -> None:
     """`sweep --metric` names something the task logs (checked where the task's metrics are known)."""
     if name is None:
         return
-    known = TASK_METRICS.get(spec.get("task"))
-    if known is None:
+    t = registry.lookup(spec.get("task"))
+    if t is None or t.kind != "training":
         return
+    known = t.metrics
     base = name.split("/", 1)[0]
     base = base[len("ema_"):] if base.startswith("ema_") else base
     if not name.strip() or base not in (*LOOP_METRICS, *known):

@@ -471,6 +471,7 @@ def sweep(
     max_device_batch: Optional[int] = MaxDevOpt,
 ) -> None:
     """The κ=1 baseline and each κ with and without the EMA Scaling Rule, one after another; then compare."""
+    from emarule import tasks
     from emarule.engine import sweep as sw
 
     check_run_options(wandb, max_device_batch)
@@ -484,7 +485,7 @@ def sweep(
 
     from emarule.cli.checks import out_dir
 
-    sw.execute(console, runs, resolve_run, Path("runs") if out is None else out_dir(out), data=data,
+    sw.execute(console, runs, resolve_run, Path("runs") if out is None else out_dir(out), tasks, data=data,
                max_device_batch=max_device_batch, wandb="off" if wandb == "disabled" else wandb, metric=metric)
 
 

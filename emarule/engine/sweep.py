@@ -96,22 +96,22 @@ def plan_runs(kappas: list[float], rules: list[str | None], seeds, arms=()) -> l
     return runs
 
 
-def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, *, data: Path | None = None,
+def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, tasks, *, data: Path | None = None,
             max_device_batch: int | None = None, wandb: str = "off", metric: str | None = None) -> list[dict]:
     """Resolve and check every run first (a bad κ, rule, batch, --data or --metric fails before any
     training and before anything is written), run them in turn, compare.
 
     `resolve_run(kappa, rule, baseline)` → (spec, κ, rule, progressive, plan), as the CLI's `resolve`.
+    `tasks` is `emarule.tasks` (RUNNABLE_TASKS, run_task, build_parts), passed in: the engine imports no task.
     """
     from emarule.engine.context import RunContext, default_run_name
-    from emarule.tasks import RUNNABLE_TASKS
 
     checks.out_dir(root)
     ctxs = []
     for r in runs:
         s, k, rule, pr, p = resolve_run(r.kappa, r.rule, r.baseline, *([r.arm] if r.arm is not None else []))
         if not ctxs:  # the same spec for every run
-            checks.runnable(s, RUNNABLE_TASKS, sweep=True)
+            checks.runnable(s, tasks.RUNNABLE_TASKS, sweep=True)
             checks.data(s, data)
             checks.metric(s, metric)
         checks.whole_batches(s, p, None, runs=True)
@@ -120,17 +120,16 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, *,
         ctxs.append(RunContext(spec=s, kappa=k, ema_rule=rule, plan=p, out=out, progressive=pr,
                                preset=s.get("preset"), data=data, seed=r.seed, wandb=wandb,
                                max_device_batch=max_device_batch))
-    check_before_training(ctxs)
+    check_before_training(ctxs, tasks.build_parts)
     from emarule.engine.runlock import lock_dir
 
     with lock_dir(ctxs[0].out.parent, "sweep"):  # ROOT/<experiment>: its runs and compare figures
-        return _run_all(console, runs, ctxs, metric)
+        return _run_all(console, runs, ctxs, metric, tasks)
 
 
-def _run_all(console, runs: list[SweepRun], ctxs: list, metric: str | None) -> list[dict]:
+def _run_all(console, runs: list[SweepRun], ctxs: list, metric: str | None, tasks) -> list[dict]:
     from emarule.engine import distributed
     from emarule.analysis.run_report import print_report, report
-    from emarule.tasks import run_task
 
     main = distributed.is_main()
     done = []
@@ -146,7 +145,7 @@ def _run_all(console, runs: list[SweepRun], ctxs: list, metric: str | None) -> l
             for w in p.warnings:
                 console.print(f"  warning: {w}", markup=False, highlight=False)
         t0 = time.monotonic()
-        result = run_task(ctx) or {}
+        result = tasks.run_task(ctx) or {}
         wall = time.monotonic() - t0
         if main:
             print_report(console, report(ctx.out, wall))
@@ -157,11 +156,12 @@ def _run_all(console, runs: list[SweepRun], ctxs: list, metric: str | None) -> l
         print_summary(console, done)
         # An arm shares κ and rule with a standard setting (it differs by --set or --progressive), so
         # compare, which groups by those, sees the standard runs only; the reproduction's figure draws arms.
-        compare_after(console, [Path(d["run"]) for d in done if d["arm"] is None], ctxs[0].out.parent, metric)
+        compare_after(console, [Path(d["run"]) for d in done if d["arm"] is None], ctxs[0].out.parent, metric,
+                      tasks.registry.training_losses())
     return done
 
 
-def check_before_training(ctxs: list) -> None:
+def check_before_training(ctxs: list, build_parts: Callable) -> None:
     """What a run would find only when its turn comes, found before the first one trains: a run already
     in the root made with other settings, and a batch larger than the training set (the task's data is
     built once, for the run with the largest batch)."""
@@ -170,7 +170,6 @@ def check_before_training(ctxs: list) -> None:
 
     from emarule.engine import distributed, loop as train
     from emarule.engine.rundir import HPARAMS
-    from emarule.tasks import build_parts
 
     from emarule.engine.runlock import check_free
 
@@ -216,19 +215,17 @@ def print_summary(console, done: list[dict]) -> None:
     console.print(f"total wall time: {total:.1f} s", highlight=False)
 
 
-TRAINING_LOSSES = ("byol_loss", "loss")  # first logged one is compared after the headline metric
-
-
-def compare_after(console, run_dirs: list[Path], root: Path, metric: str | None) -> list[dict]:
-    """The compare table (and figure) for the headline metric, then for the training loss (the
-    task's own, e.g. BYOL's without the tracking probe's cross-entropy, when it logs one)."""
+def compare_after(console, run_dirs: list[Path], root: Path, metric: str | None, losses: tuple) -> list[dict]:
+    """The compare table (and figure) for the headline metric, then for the training loss: the first of
+    `losses` (the registry's `training_losses()`) logged, e.g. BYOL's without the tracking probe's
+    cross-entropy."""
     from emarule.analysis import compare
 
     first = compare.compare(run_dirs, metric)
     metrics = [first["metric"]]
     if metric is None:
         shared = set.intersection(*(r.metrics() for r in first["_runs"]))
-        loss = next((m for m in TRAINING_LOSSES if m in shared), None)
+        loss = next((m for m in losses if m in shared), None)
         if loss is not None and loss != first["metric"]:
             metrics.append(loss)
     out = []

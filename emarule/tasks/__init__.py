@@ -1,55 +1,39 @@
-"""One module per paper section, listed explicitly (never imported by string).
+"""The task families: one module each, registered in `registry` (the one list of them).
 
-Each task exposes `run(ctx: RunContext) -> dict` and reads only `ctx`; tasks whose
-full-size recipe is exact but not yet runnable here are absent, and `run_task` says so.
+A training task's module exposes `build(ctx) -> TaskParts`, which the engine trains
+(`emarule.engine.runner`); a study's exposes `run(ctx) -> dict`. Only the task that runs is imported.
 """
 
 from __future__ import annotations
 
 from emarule.engine.context import RunContext
 from emarule.errors import UserError
+from emarule.tasks import registry
 
-# The runnable task names, known without importing torch (`emarule list`, the CLI's checks).
-# `_tasks()` maps exactly these names; a test holds the two together.
-RUNNABLE_TASKS = ("parabola", "precision", "byol", "dino", "polyak", "ctc", "toy")
+
+def __getattr__(name: str):
+    if name == "RUNNABLE_TASKS":  # the registered names, read at use so a family added later is in it
+        return registry.names()
+    raise AttributeError(f"module 'emarule.tasks' has no attribute {name!r}")
 
 
 def _tasks() -> dict:
-    # Imported here, on use: `emarule run` is the only command that may load torch.
-    from emarule.tasks import byol, ctc, dino, polyak, toy
-    from emarule.studies.parabola import run as parabola
-    from emarule.studies import precision
-
-    return {
-        "parabola": parabola.run,  # §3.1, App. E.1
-        "precision": precision.run,  # App. numerical stability
-        "byol": byol.run,  # §3.4, App. F (byol-r18, byol-vit, byol-r50-lars)
-        "dino": dino.run,  # App. F.8 (dino-vit)
-        "polyak": polyak.run,  # §3.2, App. E.2–E.3 (polyak-r50)
-        "ctc": ctc.run,  # §3.2, §3.3, App. G (ctc-polyak, ctc-pseudo-label)
-        "toy": toy.run,  # the engine's test task (no experiments/*.yaml)
-    }
+    """Every registered task's builder, each module imported: what `emarule run` can call."""
+    return {name: spec.load() for name, spec in registry.REGISTRY.items()}
 
 
 def build_parts(ctx: RunContext):
     """A training task's parts (model, data, loss) without training: for checks that need the data."""
-    from emarule.tasks import byol, ctc, dino, polyak, toy
-
-    builders = {"byol": byol.build, "dino": dino.build, "polyak": polyak.build, "ctc": ctc.build,
-                "toy": toy.make_parts}
-    return builders[ctx.spec["task"]](ctx)
+    return registry.REGISTRY[ctx.spec["task"]].load()(ctx)
 
 
 def run_task(ctx: RunContext) -> dict:
-    tasks = _tasks()
+    from emarule.engine.runner import run
+
     task = ctx.spec["task"]
-    if task not in tasks:
-        ready = ", ".join(sorted(tasks)) or "none yet"
+    spec = registry.lookup(task)
+    if spec is None:
+        ready = ", ".join(sorted(registry.names())) or "none yet"
         raise UserError(f"{ctx.experiment}: the {task!r} task cannot run yet (runnable tasks: {ready}); "
                         f"`emarule plan {ctx.experiment} --kappa K` shows its scaled recipe")
-    if task in ("parabola", "precision"):  # studies write their run directory themselves
-        from emarule.engine.runlock import lock_dir
-
-        with lock_dir(ctx.out, "run"):
-            return tasks[task](ctx)
-    return tasks[task](ctx)  # the training loop locks its run directory once its checks pass
+    return run(ctx, spec)

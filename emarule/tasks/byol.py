@@ -165,9 +165,3 @@ def build(ctx: RunContext) -> TaskParts:
     return TaskParts(model=model, ema_source=model.online, train_set=train_set, loss=make_loss(probe),
                      evaluations=[evaluation], on_step=probe.step, state=probe, progress_metric="byol_loss",
                      no_decay=no_decay, info=info)
-
-
-def run(ctx: RunContext) -> dict:
-    from emarule.engine.loop import train
-
-    return train(ctx, build(ctx))

@@ -254,9 +254,3 @@ def build(ctx: RunContext) -> TaskParts:
                      teacher=MAIN_EMA if phase is not None else None, evaluations=evaluations, on_step=on_step,
                      state=phase, duration=train_set.seconds, progress_metric="ctc_loss", collate=collate_train,
                      info=info)
-
-
-def run(ctx: RunContext) -> dict:
-    from emarule.engine.loop import train
-
-    return train(ctx, build(ctx))

@@ -225,9 +225,3 @@ def build(ctx: RunContext) -> TaskParts:
                      loss=make_loss(s, center, probe, n_global, n_local), evaluations=[evaluation],
                      on_step=on_step, state=TaskState(center, probe), progress_metric="dino_loss",
                      no_decay=no_decay, info=info)
-
-
-def run(ctx: RunContext) -> dict:
-    from emarule.engine.loop import train
-
-    return train(ctx, build(ctx))

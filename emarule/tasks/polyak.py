@@ -126,9 +126,3 @@ def build(ctx: RunContext) -> TaskParts:
     }
     return TaskParts(model=model, train_set=train_set, loss=make_loss(float(get(s, "data.label_smoothing", 0.0))),
                      teacher=None, evaluations=[evaluation], no_decay=no_decay, info=info)
-
-
-def run(ctx: RunContext) -> dict:
-    from emarule.engine.loop import train
-
-    return train(ctx, build(ctx))

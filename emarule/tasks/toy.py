@@ -144,9 +144,8 @@ def make_parts(ctx: RunContext) -> TaskParts:
                            "dataset": f"toy regression ({len(data)} samples)"})
 
 
-def run(ctx: RunContext) -> dict:
-    from emarule.engine.loop import train
-
+def build(ctx: RunContext) -> TaskParts:
+    """The run's settings from the toy section, then the parts."""
     every = get(ctx.spec, "toy.checkpoint_every_epochs")
     if every is not None:
         ctx.extra.setdefault("checkpoint_every_epochs", every)
@@ -154,4 +153,4 @@ def run(ctx: RunContext) -> dict:
     if threads:
         torch.set_num_threads(int(threads))
     ctx.quiet = ctx.quiet or bool(get(ctx.spec, "toy.quiet", False))
-    return train(ctx, make_parts(ctx))
+    return make_parts(ctx)

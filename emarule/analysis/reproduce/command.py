@@ -124,13 +124,14 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
 
 
 def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, resolve_run) -> tuple | None:
+    from emarule import tasks
     from emarule.engine import sweep
     from emarule.cli.seeds import seeds_label
 
     runs = sweep.plan_runs(args["kappas"], ["exponential", None], args["seeds"], family.arms)
     # The sweep's own comparison on the target model's metric, which every run logs from its first
     # evaluation (a teacher's `pl_wer` exists only once pseudo-labeling starts, at κ=4 sometimes never).
-    done = sweep.execute(console, runs, resolve_run, root, data=data, metric=family.target_metric.name)
+    done = sweep.execute(console, runs, resolve_run, root, tasks, data=data, metric=family.target_metric.name)
     from emarule.engine import distributed
 
     if not distributed.is_main():
