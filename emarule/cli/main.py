@@ -428,11 +428,15 @@ def run(
     ctx = RunContext(spec=s, kappa=k, ema_rule=rule, plan=p, out=run_dir, progressive=pr, preset=preset,
                      data=data, resume=resume, seed=seed, wandb="off" if wandb == "disabled" else wandb,
                      max_device_batch=max_device_batch)
-    from emarule.engine import distributed  # torch, from here on
     from emarule.analysis.run_report import print_report, report
-    from emarule.tasks import run_task
+    from emarule.tasks import registry, run_task
 
-    main = distributed.is_main()
+    if registry.REGISTRY[s["task"]].kind == "study":  # no process group (the parabola never imports torch)
+        main = os.environ.get("RANK", "0") in ("", "0")
+    else:
+        from emarule.engine import distributed  # torch, from here on
+
+        main = distributed.is_main()
     if main:  # what `emarule plan` warns about (a value that rounds to 1, a setting with no effect) is said here too
         for w in p.warnings:
             err_console.print(f"warning: {w}", markup=False, highlight=False, soft_wrap=True)

@@ -16,7 +16,6 @@ from dataclasses import replace
 from multiprocessing import get_context
 from queue import Empty
 
-from emarule.studies.parabola import figures
 from emarule.studies.parabola.problem import Problem
 from emarule.studies.parabola.study import Outcome, Settings, study
 
@@ -44,6 +43,8 @@ def one_thread_blas():
 
 def _run(problem: Problem, rho_base: float, dim: int, st: Settings, ticks=None) -> Outcome:
     """One configuration, its figures included, so that plotting overlaps the other workers' numerics."""
+    from emarule.studies.parabola import figures  # matplotlib: imported where a figure is drawn
+
     start = time.time()
     with one_thread_blas():
         o = study(problem, rho_base, dim, st, ticks.put if ticks is not None else (lambda msg: None))

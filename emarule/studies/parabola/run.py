@@ -19,7 +19,6 @@ from rich.table import Table
 from emarule.engine.context import RunContext
 from emarule.errors import UserError
 from emarule.cli.render import print_and_save, wide_console
-from emarule.studies.parabola import figures
 from emarule.studies.parabola.momenta import CONVENTIONS
 from emarule.studies.parabola.problem import Problem
 from emarule.studies.parabola.study import Settings, steps_of
@@ -93,6 +92,8 @@ def run(ctx: RunContext) -> dict:
         for name, data in outcomes[key].figures.items():
             atomic_write_bytes(fig_dir / name, data)
             written.append(f"figures/{name}")
+    from emarule.studies.parabola import figures  # matplotlib: imported where a figure is drawn
+
     atomic_write_bytes(fig_dir / "summary.png", figures.summary(records, rho_main, st.conventions))
     written.append("figures/summary.png")
 
