@@ -78,7 +78,7 @@ COMMON: dict[str, Any] = {
     "name": text("experiment name, as on the command line"),
     "title": text("one-line description"),
     "section": text("paper section and appendix"),
-    "task": text("module in emarule/tasks that runs it"),
+    "task": text("the task family that runs it (emarule/tasks/registry.py)"),
     "dataset": text("data set of the full-size recipe"),
     "paper_result": text("the paper's reported result for this recipe"),
     "precision": text(choices=("fp32", "tf32", "bf16")),

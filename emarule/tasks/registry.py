@@ -93,7 +93,7 @@ register(TaskSpec("ctc", "training", "emarule.tasks.ctc", "build", keys.CTC, uni
                   headline="ema_wer", experiments="ctc-polyak, ctc-pseudo-label", doc="§3.2, §3.3, App. G"))
 register(TaskSpec("toy", "training", "emarule.tasks.toy", "build", keys.TOY, units=("samples", "seconds"),
                   metrics=("mse", "val_mse"), headline="loss",
-                  experiments="none (the engine's test task; tests/engine_util.py)", doc="the engine's tests"))
+                  doc="the engine's tests (tests/engine_util.py; no experiments/*.yaml)"))
 
 
 def training() -> tuple[TaskSpec, ...]:
