@@ -16,7 +16,7 @@ from pathlib import Path
 from emarule.errors import UserError
 from emarule.engine.rundir import CHECKPOINT, HPARAMS, METRICS, UNSAVED
 from emarule.engine.runlock import check_free
-from emarule.config.schema import get, task_keys
+from emarule.config.schema import get, task_keys, value
 from emarule.tasks import registry
 
 # data.source values that ship with the package or are generated: there is nothing for --data to
@@ -161,8 +161,9 @@ def local_data(spec: dict) -> None:
     """A data set read from disk needs --data (or data.path): said before anything is written, with
     a fix this spec has (a preset of its own on bundled data, else `--set data.source=...`)."""
     task = spec.get("task")
-    t = registry.lookup(task)
-    source = get(spec, "data.source", t.default_source if t else None)
+    if "data" not in task_keys(task):
+        return  # a task that makes its own data
+    source = value(spec, "data.source")
     if source not in LOCAL_DATA or get(spec, "data.path"):
         return
     field = get(task_keys(task), "data.source")
@@ -174,7 +175,8 @@ def local_data(spec: dict) -> None:
         fix = f"add --set data.source={bundled[0]} (bundled, no download)"
     else:
         fix = "set data.path in the spec"
-    what = LOCAL_DATA[source].format(name=spec.get("name", "?"), labeled=get(spec, "data.labeled", "train-clean-100"))
+    labeled = value(spec, "data.labeled") if source == "librispeech" else None
+    what = LOCAL_DATA[source].format(name=spec.get("name", "?"), labeled=labeled)
     raise UserError(f"{what}, or {fix}")
 
 
@@ -201,7 +203,7 @@ def whole_batches(spec: dict, plan, batch_size: float | None, runs: bool) -> Non
     Scaling stage's) must be at least one sample; with `runs`, each must be a whole number too, as
     `plan` may show a fractional κB.
     """
-    if get(spec, "batch.unit", "samples") != "samples":
+    if value(spec, "batch.unit") != "samples":
         return  # seconds of audio may be fractional
     name, base = spec.get("name", "?"), spec["batch"]["size"]
     if batch_size is not None and not float(batch_size).is_integer():

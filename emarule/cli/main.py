@@ -253,6 +253,7 @@ def list_cmd() -> None:
 
     from emarule.cli.render import fmt
     from emarule.config.load import experiment_names, load_spec, read_yaml, spec_path
+    from emarule.config.schema import value
     from emarule.tasks import RUNNABLE_TASKS
 
     t = Table(title="emarule experiments (base values at κ=1)", title_justify="left")
@@ -264,7 +265,7 @@ def list_cmd() -> None:
         unit = "" if b.get("unit", "samples") == "samples" else f" {b['unit']}"
         presets = ", ".join(sorted(read_yaml(spec_path(name, None)).get("presets") or {}))
         t.add_row(name, s.get("section", ""), s.get("dataset", ""), f"{fmt(b['size'])}{unit}",
-                  s["optimizer"].get("name", ""), fmt(s["ema"].get("momentum")), s["task"],
+                  value(s, "optimizer.name") or "", fmt(s["ema"].get("momentum")), s["task"],
                   "yes" if s["task"] in RUNNABLE_TASKS else "plan only", presets)
     console.print(t)
 

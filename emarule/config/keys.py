@@ -23,8 +23,10 @@ each task's `config` in `emarule/tasks/registry.py` (its own sections, defined i
 Do not edit by hand: `tests/test_spec_keys.py` fails when this page and the schema differ.
 
 A spec is checked against these on load (`emarule plan`, `run`, `sweep`): an unknown key, a wrong type or a
-value out of range is one line naming the dotted key. Any key can be set from the command line with
-`--set section.key=value`; `emarule plan byol-vit --kappa 2 --set "optimizer.betas=[0.9, 1.2]"` prints
+value out of range is one line naming the dotted key. A key the spec leaves out takes the default shown (the code
+reads it with `emarule.config.schema.value`); a key with no default is absent (None) when left out. Any key can
+be set from the command line with `--set section.key=value`;
+`emarule plan byol-vit --kappa 2 --set "optimizer.betas=[0.9, 1.2]"` prints
 
 ```text
 error: --set optimizer.betas[1]: must be < 1.0, got 1.2
@@ -34,6 +36,15 @@ error: --set optimizer.betas[1]: must be < 1.0, got 1.2
 
 def _fmt(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _default(v: Any) -> str:
+    """As a YAML spec would write it."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, list):
+        return "[" + ", ".join(_default(x) for x in v) + "]"
+    return _fmt(v)
 
 
 def describe(f: Field) -> tuple[str, str]:
@@ -72,11 +83,12 @@ def rows(tree: dict, prefix: str = "") -> list[tuple[str, Field]]:
 
 
 def table(tree: dict) -> list[str]:
-    lines = ["| key | type | allowed | meaning |", "|---|---|---|---|"]
+    lines = ["| key | type | allowed | default | meaning |", "|---|---|---|---|---|"]
     for path, f in rows(tree):
         kind, allowed = describe(f)
         doc = f.doc.replace("|", "\\|")
-        lines.append(f"| `{path}` | {kind} | {allowed.replace('|', chr(92) + '|')} | {doc} |")
+        default = "" if f.default is None else f"`{_default(f.default)}`"
+        lines.append(f"| `{path}` | {kind} | {allowed.replace('|', chr(92) + '|')} | {default} | {doc} |")
     return lines
 
 

@@ -10,7 +10,7 @@ Pure Python: `plan`, `table` and `limits` load specs without importing torch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 NUM = (int, float)
@@ -28,7 +28,7 @@ class Field:
     items: "Field | None" = None  # for lists: the shape of every item
     length: int | None = None  # for lists of fixed length (Adam betas)
     doc: str = ""
-    default: Any = None  # the value a spec without the key gets (where the code reads it from here)
+    default: Any = None  # the value a spec without the key gets: `value(spec, key)` reads it from here
 
 
 def num(doc="", **kw) -> Field:
@@ -53,6 +53,20 @@ def momentum(doc="") -> Field:
 
 def numlist(doc="", item: Field | None = None, **kw) -> Field:
     return Field((list,), items=item or num(), doc=doc, **kw)
+
+
+def with_defaults(tree: dict, defaults: dict[str, Any]) -> dict:
+    """`tree` with each dotted key's Field given its default: a section's defaults sit under its types."""
+    out = {k: (with_defaults(v, {}) if isinstance(v, dict) else v) for k, v in tree.items()}
+    for dotted, default in defaults.items():
+        node = out
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node[p]
+        if not isinstance(node.get(leaf), Field):
+            raise KeyError(f"{dotted}: no such key to give a default")
+        node[leaf] = replace(node[leaf], default=default)
+    return out
 
 
 # data.skip_bad_items (emarule/baditems.py): an item that fails to decode is an error naming its file,
@@ -138,6 +152,12 @@ COMMON: dict[str, Any] = {
     "progressive": PROGRESSIVE,  # Progressive Scaling; null for constant κ
     "presets": Field((dict,), doc="named overrides {preset: {dotted.key: value}}"),
 }
+COMMON = with_defaults(COMMON, {
+    "precision": "fp32", "batch.unit": "samples", "batch.sort_window": 1024,
+    "optimizer.weight_decay_skip_bias": False,
+    "ema.update_from": "post", "ema.start_steps": 0, "ema.buffers": "copy", "ema.dtype": "float32",
+    "norm.sync_bn": False,
+})
 
 
 # What each optimizer's scaling rules read. A spec that switches optimizer (`--set optimizer.name=adam`
@@ -233,6 +253,23 @@ def schema_for(task: str | None) -> dict:
     merged = dict(COMMON)
     merged.update(task_keys(task))
     return merged
+
+
+def value(spec: dict, dotted: str) -> Any:
+    """The spec's value at `dotted`, or the schema's default for it where the spec leaves it out: the one place
+    a default lives. A key the spec's task does not declare is a programming error (KeyError), not a None."""
+    node: Any = spec
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            break
+        node = node[part]
+    else:
+        return node
+    section = dotted.split(".", 1)[0]
+    field = get(COMMON if section in COMMON else task_keys(spec.get("task")), dotted)
+    if not isinstance(field, Field):
+        raise KeyError(f"{dotted} is not a key of a {spec.get('task')!r} spec (emarule/config/)")
+    return list(field.default) if isinstance(field.default, list) else field.default  # a copy: callers may edit
 
 
 def get(tree: dict, dotted: str, default: Any = None) -> Any:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from emarule.config.schema import NONNEG, POSITIVE, SKIP_BAD_ITEMS, Field, flag, integer, momentum, num, numlist, text
+from emarule.config.schema import (NONNEG, POSITIVE, SKIP_BAD_ITEMS, Field, flag, integer, momentum, num, numlist,
+                                   text, with_defaults)
 
 TOY: dict[str, Any] = {  # engine tests: a generated regression (emarule/tasks/toy.py)
     "toy": {
@@ -21,6 +22,11 @@ TOY: dict[str, Any] = {  # engine tests: a generated regression (emarule/tasks/t
         "center_momentum": momentum(),
     },
 }
+TOY = with_defaults(TOY, {
+    "toy.augment": 0.0, "toy.batchnorm": False, "toy.dim": 8, "toy.dropout": 0.0, "toy.eval_samples": 128,
+    "toy.hidden": 16, "toy.noise": 0.1, "toy.out": 2, "toy.quiet": False, "toy.samples": 256, "toy.seconds": False,
+    "toy.step_delay": 0.0, "toy.teacher_weight": 0.0
+})
 
 PARABOLA: dict[str, Any] = {
     "parabola": {
@@ -44,6 +50,10 @@ PARABOLA: dict[str, Any] = {
         "seed": integer(),
     },
 }
+PARABOLA = with_defaults(PARABOLA, {
+    "parabola.conventions": ["pre", "post"], "parabola.d1_method": "exact", "parabola.search_points": 128,
+    "parabola.nodes": 13, "parabola.figure_kappas": [8, 256], "parabola.seed": 0, "parabola.workers": 1,
+})
 
 PRECISION: dict[str, Any] = {
     "precision_study": {  # steps, lr and batch come from schedule.total_steps, optimizer.lr, batch.size
@@ -58,6 +68,9 @@ PRECISION: dict[str, Any] = {
         "seed": integer(),
     },
 }
+PRECISION = with_defaults(PRECISION, {
+    "precision_study.init_std": 0.0, "precision_study.repeats": 5, "precision_study.seed": 0,
+})
 
 POLYAK: dict[str, Any] = {  # emarule/tasks/polyak.py
     "model": {"arch": text("a timm ResNetv2 (resnetv2_50)"), "num_classes": integer(lo=1),
@@ -76,6 +89,11 @@ POLYAK: dict[str, Any] = {  # emarule/tasks/polyak.py
              "seed": integer("textures: the data set's seed (the same images for every run seed)", **NONNEG),
              "skip_bad_items": SKIP_BAD_ITEMS},
 }
+POLYAK = with_defaults(POLYAK, {
+    "data.augmentation": "imagenet", "data.image_size": 224, "data.label_smoothing": 0.0, "data.noise": 1.0,
+    "data.seed": 0, "data.source": "imagenet", "model.arch": "resnetv2_50", "model.init": "kaiming_normal_relu",
+    "model.num_classes": 1000, "model.output_stride": 32, "model.stem": "imagenet"
+})
 
 CTC: dict[str, Any] = {
     "model": {
@@ -116,6 +134,16 @@ CTC: dict[str, Any] = {
                                   "never reaches the threshold (not the paper's)", nullable=True, **NONNEG),
     },
 }
+CTC = with_defaults(CTC, {
+    "corpus.eval": 100, "corpus.labeled": 400, "corpus.seed": 0, "corpus.speakers": 8, "corpus.unlabeled": 0,
+    "data.labeled": "train-clean-100", "data.n_mels": 80, "data.pl_eval_utterances": 200, "data.sample_rate": 16000,
+    "data.source": "librispeech", "data.stride_ms": 10, "data.window_ms": 25,
+    "model.vocab": 29,  # len(emarule.speech.tokens.SYMBOLS): blank, word boundary, apostrophe, a-z (a test holds it)
+    "pseudo_label.labeled_ratio": 1, "pseudo_label.unlabeled_ratio": 3, "pseudo_label.pretrain_steps": 20000,
+    "pseudo_label.dropout_after": 0.1, "pseudo_label.layer_drop_after": 0.1,
+    "specaug.freq_masks": 2, "specaug.freq_param": 30, "specaug.start_steps": 0, "specaug.time_masks": 10,
+    "specaug.time_param": 50, "specaug.time_ratio": 0.1
+})
 
 BYOL: dict[str, Any] = {
     "model": {
@@ -137,6 +165,13 @@ BYOL: dict[str, Any] = {
     "probe": {"lr": num("the tracking probe's own Adam lr at batch.size (emarule/probe.py)", **POSITIVE),
               "kind": text(choices=("pre-bn",))},
 }
+BYOL = with_defaults(BYOL, {
+    "data.augmentation": "byol_cifar10", "data.image_size": 32, "data.num_classes": 10, "data.source": "cifar10",
+    "model.arch": "resnet18", "model.cifar_stem": False, "model.head_norm": "batchnorm",
+    "model.init": "kaiming_uniform",
+    "model.predictor_hidden": 4096, "model.projector_hidden": 4096, "model.projector_out": 256,
+    "model.stochastic_depth": 0.0, "probe.kind": "pre-bn"
+})
 
 DINO: dict[str, Any] = {  # emarule/tasks/dino.py
     "model": {
@@ -166,3 +201,11 @@ DINO: dict[str, Any] = {  # emarule/tasks/dino.py
     },
     "probe": {"lr": num(**POSITIVE), "kind": text(choices=("pre-bn",))},
 }
+DINO = with_defaults(DINO, {
+    "data.augmentation": "dino", "data.global_crops": 2, "data.image_size": 224, "data.local_crops": 8,
+    "data.local_size": 96, "data.num_classes": 10, "data.source": "cifar10", "dino.freeze_last_layer_epochs": 1,
+    "dino.student_temp": 0.1, "dino.teacher_temp": 0.04, "dino.warmup_teacher_temp": 0.04,
+    "dino.warmup_teacher_temp_epochs": 0, "model.arch": "vit_base_patch16_224", "model.bottleneck": 256,
+    "model.head_hidden": 2048, "model.head_layers": 3, "model.norm_last_layer": True, "model.out_dim": 65536,
+    "model.stochastic_depth": 0.0
+})

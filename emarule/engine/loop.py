@@ -47,6 +47,7 @@ from emarule.scaling.plan import extra_ema_name
 from emarule.config.schema import SKIP_BAD_ITEMS
 from emarule.engine.seeding import mix
 from emarule.config.load import get
+from emarule.config.schema import value
 from emarule.engine.interface import MAIN_EMA, Now, TaskParts
 
 EPS = 1e-6
@@ -183,8 +184,8 @@ def build_emas(spec: dict, source: nn.Module, plan) -> dict:
         if plan[momentum_key(name)] >= 1.0:  # ρ^κ can round to 1 in float64; the plan warns, a run refuses
             raise UserError(f"{momentum_key(name)}: ρ̂ = {plan[momentum_key(name)]:g} at κ={plan.kappa:g} never "
                             f"moves the EMA; use a smaller ρ or a larger κ (see `emarule limits`)")
-        e = ModelEma(source, plan[momentum_key(name)], buffers=get(spec, "ema.buffers", "copy"), start_samples=start,
-                     dtype=get(spec, "ema.dtype", "float32"))
+        e = ModelEma(source, plan[momentum_key(name)], buffers=value(spec, "ema.buffers"), start_samples=start,
+                     dtype=value(spec, "ema.dtype"))
         e.module.train()
         emas[name] = e
     return emas
@@ -196,7 +197,7 @@ def momentum_key(ema: str) -> str:
 
 def make_batcher(ctx: RunContext, parts: TaskParts) -> batching.Batcher:
     """The training set's order and measure (its size, or its seconds of audio)."""
-    unit = ctx.spec["batch"].get("unit", batching.SAMPLES)
+    unit = value(ctx.spec, "batch.unit")
     n = len(parts.train_set)
     if n < 1:
         raise UserError("task error: the training set is empty")
@@ -205,12 +206,12 @@ def make_batcher(ctx: RunContext, parts: TaskParts) -> batching.Batcher:
         if parts.duration is None:
             raise UserError(f"{ctx.experiment}: batch.unit seconds needs a task that gives each item's duration")
         durations = [float(parts.duration(i)) for i in range(n)]
-    return batching.Batcher(n, ctx.seed, durations, int(get(ctx.spec, "batch.sort_window", 1024)))
+    return batching.Batcher(n, ctx.seed, durations, int(value(ctx.spec, "batch.sort_window")))
 
 
 def check_batches_fit(ctx: RunContext, batcher: batching.Batcher, world_size: int) -> None:
     """Every stage's batch fits the world size and the data set (checked before anything is written)."""
-    unit = ctx.spec["batch"].get("unit", batching.SAMPLES)
+    unit = value(ctx.spec, "batch.unit")
     for _, p in stage_plans(ctx):
         lay = batching.layout(p["batch_size"], world_size, ctx.max_device_batch, unit)
         if lay.global_batch > batcher.epoch_measure + EPS:
@@ -238,7 +239,7 @@ def check_same_settings(ctx: RunContext, fp: dict | None) -> None:
 
 def setup(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> Run:
     spec = ctx.spec
-    unit = spec["batch"].get("unit", batching.SAMPLES)
+    unit = value(spec, "batch.unit")
     batcher = make_batcher(ctx, parts)
     base_batch = float(spec["batch"]["size"])
     sched = schedules.from_spec(spec, batcher.epoch_measure)
@@ -256,11 +257,11 @@ def setup(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> Run:
         raise UserError(f"{ctx.out} already holds a run (checkpoint.pt); pass --resume to continue it or "
                         f"--out NEW_DIR to start another")
 
-    precision = spec.get("precision", "fp32")
+    precision = value(spec, "precision")
     set_precision(precision)
     seed_everything(ctx.seed, d.rank)
-    sync_bn = distributed.sync_batchnorm_possible(bool(get(spec, "norm.sync_bn", False)))
-    model = distributed.maybe_sync_batchnorm(parts.model.to(d.device), bool(get(spec, "norm.sync_bn", False)))
+    sync_bn = distributed.sync_batchnorm_possible(bool(value(spec, "norm.sync_bn")))
+    model = distributed.maybe_sync_batchnorm(parts.model.to(d.device), bool(value(spec, "norm.sync_bn")))
     parts.model = model
     distributed.broadcast_module_(model)
     model.train()
@@ -609,7 +610,7 @@ def optimizer_step(run: Run, micro, measures, global_measure, seen_after, idle: 
     metrics["grad_norm"] = clip_gradients(params, run.aux_ids, get(run.ctx.spec, "optimizer.grad_clip"))
     if not math.isfinite(metrics["grad_norm"]):  # a finite loss can still overflow in backward
         return loss_value, metrics, reduced, flags, f"the gradient norm became {metrics['grad_norm']}"
-    pre = get(run.ctx.spec, "ema.update_from", "post") == "pre"
+    pre = value(run.ctx.spec, "ema.update_from") == "pre"
     if pre:
         update_emas(run, seen_after)  # θ_t: the parameters before the step
     opt.step()

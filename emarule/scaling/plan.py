@@ -12,6 +12,7 @@ from typing import Any
 
 from emarule.errors import ScalingError
 from emarule.config.schema import get as _get
+from emarule.config.schema import value as spec_value
 from emarule.scaling import rules
 from emarule.scaling.limits import round_to
 from emarule.scaling.progressive import BatchSchedule, Stage
@@ -240,7 +241,7 @@ def scale(spec: dict, kappa: float, ema_rule: str | None = "exponential") -> Pla
         raise ScalingError(f"unknown EMA rule {ema_rule!r}; use exponential or linear")
     values: dict[str, Scaled] = {}
     batch = spec["batch"]["size"]
-    unit = spec["batch"].get("unit", "samples")
+    unit = spec_value(spec, "batch.unit")
     values["batch_size"] = Scaled(batch, batch * kappa, unit, "B̂ = κB")
     _optimizer(spec, kappa, values)
     if _get(spec, "ema.momentum") is not None:

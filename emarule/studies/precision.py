@@ -26,6 +26,7 @@ from emarule.studies.precision_study import Config, max_abs_diff, study
 from emarule.engine.rundir import atomic_write_bytes, atomic_write_text
 from emarule.scaling.limits import FORMATS, limits
 from emarule.config.load import get
+from emarule.config.schema import value
 
 FLOOR = 1e-12
 SECOND_RUNS = {
@@ -45,9 +46,10 @@ def config_of(spec: dict, seed: int) -> Config:
     if "fp32" not in sec["dtypes"]:
         raise UserError("precision_study.dtypes must include fp32, the reference")
     return Config(features=int(sec["features"]), samples=int(sec["samples"]), steps=int(steps), batch=int(batch),
-                  lr=float(lr), noise=float(sec["noise"]), init_std=float(sec.get("init_std", 0.0)),
+                  lr=float(lr), noise=float(sec["noise"]), init_std=float(value(spec, "precision_study.init_std")),
                   momenta=tuple(float(m) for m in sec["momenta"]), dtypes=tuple(sec["dtypes"]),
-                  repeats=int(sec.get("repeats", 5)), seed=int(sec.get("seed", 0)) + seed)
+                  repeats=int(value(spec, "precision_study.repeats")),
+                  seed=int(value(spec, "precision_study.seed")) + seed)
 
 
 def summarize(cfg: Config, runs: dict) -> dict:

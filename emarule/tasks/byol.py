@@ -35,6 +35,7 @@ from emarule.engine.context import RunContext
 from emarule.errors import UserError
 from emarule.analysis.probe import TrackingProbe, probe_evaluation
 from emarule.config.load import get
+from emarule.config.schema import value
 from emarule.engine.interface import TaskParts
 from emarule.vision import models as M
 from emarule.vision.data import TwoViewSet, load_sources
@@ -114,40 +115,40 @@ def make_loss(probe: TrackingProbe):
 
 def build(ctx: RunContext) -> TaskParts:
     s = ctx.spec
-    arch = get(s, "model.arch", "resnet18")
-    image_size = int(get(s, "data.image_size", 32))
-    source = get(s, "data.source", "cifar10")
+    arch = value(s, "model.arch")
+    image_size = int(value(s, "data.image_size"))
+    source = value(s, "data.source")
     root = ctx.data if ctx.data is not None else (Path(get(s, "data.path")) if get(s, "data.path") else None)
     train_src, test_src = load_sources(source, root, image_size, get(s, "data.train_samples"),
-                                       get(s, "data.eval_samples"), int(get(s, "data.num_classes", 10)))
-    num_classes = max(int(get(s, "data.num_classes", 10)), train_src.num_classes)
-    augmentation = get(s, "data.augmentation", "byol_cifar10")
+                                       get(s, "data.eval_samples"), int(value(s, "data.num_classes")))
+    num_classes = max(int(value(s, "data.num_classes")), train_src.num_classes)
+    augmentation = value(s, "data.augmentation")
     train_set = TwoViewSet(train_src, augmentation, image_size, ctx.seed)
 
     # Same initial weights for every κ and rule at a given seed (the loop seeds the rest).
     torch.manual_seed(ctx.seed)
-    init = get(s, "model.init", "kaiming_uniform")
+    init = value(s, "model.init")
     dims = {"embed_dim": get(s, "model.embed_dim"), "depth": get(s, "model.depth"), "num_heads": get(s, "model.heads")}
-    bb = M.backbone(arch, width=get(s, "model.width"), cifar_stem=bool(get(s, "model.cifar_stem", False)),
+    bb = M.backbone(arch, width=get(s, "model.width"), cifar_stem=bool(value(s, "model.cifar_stem")),
                     image_size=image_size, patch_size=get(s, "model.patch_size"),
-                    stochastic_depth=get(s, "model.stochastic_depth", 0.0), init=init, vit_dims=dims)
-    if get(s, "probe.kind", "pre-bn") != "pre-bn":
+                    stochastic_depth=value(s, "model.stochastic_depth"), init=init, vit_dims=dims)
+    if value(s, "probe.kind") != "pre-bn":
         raise UserError(f"probe.kind {get(s, 'probe.kind')!r}: only the pre-bn linear probe (the paper's) is "
                         f"implemented; drop probe.kind")
     probe = TrackingProbe.from_spec(s, bb.num_features, num_classes, len(train_src))
-    model = BYOL(bb, int(get(s, "model.projector_hidden", 4096)), int(get(s, "model.projector_out", 256)),
-                 int(get(s, "model.predictor_hidden", 4096)), probe, get(s, "model.head_norm", "batchnorm"))
+    model = BYOL(bb, int(value(s, "model.projector_hidden")), int(value(s, "model.projector_out")),
+                 int(value(s, "model.predictor_hidden")), probe, value(s, "model.head_norm"))
     # Projector and predictor get the recipe's init too.
     M.init_weights(model.online.projector, init)
     M.init_weights(model.predictor, init)
 
-    no_decay = M.no_weight_decay_names(model) if get(s, "optimizer.weight_decay_skip_bias", False) else set()
+    no_decay = M.no_weight_decay_names(model) if value(s, "optimizer.weight_decay_skip_bias") else set()
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     info = {
         "task": "byol",
         "arch": arch,
         "width": get(s, "model.width"),
-        "cifar_stem": bool(get(s, "model.cifar_stem", False)),
+        "cifar_stem": bool(value(s, "model.cifar_stem")),
         "feature_dim": model.num_features,
         "parameters": n_params,
         "backbone_parameters": sum(p.numel() for p in bb.parameters()),
@@ -156,7 +157,7 @@ def build(ctx: RunContext) -> TaskParts:
         "test_size": len(test_src),
         "image_size": image_size,
         "augmentation": augmentation,
-        "head_norm": get(s, "model.head_norm", "batchnorm"),
+        "head_norm": value(s, "model.head_norm"),
         "probe": probe.describe(),
         "loss": "½cos(q(z1), sg z'2) + ½cos(q(z2), sg z'1); the probe's cross-entropy trains the probe only",
     }

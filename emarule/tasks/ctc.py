@@ -33,6 +33,7 @@ from emarule.engine.context import RunContext, default_run_name
 from emarule.errors import UserError
 from emarule.engine.seeding import mix
 from emarule.config.load import get
+from emarule.config.schema import value
 from emarule.speech import corpus, pseudo_label, tokens, wer
 from emarule.speech.data import EvalSet, TrainSlots, collate_eval, collate_train
 from emarule.speech.features import LogMel
@@ -50,15 +51,15 @@ CACHE_HOURS = 3.0  # keep features in memory for sets up to this much audio
 
 def data_root(ctx: RunContext) -> Path:
     s = ctx.spec
-    labeled = get(s, "data.labeled", "train-clean-100")
+    labeled = value(s, "data.labeled")
     unlabeled = (get(s, "data.unlabeled") or []) if get(s, "pseudo_label") else []
     splits = get(s, "data.eval_splits") or EVAL_SPLITS
-    if get(s, "data.source", "librispeech") == "synthetic":
-        n_eval = int(get(s, "corpus.eval", 100))
-        wanted = {labeled: int(get(s, "corpus.labeled", 400)),
-                  **{u: int(get(s, "corpus.unlabeled", 0)) for u in unlabeled}, **{e: n_eval for e in splits}}
-        req = corpus.CorpusRequest(seed=int(get(s, "corpus.seed", 0)), utterances=wanted,
-                                   speakers=int(get(s, "corpus.speakers", 8)))
+    if value(s, "data.source") == "synthetic":
+        n_eval = int(value(s, "corpus.eval"))
+        wanted = {labeled: int(value(s, "corpus.labeled")),
+                  **{u: int(value(s, "corpus.unlabeled")) for u in unlabeled}, **{e: n_eval for e in splits}}
+        req = corpus.CorpusRequest(seed=int(value(s, "corpus.seed")), utterances=wanted,
+                                   speakers=int(value(s, "corpus.speakers")))
         d = get(s, "corpus.dir")
         return corpus.ensure(req, Path(d).expanduser() if d else None)
     root = ctx.data if ctx.data is not None else (Path(get(s, "data.path")) if get(s, "data.path") else None)
@@ -172,13 +173,13 @@ def wer_evaluation(data: EvalSet, split: str, name: str, every_base_steps, targe
 
 def build(ctx: RunContext) -> TaskParts:
     s = ctx.spec
-    if int(get(s, "model.vocab", tokens.VOCAB)) != tokens.VOCAB:
+    if int(value(s, "model.vocab")) != tokens.VOCAB:
         raise UserError(f"model.vocab must be {tokens.VOCAB}: 26 letters, apostrophe, word boundary and the CTC blank")
-    sample_rate = int(get(s, "data.sample_rate", 16000))
-    featurizer = LogMel(sample_rate, int(get(s, "data.n_mels", 80)), float(get(s, "data.window_ms", 25)),
-                        float(get(s, "data.stride_ms", 10)))
+    sample_rate = int(value(s, "data.sample_rate"))
+    featurizer = LogMel(sample_rate, int(value(s, "data.n_mels")), float(value(s, "data.window_ms")),
+                        float(value(s, "data.stride_ms")))
     root = data_root(ctx)
-    labeled = speech_set(root, get(s, "data.labeled", "train-clean-100"), featurizer, sample_rate)
+    labeled = speech_set(root, value(s, "data.labeled"), featurizer, sample_rate)
     pl_spec = get(s, "pseudo_label")
     phase = unlabeled = None
     if pl_spec:
@@ -187,8 +188,8 @@ def build(ctx: RunContext) -> TaskParts:
             raise UserError(f"{ctx.experiment}: pseudo-labeling needs data.unlabeled splits")
         unlabeled = SpeechSet([u for p in parts for u in p.utts], featurizer, cache=all(p.cache is not None
                                                                                          for p in parts))
-        pretrain = float(pl_spec.get("pretrain_steps", 20000))
-        ema_start = float(get(s, "ema.start_steps", 0) or 0)
+        pretrain = float(value(s, "pseudo_label.pretrain_steps"))
+        ema_start = float(value(s, "ema.start_steps") or 0)
         sibling = ctx.out.parent / default_run_name(1.0, "exponential", ctx.seed, None, s.get("preset"))
         mode, threshold, source = pseudo_label.choose(pl_spec, ctx.kappa, ctx.out, sibling, pretrain)
         latest = pl_spec.get("latest_start_steps")
@@ -197,18 +198,18 @@ def build(ctx: RunContext) -> TaskParts:
         if mode == "wer" and not ctx.quiet:
             print(f"pseudo-labeling starts when the dev WER reaches {threshold:.4g}% (from {source})",
                   file=sys.stderr)
-    train_set = TrainSlots(labeled, unlabeled, int(get(s, "pseudo_label.labeled_ratio", 1)),
-                           int(get(s, "pseudo_label.unlabeled_ratio", 3)))
+    train_set = TrainSlots(labeled, unlabeled, int(value(s, "pseudo_label.labeled_ratio")),
+                           int(value(s, "pseudo_label.unlabeled_ratio")))
 
     torch.manual_seed(mix(ctx.seed, 0xC7C))  # the same initial weights for every κ and rule at a seed
     m = s["model"]
     model = CTCTransformer(featurizer.fbank.shape[1], tokens.VOCAB, int(m["dim"]), int(m["layers"]), int(m["heads"]),
                            int(m["mlp_dim"]), float(m["dropout"]), float(m["layer_drop"]),
                            int(m.get("conv_kernel", 7)), int(m.get("conv_stride", 3)),
-                           float(get(s, "data.stride_ms", 10)) / 1000, m.get("positional", "cape"))
+                           float(value(s, "data.stride_ms")) / 1000, m.get("positional", "cape"))
     if phase is not None:
-        phase.on_start = lambda: model.set_dropout(float(pl_spec.get("dropout_after", 0.1)),
-                                                   float(pl_spec.get("layer_drop_after", 0.1)))
+        phase.on_start = lambda: model.set_dropout(float(value(s, "pseudo_label.dropout_after")),
+                                                   float(value(s, "pseudo_label.layer_drop_after")))
 
     target = {"model": model}
     every = get(s, "eval.every_base_steps")
@@ -217,14 +218,14 @@ def build(ctx: RunContext) -> TaskParts:
                                   "wer", every, target, phase)
                    for i, sp in enumerate(splits)]
     if phase is not None:
-        held = SpeechSet(unlabeled.utts[:int(get(s, "data.pl_eval_utterances", 200))], featurizer,
+        held = SpeechSet(unlabeled.utts[:int(value(s, "data.pl_eval_utterances"))], featurizer,
                          cache=unlabeled.cache is not None)
         evaluations.append(wer_evaluation(EvalSet(held), "", "pl_wer", every, target, phase, models="teacher",
                                           only_when_pseudo_labeling=True))
 
-    sa = SpecAugment(int(get(s, "specaug.freq_masks", 2)), int(get(s, "specaug.freq_param", 30)),
-                     int(get(s, "specaug.time_masks", 10)), int(get(s, "specaug.time_param", 50)),
-                     float(get(s, "specaug.time_ratio", 0.1)))
+    sa = SpecAugment(int(value(s, "specaug.freq_masks")), int(value(s, "specaug.freq_param")),
+                     int(value(s, "specaug.time_masks")), int(value(s, "specaug.time_param")),
+                     float(value(s, "specaug.time_ratio")))
 
     def on_step(now, reduced):
         if phase is None:
@@ -249,7 +250,7 @@ def build(ctx: RunContext) -> TaskParts:
         info.update({"unlabeled_utterances": len(unlabeled), "pseudo_label_start": phase.mode,
                      "latest_start_steps": phase.latest,
                      "start_wer_threshold": phase.threshold})
-    return TaskParts(model=model, train_set=train_set, loss=make_loss(sa, float(get(s, "specaug.start_steps", 0)),
+    return TaskParts(model=model, train_set=train_set, loss=make_loss(sa, float(value(s, "specaug.start_steps")),
                                                                       ctx.seed, phase),
                      teacher=MAIN_EMA if phase is not None else None, evaluations=evaluations, on_step=on_step,
                      state=phase, duration=train_set.seconds, progress_metric="ctc_loss", collate=collate_train,

@@ -43,6 +43,7 @@ from emarule.analysis import probe as P
 from emarule.engine.context import RunContext
 from emarule.errors import UserError
 from emarule.config.load import get
+from emarule.config.schema import value
 from emarule.engine.interface import TaskParts
 from emarule.vision import models as M
 from emarule.vision.data import load_sources
@@ -140,10 +141,10 @@ def crop_major(x: torch.Tensor) -> torch.Tensor:
 
 
 def make_loss(s: dict, center: Center, probe: P.TrackingProbe, n_global: int, n_local: int):
-    student_temp = float(get(s, "dino.student_temp", 0.1))
-    temps = (float(get(s, "dino.warmup_teacher_temp", 0.04)), float(get(s, "dino.teacher_temp", 0.04)),
-             int(get(s, "dino.warmup_teacher_temp_epochs", 0)))
-    freeze_epochs = float(get(s, "dino.freeze_last_layer_epochs", 1))
+    student_temp = float(value(s, "dino.student_temp"))
+    temps = (float(value(s, "dino.warmup_teacher_temp")), float(value(s, "dino.teacher_temp")),
+             int(value(s, "dino.warmup_teacher_temp_epochs")))
+    freeze_epochs = float(value(s, "dino.freeze_last_layer_epochs"))
     n_crops = n_global + n_local
 
     def loss(model: DINO, teacher: DinoNet, batch, now):
@@ -171,17 +172,17 @@ def make_loss(s: dict, center: Center, probe: P.TrackingProbe, n_global: int, n_
 
 def build(ctx: RunContext) -> TaskParts:
     s = ctx.spec
-    arch = get(s, "model.arch", "vit_base_patch16_224")
-    size, local_size = int(get(s, "data.image_size", 224)), int(get(s, "data.local_size", 96))
-    n_global, n_local = int(get(s, "data.global_crops", 2)), int(get(s, "data.local_crops", 8))
+    arch = value(s, "model.arch")
+    size, local_size = int(value(s, "data.image_size")), int(value(s, "data.local_size"))
+    n_global, n_local = int(value(s, "data.global_crops")), int(value(s, "data.local_crops"))
     if n_global < 2 and n_local == 0:
         raise UserError("dino: one global crop and no local crops leave no pair to compare; "
                         "use data.global_crops=2 or data.local_crops ≥ 1")
     root = ctx.data if ctx.data is not None else (Path(get(s, "data.path")) if get(s, "data.path") else None)
-    train_src, test_src = load_sources(get(s, "data.source", "cifar10"), root, size, get(s, "data.train_samples"),
-                                       get(s, "data.eval_samples"), int(get(s, "data.num_classes", 10)))
-    num_classes = max(int(get(s, "data.num_classes", 10)), train_src.num_classes)
-    augmentation = get(s, "data.augmentation", "dino")
+    train_src, test_src = load_sources(value(s, "data.source"), root, size, get(s, "data.train_samples"),
+                                       get(s, "data.eval_samples"), int(value(s, "data.num_classes")))
+    num_classes = max(int(value(s, "data.num_classes")), train_src.num_classes)
+    augmentation = value(s, "data.augmentation")
     train_set = MultiCropSet(train_src, augmentation, size, local_size, ctx.seed, n_global, n_local,
                              tuple(get(s, "data.global_scale") or DINO_GLOBAL_SCALE),
                              tuple(get(s, "data.local_scale") or DINO_LOCAL_SCALE))
@@ -189,11 +190,11 @@ def build(ctx: RunContext) -> TaskParts:
     torch.manual_seed(ctx.seed)  # the same initial weights for every κ and rule at a given seed
     dims = {"embed_dim": get(s, "model.embed_dim"), "depth": get(s, "model.depth"), "num_heads": get(s, "model.heads")}
     bb = M.backbone(arch, image_size=size, patch_size=get(s, "model.patch_size"),
-                    stochastic_depth=get(s, "model.stochastic_depth", 0.0), init=get(s, "model.init"),
+                    stochastic_depth=value(s, "model.stochastic_depth"), init=get(s, "model.init"),
                     vit_dims=dims, dynamic_img_size=n_local > 0 and local_size != size)
-    head = DINOHead(bb.num_features, int(get(s, "model.out_dim", 65536)), int(get(s, "model.head_hidden", 2048)),
-                    int(get(s, "model.bottleneck", 256)), int(get(s, "model.head_layers", 3)),
-                    bool(get(s, "model.norm_last_layer", True)))
+    head = DINOHead(bb.num_features, int(value(s, "model.out_dim")), int(value(s, "model.head_hidden")),
+                    int(value(s, "model.bottleneck")), int(value(s, "model.head_layers")),
+                    bool(value(s, "model.norm_last_layer")))
     probe = P.TrackingProbe.from_spec(s, bb.num_features, num_classes, len(train_src))
     model = DINO(DinoNet(bb, head), probe.module)
     center = Center(head.last_layer.weight_v.shape[0])
@@ -206,7 +207,7 @@ def build(ctx: RunContext) -> TaskParts:
     # [CLS] token and position embedding are decayed.
     params = dict(model.student.named_parameters(prefix="student"))
     no_decay = ({n for n, p in params.items() if p.ndim <= 1}
-                if get(s, "optimizer.weight_decay_skip_bias", False) else set())
+                if value(s, "optimizer.weight_decay_skip_bias") else set())
     info = {
         "task": "dino", "arch": arch, "embed_dim": bb.num_features,
         "depth": len(getattr(bb, "blocks", [])) or None,

@@ -28,6 +28,7 @@ from emarule.engine.context import RunContext
 from emarule.errors import UserError
 from emarule.engine.seeding import mix
 from emarule.config.load import get
+from emarule.config.schema import value
 from emarule.engine.interface import Evaluation, TaskParts
 from emarule.vision import resnetv2 as R
 from emarule.vision import supervised as S
@@ -39,7 +40,7 @@ SOURCES = ("imagenet", "textures")
 
 def load_sources(ctx: RunContext):
     s = ctx.spec
-    source, size = get(s, "data.source", "imagenet"), int(get(s, "data.image_size", 224))
+    source, size = value(s, "data.source"), int(value(s, "data.image_size"))
     if source == "imagenet":
         root = ctx.data if ctx.data is not None else (Path(get(s, "data.path")) if get(s, "data.path") else None)
         return S.imagenet(root, size)
@@ -48,7 +49,7 @@ def load_sources(ctx: RunContext):
             raise UserError(f"--data: {ctx.experiment} with data.source textures generates its images; drop --data, "
                             f"or set data.source=imagenet")
         n_train, n_eval = get(s, "data.train_samples") or 4096, get(s, "data.eval_samples") or 1024
-        noise, seed = float(get(s, "data.noise", 1.0)), int(get(s, "data.seed", 0))
+        noise, seed = float(value(s, "data.noise")), int(value(s, "data.seed"))
         return textures(True, n_train, size, noise, seed), textures(False, n_eval, size, noise, seed)
     raise UserError(f"data.source {source!r}: use {' or '.join(SOURCES)}")
 
@@ -89,21 +90,21 @@ def finish(sums: dict) -> dict:
 
 def build(ctx: RunContext) -> TaskParts:
     s = ctx.spec
-    size = int(get(s, "data.image_size", 224))
+    size = int(value(s, "data.image_size"))
     train_src, val_src = load_sources(ctx)
-    num_classes = int(get(s, "model.num_classes", 1000))
+    num_classes = int(value(s, "model.num_classes"))
     if train_src.num_classes > num_classes:
         raise UserError(f"the data set has {train_src.num_classes} classes but model.num_classes is {num_classes}; "
                         f"--set model.num_classes={train_src.num_classes}")
     # The same initial weights for every κ and rule at a given seed (the loop seeds the rest).
     torch.manual_seed(mix(ctx.seed, 0x50A))
-    arch = get(s, "model.arch", "resnetv2_50")
+    arch = value(s, "model.arch")
     model = R.resnetv2(arch, num_classes, width=get(s, "model.width"), layers=get(s, "model.layers"),
-                       stem=get(s, "model.stem", "imagenet"), output_stride=int(get(s, "model.output_stride", 32)),
-                       init=get(s, "model.init", "kaiming_normal_relu"))
-    augmentation = get(s, "data.augmentation", "imagenet")
+                       stem=value(s, "model.stem"), output_stride=int(value(s, "model.output_stride")),
+                       init=value(s, "model.init"))
+    augmentation = value(s, "data.augmentation")
     train_set = S.TrainViews(train_src, augmentation, size, ctx.seed)
-    no_decay = no_weight_decay_names(model) if get(s, "optimizer.weight_decay_skip_bias", False) else set()
+    no_decay = no_weight_decay_names(model) if value(s, "optimizer.weight_decay_skip_bias") else set()
     evaluation = Evaluation(data=S.EvalViews(val_src, size), score=score, finish=finish,
                             every_epochs=float(get(s, "eval.every_epochs") or 1.0),
                             every_base_steps=get(s, "eval.every_base_steps"))
@@ -112,8 +113,8 @@ def build(ctx: RunContext) -> TaskParts:
         "arch": arch,
         "width": get(s, "model.width"),
         "layers": get(s, "model.layers"),
-        "stem": get(s, "model.stem", "imagenet"),
-        "output_stride": int(get(s, "model.output_stride", 32)),
+        "stem": value(s, "model.stem"),
+        "output_stride": int(value(s, "model.output_stride")),
         "parameters": R.parameter_count(model),
         "num_classes": num_classes,
         "dataset": train_src.name,
@@ -121,8 +122,8 @@ def build(ctx: RunContext) -> TaskParts:
         "val_size": len(val_src),
         "image_size": size,
         "augmentation": augmentation,
-        "loss": f"cross-entropy, label smoothing {get(s, 'data.label_smoothing', 0.0)}",
-        "ema_buffers": get(s, "ema.buffers", "copy"),
+        "loss": f"cross-entropy, label smoothing {value(s, 'data.label_smoothing')}",
+        "ema_buffers": value(s, "ema.buffers"),
     }
-    return TaskParts(model=model, train_set=train_set, loss=make_loss(float(get(s, "data.label_smoothing", 0.0))),
+    return TaskParts(model=model, train_set=train_set, loss=make_loss(float(value(s, "data.label_smoothing"))),
                      teacher=None, evaluations=[evaluation], no_decay=no_decay, info=info)

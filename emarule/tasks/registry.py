@@ -47,7 +47,8 @@ class TaskSpec:
 
     @property
     def default_source(self) -> str | None:
-        return self.sources[0] if self.sources else None
+        data = self.config.get("data") or {}
+        return getattr(data.get("source"), "default", None)
 
     def load(self) -> Callable:
         """The builder, importing the task's module (and, for most, torch) now."""

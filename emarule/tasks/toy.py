@@ -26,6 +26,7 @@ from torch import nn
 from emarule.engine.context import RunContext
 from emarule.engine.seeding import mix
 from emarule.config.load import get
+from emarule.config.schema import value
 from emarule.engine.interface import Evaluation, TaskParts
 
 
@@ -92,14 +93,14 @@ class Center:
 
 def make_parts(ctx: RunContext) -> TaskParts:
     s = ctx.spec
-    dim, hidden, out = get(s, "toy.dim", 8), get(s, "toy.hidden", 16), get(s, "toy.out", 2)
-    seconds = bool(get(s, "toy.seconds", False))
-    data = ToyData(get(s, "toy.samples", 256), dim, out, ctx.seed, get(s, "toy.noise", 0.1), get(s, "toy.augment", 0.0),
+    dim, hidden, out = value(s, "toy.dim"), value(s, "toy.hidden"), value(s, "toy.out")
+    seconds = bool(value(s, "toy.seconds"))
+    data = ToyData(value(s, "toy.samples"), dim, out, ctx.seed, value(s, "toy.noise"), value(s, "toy.augment"),
                    seconds=seconds)
-    held_out = ToyData(get(s, "toy.eval_samples", 128), dim, out, ctx.seed, 0.0, 0.0, split=1)
-    model = build_model(dim, hidden, out, bool(get(s, "toy.batchnorm", False)), ctx.seed, get(s, "toy.dropout", 0.0))
-    teacher_weight = float(get(s, "toy.teacher_weight", 0.0))
-    delay = float(get(s, "toy.step_delay", 0.0))
+    held_out = ToyData(value(s, "toy.eval_samples"), dim, out, ctx.seed, 0.0, 0.0, split=1)
+    model = build_model(dim, hidden, out, bool(value(s, "toy.batchnorm")), ctx.seed, value(s, "toy.dropout"))
+    teacher_weight = float(value(s, "toy.teacher_weight"))
+    delay = float(value(s, "toy.step_delay"))
     center_momentum = get(s, "toy.center_momentum")
     center = Center(out, float(center_momentum)) if center_momentum is not None else None
 
@@ -152,5 +153,5 @@ def build(ctx: RunContext) -> TaskParts:
     threads = get(ctx.spec, "toy.threads")
     if threads:
         torch.set_num_threads(int(threads))
-    ctx.quiet = ctx.quiet or bool(get(ctx.spec, "toy.quiet", False))
+    ctx.quiet = ctx.quiet or bool(value(ctx.spec, "toy.quiet"))
     return make_parts(ctx)

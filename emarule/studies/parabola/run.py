@@ -25,6 +25,7 @@ from emarule.studies.parabola.study import Settings, steps_of
 from emarule.studies.parabola.grid import configurations, run_all, settings_for
 from emarule.engine.rundir import atomic_write_bytes, atomic_write_text
 from emarule.config.load import get
+from emarule.config.schema import value
 
 RESULT_KEYS = ("rho_base", "dim", "convention", "kappa", "rho_rule", "rho_star", "err_rule", "err_no_rule",
                "err_linear", "err_star", "err_target")
@@ -48,13 +49,13 @@ def problem_of(spec: dict) -> Problem:
 def settings_of(spec: dict, problem: Problem, seed: int) -> Settings:
     sec = spec["parabola"]
     kappas = sorted({problem.check_kappa(k) for k in sec["kappas"]})
-    conventions = tuple(c for c in CONVENTIONS if c in sec.get("conventions", CONVENTIONS))
+    conventions = tuple(c for c in CONVENTIONS if c in value(spec, "parabola.conventions"))
     if not kappas or not conventions:
         raise UserError("parabola: kappas and conventions must not be empty")
-    return Settings(kappas=kappas, conventions=conventions, method=sec.get("d1_method", "exact"),
-                    seeds=int(sec["seeds"]), seed=seed, search_points=int(sec.get("search_points", 128)),
-                    nodes=int(sec.get("nodes", 13)),
-                    figure_kappas=tuple(int(k) for k in sec.get("figure_kappas", (8, 256))))
+    return Settings(kappas=kappas, conventions=conventions, method=value(spec, "parabola.d1_method"),
+                    seeds=int(sec["seeds"]), seed=seed, search_points=int(value(spec, "parabola.search_points")),
+                    nodes=int(value(spec, "parabola.nodes")),
+                    figure_kappas=tuple(int(k) for k in value(spec, "parabola.figure_kappas")))
 
 
 def run(ctx: RunContext) -> dict:
@@ -64,10 +65,10 @@ def run(ctx: RunContext) -> dict:
     spec = ctx.spec
     sec = spec["parabola"]
     problem = problem_of(spec)
-    st = settings_of(spec, problem, seed=int(sec.get("seed", 0)) + int(ctx.seed))
-    rho_main = float(get(spec, "ema.momentum", sec["rho_bases"][0]))
+    st = settings_of(spec, problem, seed=int(value(spec, "parabola.seed")) + int(ctx.seed))
+    rho_main = float(sec["rho_bases"][0] if get(spec, "ema.momentum") is None else spec["ema"]["momentum"])
     configs = configurations(sec["rho_bases"], sec["dims"], rho_main)
-    workers = int(sec.get("workers", 1))
+    workers = int(value(spec, "parabola.workers"))
     console = wide_console(quiet=ctx.quiet)
     out = Path(ctx.out)
     out.mkdir(parents=True, exist_ok=True)
