@@ -81,13 +81,8 @@ def plan_at(plan: Plan, samples_seen: float, samples_per_epoch: float | None = N
         if samples_per_epoch is None:
             raise UserError("this plan's Progressive Scaling is scheduled in epochs; pass samples_per_epoch "
                             "(the size of your training set)")
-        t = math.floor(samples_seen / samples_per_epoch + 1e-9)  # as BatchSchedule.batch_at rounds
-    else:  # base steps: the data seen, counted in batches of the base size
-        t = samples_seen / plan.values["batch_size"].base + 1e-9
-    for stage, stage_plan in plan.stages:
-        if t < stage.end_epoch:
-            return stage_plan
-    return plan.stages[-1][1]  # past the scheduled end: the final κ stays in force
+        return plan.at(samples_seen / samples_per_epoch)
+    return plan.at(samples_seen / plan.values["batch_size"].base)  # base steps: data seen in base batches
 
 
 # -- helpers -------------------------------------------------------------------------------------

@@ -266,7 +266,7 @@ def setup(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> Run:
     distributed.broadcast_module_(model)
     model.train()
     source = parts.ema_source if parts.ema_source is not None else model
-    plan = ctx.plan.for_kappa(batches.kappa_at(0))
+    plan = ctx.plan.at(0.0)
     named = dict(model.named_parameters())
     run = Run(ctx=ctx, parts=parts, d=d, unit=unit, base_batch=base_batch, batcher=batcher, sched=sched,
               batches=batches, total=sched.total_epochs * batcher.epoch_measure, model=model, source=source,
@@ -279,7 +279,7 @@ def setup(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> Run:
                      for ev in parts.evaluations],
               workers=parts_workers(parts, ctx, d),
               skip_bad=bool(get(spec, SKIP_KEY, SKIP_BAD_ITEMS.default)))
-    enter_stage(run, batches.kappa_at(0))
+    enter_stage(run, plan.kappa)
     return run
 
 
@@ -342,7 +342,7 @@ def open_resumed(run: Run, log: MetricsLog) -> bool:
         run.parts.state.load_state_dict(ck["task_state"])
     run.clock = Clock(**ck["clock"])
     run.kappa = 0.0  # re-enter the stage in force: plan values into the optimizer, EMAs and BatchNorm
-    enter_stage(run, run.batches.kappa_at(schedule_time(run)))
+    enter_stage(run, run.ctx.plan.at(schedule_time(run)).kappa)
     if not checkpoint.restore_rng(ck):
         seed_everything(mix(ctx.seed, run.clock.samples), run.d.rank)
     run.last_ckpt = (str(checkpoint.path_in(ctx.out)), where(run))
@@ -756,7 +756,7 @@ def _locked(run: Run, ctx: RunContext, parts: TaskParts, d: distributed.Dist) ->
     try:
         with checkpoint.StopSignal() as stop, progress, contextlib.closing(log):
             while run.clock.seen < run.total - EPS:
-                enter_stage(run, run.batches.kappa_at(schedule_time(run)))
+                enter_stage(run, run.ctx.plan.at(schedule_time(run)).kappa)
                 got = next_batch(run)
                 if got is None:
                     end_epoch(run)

@@ -56,6 +56,18 @@ class Plan:
                 return p
         raise ScalingError(f"no stage of this plan runs at κ={kappa:g}")
 
+    def at(self, t: float) -> "Plan":
+        """The plan of the stage in force at time `t` on the stages' axis (epochs or base steps): the one stage
+        lookup, used by the training loop and by `emarule.plan_at`. On the epoch axis a stage holds whole epochs
+        (Algorithm 1), so t is taken at ⌊t⌋; past the scheduled end the final κ stays in force."""
+        if not self.stages:
+            return self
+        t = math.floor(t + 1e-9) if self.stages[0][0].axis == "epochs" else t + 1e-9
+        for stage, stage_plan in self.stages:
+            if t < stage.end_epoch:
+                return stage_plan
+        return self.stages[-1][1]
+
     def as_dict(self) -> dict:
         out = {
             "experiment": self.experiment,
