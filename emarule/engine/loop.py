@@ -37,6 +37,7 @@ from torch import nn
 
 from emarule.engine import batching, checkpoint, distributed, evaluation, optimizers, runlock, schedules
 from emarule.engine.baditems import SKIP_KEY, Guarded, ItemError, guarded_collate
+from emarule.engine.clock import Clock, Measure, measure_for
 from emarule.engine.context import RunContext
 from emarule.engine.ema import ModelEma
 from emarule.errors import UserError
@@ -55,17 +56,6 @@ EPS = 1e-6
 
 class TrainingDiverged(UserError):
     """A non-finite loss: the run stops and the last good checkpoint is kept."""
-
-
-@dataclass
-class Clock:
-    seen: float = 0.0  # data seen in the batch unit (an epoch's dropped remainder counts at its end)
-    samples: int = 0  # training items seen
-    step: int = 0  # optimizer steps taken
-    epoch: int = 0  # the epoch in progress
-    pos: int = 0  # items of the epoch's order consumed
-    batch: int = 0  # global batches done in the epoch
-    skipped: int = 0  # training items skipped because they failed to decode (data.skip_bad_items), all ranks
 
 
 @dataclass
@@ -93,6 +83,7 @@ class Run:
     parts: TaskParts
     d: distributed.Dist
     unit: str
+    measure: Measure  # what the unit decides, decided once (emarule/engine/clock.py)
     base_batch: float
     batcher: batching.Batcher
     sched: schedules.Schedule
@@ -197,15 +188,10 @@ def momentum_key(ema: str) -> str:
 
 def make_batcher(ctx: RunContext, parts: TaskParts) -> batching.Batcher:
     """The training set's order and measure (its size, or its seconds of audio)."""
-    unit = value(ctx.spec, "batch.unit")
     n = len(parts.train_set)
     if n < 1:
         raise UserError("task error: the training set is empty")
-    durations = None
-    if unit == batching.SECONDS:
-        if parts.duration is None:
-            raise UserError(f"{ctx.experiment}: batch.unit seconds needs a task that gives each item's duration")
-        durations = [float(parts.duration(i)) for i in range(n)]
+    durations = measure_for(value(ctx.spec, "batch.unit")).durations(parts, n, ctx.experiment)
     return batching.Batcher(n, ctx.seed, durations, int(value(ctx.spec, "batch.sort_window")))
 
 
@@ -215,8 +201,8 @@ def check_batches_fit(ctx: RunContext, batcher: batching.Batcher, world_size: in
     for _, p in stage_plans(ctx):
         lay = batching.layout(p["batch_size"], world_size, ctx.max_device_batch, unit)
         if lay.global_batch > batcher.epoch_measure + EPS:
-            what = f"{batcher.n} samples" if unit == batching.SAMPLES else f"{batcher.epoch_measure:.6g} s of audio"
-            raise UserError(f"the batch κB = {lay.global_batch:g} is larger than the training set ({what}); "
+            raise UserError(f"the batch κB = {lay.global_batch:g} is larger than the training set "
+                            f"({measure_for(unit).training_set(batcher)}); "
                             f"use a smaller κ or more data")
 
 
@@ -268,7 +254,8 @@ def setup(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> Run:
     source = parts.ema_source if parts.ema_source is not None else model
     plan = ctx.plan.at(0.0)
     named = dict(model.named_parameters())
-    run = Run(ctx=ctx, parts=parts, d=d, unit=unit, base_batch=base_batch, batcher=batcher, sched=sched,
+    run = Run(ctx=ctx, parts=parts, d=d, unit=unit, measure=measure_for(unit), base_batch=base_batch, batcher=batcher,
+              sched=sched,
               batches=batches, total=sched.total_epochs * batcher.epoch_measure, model=model, source=source,
               emas=build_emas(spec, source, plan),
               optimizer=optimizers.build(spec, model, parts.no_decay, plan, frozenset(parts.aux_params),
@@ -393,8 +380,7 @@ def check_record(ctx: RunContext, copy: dict | None) -> None:
 
 def where(run: Run) -> str:
     c = run.clock
-    seen = f"{c.samples} samples" + (f" ({c.seen:.1f} s of audio)" if run.unit == batching.SECONDS else "")
-    return f"{seen} seen, epoch {run.epoch_now:.4g}, step {c.step}"
+    return f"{run.measure.seen(c)} seen, epoch {run.epoch_now:.4g}, step {c.step}"
 
 
 def hparams(run: Run) -> dict:
@@ -410,8 +396,7 @@ def hparams(run: Run) -> dict:
                        "axis": stage.axis if stage else "epochs", "batch_size": lay.global_batch,
                        "kappa": p.kappa, "world_size": d.world_size, "accumulation": lay.accumulation,
                        "micro_batch": lay.max_micro,
-                       "steps_per_epoch": (run.batcher.n // int(lay.global_batch)
-                                           if run.unit == batching.SAMPLES else None)})
+                       "steps_per_epoch": run.measure.steps_per_epoch(run.batcher.n, lay.global_batch)})
     return {
         **ctx.plan.as_dict(), "seed": ctx.seed, "preset": ctx.preset, "progressive": ctx.progressive,
         "spec": ctx.spec, "layout": layout, "world_size": d.world_size, "max_device_batch": ctx.max_device_batch,
@@ -536,8 +521,7 @@ def sync_skipped(run: Run) -> None:
 def end_epoch(run: Run) -> None:
     c = run.clock
     c.seen = max(c.seen, (c.epoch + 1) * run.epoch_measure)
-    if run.unit == batching.SAMPLES:
-        c.samples = int(round(c.seen))
+    run.measure.end_epoch(c)
     c.epoch, c.pos, c.batch = c.epoch + 1, 0, 0
     run.segment = None
 
@@ -646,8 +630,7 @@ def advance_clock(run: Run, count: int, seen_after: float) -> int:
     c = run.clock
     i = c.batch
     c.step, c.pos, c.batch, c.seen = c.step + 1, c.pos + count, i + 1, seen_after
-    # in samples the clock counts an epoch's dropped remainder at its end, as it always has
-    c.samples = int(round(seen_after)) if run.unit == batching.SAMPLES else c.samples + count
+    c.samples = run.measure.items_after_step(c, seen_after, count)
     return i
 
 
@@ -675,10 +658,8 @@ def evaluate_due(run: Run, log: MetricsLog, at_end: bool) -> None:
 
 def time_fields(run: Run) -> dict:
     c = run.clock
-    row = {"samples_seen": c.samples}
-    if run.unit == batching.SECONDS:
-        row["seconds_seen"] = c.seen
-    return {**row, "epoch": run.epoch_now, "step": c.step, "kappa": run.kappa}
+    return {"samples_seen": c.samples, **run.measure.fields(c), "epoch": run.epoch_now, "step": c.step,
+            "kappa": run.kappa}
 
 
 def save(run: Run, finished: bool = False) -> None:
@@ -792,8 +773,7 @@ def _locked(run: Run, ctx: RunContext, parts: TaskParts, d: distributed.Dist) ->
                 evaluate_due(run, log, at_end=True)
             run.final = {**run.final, "samples_seen": run.clock.samples, "epoch": run.epoch_now,
                          "steps": run.clock.step, "kappa": run.kappa}
-            if run.unit == batching.SECONDS:
-                run.final["seconds_seen"] = run.clock.seen
+            run.final.update(run.measure.fields(run.clock))
             if run.skip_bad:
                 sync_skipped(run)
                 run.final["skipped_items"] = run.clock.skipped
