@@ -1,4 +1,4 @@
-"""Corrupt data (emarule/baditems.py and the loaders' checks): found before the first step where it
+"""Corrupt data (emarule/engine/baditems.py and the loaders' checks): found before the first step where it
 is cheap, else an error naming the file when an item fails to decode, or with
 `data.skip_bad_items: true` skipped, counted and reported. Never a traceback, never silent."""
 

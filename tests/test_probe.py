@@ -1,4 +1,4 @@
-"""The tracking probe (emarule/probe.py): its gradient, its stability at large κ, and its isolation
+"""The tracking probe (emarule/analysis/probe.py): its gradient, its stability at large κ, and its isolation
 from the run it measures."""
 
 import math

@@ -1,4 +1,4 @@
-"""The probe check's references (emarule/reproduce/probe_check.py): raw pixels beside the teacher at init."""
+"""The probe check's references (emarule/analysis/reproduce/probe_check.py): raw pixels beside the teacher at init."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""One process at a time in a run directory (emarule/runlock.py): a second process is refused with
+"""One process at a time in a run directory (emarule/engine/runlock.py): a second process is refused with
 one line naming the holder, a lock left by a dead process is taken over and said."""
 
 import json

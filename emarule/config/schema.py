@@ -69,7 +69,7 @@ def with_defaults(tree: dict, defaults: dict[str, Any]) -> dict:
     return out
 
 
-# data.skip_bad_items (emarule/baditems.py): an item that fails to decode is an error naming its file,
+# data.skip_bad_items (emarule/engine/baditems.py): an item that fails to decode is an error naming its file,
 # or, when true, skipped, counted and reported in the summary and the metrics (skipped_items).
 SKIP_BAD_ITEMS = Field((bool,), doc="skip (and count) training items that fail to decode, instead of stopping",
                        default=False)

@@ -1,4 +1,4 @@
-"""What a trainable task hands the shared training loop (`emarule/train.py`), and what it gets back.
+"""What a trainable task hands the shared training loop (`emarule/engine/loop.py`), and what it gets back.
 
 A task module builds a `TaskParts` from the RunContext; the loop owns everything else: the clock,
 schedules, Progressive Scaling, the optimizer, the model EMAs, data order across ranks and

@@ -4,7 +4,7 @@
                            accumulation per stage, task info, torch version (written atomically)
     <out>/metrics.jsonl    one JSON object per logged step, and one per evaluation; every row has
                            samples_seen and epoch (the time axis), step and kappa
-    <out>/checkpoint.pt    the last checkpoint (see emarule/checkpoint.py)
+    <out>/checkpoint.pt    the last checkpoint (see emarule/engine/checkpoint.py)
     <out>/figures/         plots made later from metrics.jsonl
     <out>/wandb/           only with --wandb offline|online
 

@@ -218,7 +218,7 @@ def build(ctx: RunContext) -> TaskParts:
         "global_crops": f"{n_global} × {size}px", "local_crops": f"{n_local} × {local_size}px",
         "augmentation": augmentation, "probe": probe.describe(),
         "loss": "mean over (teacher global crop a, student crop v ≠ a) of H(softmax((z_ζ(a) − c)/τ_t), "
-                "softmax(z_θ(v)/τ_s)); the probe trains on its own (emarule/probe.py)",
+                "softmax(z_θ(v)/τ_s)); the probe trains on its own (emarule/analysis/probe.py)",
     }
     evaluation = P.probe_evaluation(model.probe, lambda teacher, x: teacher.backbone(x), test_src, size,
                                     float(get(s, "eval.every_epochs") or 1.0), get(s, "eval.every_base_steps"))

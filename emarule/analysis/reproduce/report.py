@@ -10,7 +10,8 @@ from emarule.analysis.reproduce import verdict as V
 from emarule.engine.rundir import atomic_write_text
 
 REPORT, VERDICT = "report.md", "verdict.json"
-STUDY_RULES = "Each study claim is judged by the rule written beside its check in `emarule/reproduce/studies.py`."
+STUDY_RULES = ("Each study claim is judged by the rule written beside its check in "
+               "`emarule/analysis/reproduce/studies.py`.")
 
 
 def clean(x):
@@ -225,8 +226,8 @@ def markdown(data: dict, family) -> str:
         lines += ["## Does the tracking probe measure the teacher?", "",
                   "Each run's final teacher (the EMA in its checkpoint), probed offline: multinomial logistic "
                   "regression on its standardized train-split features, fitted to convergence, scored on the test "
-                  "split (`emarule/reproduce/probe_check.py`); the baseline seeds' teachers at initialization as "
-                  "the reference.", "",
+                  "split (`emarule/analysis/reproduce/probe_check.py`); the baseline seeds' teachers at "
+                  "initialization as the reference.", "",
                   "| setting | tracking probe (last reading) | offline probe, final teacher | offline probe, "
                   "teacher at init |", "|---|---:|---:|---:|"]
         for k, v in pc["settings"].items():
