@@ -154,7 +154,7 @@ def test_skip_bad_items_may_be_turned_on_to_resume_a_run_a_bad_file_stopped(tmp_
     from emarule.engine.context import RunContext
     from emarule.scaling import plan
     from emarule.config.load import load_spec
-    from emarule.engine.loop import fingerprint
+    from emarule.engine.preflight import fingerprint
 
     def ctx(*sets):
         s = load_spec("byol-r18", preset="tiny", overrides=list(sets))

@@ -39,3 +39,9 @@ def test_a_run_imports_its_own_task_only(tmp_path):
                        env={"OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PATH": "/usr/bin:/bin"})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] == "['emarule.tasks.registry', 'emarule.tasks.toy']"
+
+
+def test_the_sweep_runs_through_the_runner_not_the_loops_internals():
+    imported = imported_modules(ROOT / "emarule" / "engine" / "sweep.py")
+    assert not {m for m in imported if m == "emarule.engine.loop" or m.startswith("emarule.engine.loop.")}
+    assert "emarule.engine.preflight" in imported

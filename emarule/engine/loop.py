@@ -50,6 +50,8 @@ from emarule.engine.seeding import mix
 from emarule.config.load import get
 from emarule.config.schema import value
 from emarule.engine.interface import MAIN_EMA, Now, TaskParts
+from emarule.engine.preflight import (check_batches_fit, check_same_settings, differences, fingerprint, make_batcher,
+                                      stage_plans)
 
 EPS = 1e-6
 
@@ -158,11 +160,6 @@ def set_bn_momentum(model: nn.Module, plan) -> None:
             mod.momentum = m
 
 
-def stage_plans(ctx: RunContext) -> list:
-    """(stage, plan) for every stage the run goes through: the plan's stages, or its one plan."""
-    return list(ctx.plan.stages) if ctx.plan.stages else [(None, ctx.plan)]
-
-
 def build_emas(spec: dict, source: nn.Module, plan) -> dict:
     """The main EMA (`ema.momentum`) and one per `ema.also` momentum, each scaled by the plan."""
     if get(spec, "ema.momentum") is None:
@@ -184,43 +181,6 @@ def build_emas(spec: dict, source: nn.Module, plan) -> dict:
 
 def momentum_key(ema: str) -> str:
     return "ema.momentum" if ema == MAIN_EMA else f"ema.momentum/{ema}"
-
-
-def make_batcher(ctx: RunContext, parts: TaskParts) -> batching.Batcher:
-    """The training set's order and measure (its size, or its seconds of audio)."""
-    n = len(parts.train_set)
-    if n < 1:
-        raise UserError("task error: the training set is empty")
-    durations = measure_for(value(ctx.spec, "batch.unit")).durations(parts, n, ctx.experiment)
-    return batching.Batcher(n, ctx.seed, durations, int(value(ctx.spec, "batch.sort_window")))
-
-
-def check_batches_fit(ctx: RunContext, batcher: batching.Batcher, world_size: int) -> None:
-    """Every stage's batch fits the world size and the data set (checked before anything is written)."""
-    unit = value(ctx.spec, "batch.unit")
-    for _, p in stage_plans(ctx):
-        lay = batching.layout(p["batch_size"], world_size, ctx.max_device_batch, unit)
-        if lay.global_batch > batcher.epoch_measure + EPS:
-            raise UserError(f"the batch κB = {lay.global_batch:g} is larger than the training set "
-                            f"({measure_for(unit).training_set(batcher)}); "
-                            f"use a smaller κ or more data")
-
-
-def check_same_settings(ctx: RunContext, fp: dict | None) -> None:
-    """A run continued in `ctx.out` was made with these settings (`fp`: its recorded fingerprint)."""
-    import json
-
-    def plain(x):  # as hparams.json holds it: tuples as lists, on both sides
-        return json.loads(json.dumps(x))
-
-    diff = differences(plain(fp or {}), plain(fingerprint(ctx)))
-    if diff:
-        shown = ", ".join(diff[:6]) + (f" and {len(diff) - 6} more" if len(diff) > 6 else "")
-        if ctx.resume_hint:  # a sweep continuing what its root holds
-            raise UserError(f"{ctx.out} was made with other settings ({shown} differ); give the sweep a new --out "
-                            f"or remove that run")
-        raise UserError(f"--resume: {ctx.out} was made with other settings ({shown} differ); use the original "
-                        f"command or a new --out")
 
 
 def setup(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> Run:
@@ -282,26 +242,6 @@ def parts_workers(parts: TaskParts, ctx: RunContext, d: distributed.Dist) -> int
 
 
 # --- open: a fresh run directory, or the run resumed from its checkpoint ------------------------
-
-
-def fingerprint(ctx: RunContext) -> dict:
-    """What must match for --resume to continue a run (not: world size, micro-batch, logging, nor
-    data.skip_bad_items: a run stopped by a file that fails to decode continues with it turned on)."""
-    spec = {k: v for k, v in ctx.spec.items() if k not in ("source",)}
-    if isinstance(spec.get("data"), dict) and "skip_bad_items" in spec["data"]:
-        spec["data"] = {k: v for k, v in spec["data"].items() if k != "skip_bad_items"}
-    return {"spec": spec, "kappa": ctx.kappa, "ema_rule": ctx.ema_rule, "seed": ctx.seed,
-            "progressive": ctx.progressive}
-
-
-def differences(a, b, prefix: str = "") -> list[str]:
-    """Dotted names of the values that differ between two nested dicts."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = []
-        for k in sorted(set(a) | set(b), key=str):
-            out += differences(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else str(k))
-        return out
-    return [] if a == b else [prefix or "(root)"]
 
 
 def open_fresh(run: Run, log: MetricsLog) -> None:

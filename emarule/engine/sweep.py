@@ -168,7 +168,7 @@ def check_before_training(ctxs: list, build_parts: Callable) -> None:
     import json
     from dataclasses import replace
 
-    from emarule.engine import distributed, loop as train
+    from emarule.engine import distributed, preflight
     from emarule.engine.rundir import HPARAMS
 
     from emarule.engine.runlock import check_free
@@ -183,15 +183,15 @@ def check_before_training(ctxs: list, build_parts: Callable) -> None:
             except (ValueError, AttributeError):  # a damaged record: said when this run resumes
                 recorded = None
             if recorded is not None:  # runs written before hparams.json held it are checked when resumed
-                train.check_same_settings(ctx, recorded)
+                preflight.check_same_settings(ctx, recorded)
 
     def largest(ctx) -> float:
-        return max(p["batch_size"] for _, p in train.stage_plans(ctx))
+        return max(p["batch_size"] for _, p in preflight.stage_plans(ctx))
 
     big = max(ctxs, key=largest)
     if largest(big) > largest(ctxs[0]):  # the first run checks its own batch before it writes anything
         quiet = replace(big, quiet=True)
-        train.check_batches_fit(quiet, train.make_batcher(quiet, build_parts(quiet)), distributed.world_size())
+        preflight.check_batches_fit(quiet, preflight.make_batcher(quiet, build_parts(quiet)), distributed.world_size())
 
 
 def print_summary(console, done: list[dict]) -> None:
