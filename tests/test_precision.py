@@ -7,7 +7,7 @@ import torch
 from typer.testing import CliRunner
 
 from emarule.cli.main import app
-from emarule.studies.precision_study import Config, batches, max_abs_diff, problem, study, train
+from emarule.studies.precision import Config, batches, max_abs_diff, problem, study, train
 from emarule.scaling.limits import limits
 
 SMALL = Config(features=8, samples=256, steps=200, batch=32, lr=0.05, noise=0.1,
