@@ -91,3 +91,20 @@ def test_warmup_starts_at_the_rate_of_its_first_step_not_zero():
     lrs = [s.shape(k * step, 0.5, 0.0, step) for k in range(10)]
     assert lrs == pytest.approx([0.5 * (k + 1) / 10 for k in range(10)])
     assert s.lr(1.0, p, step) == pytest.approx(0.5)  # the warm-up is over: the cosine's start
+
+
+def test_the_ema_momenta_come_from_the_plan_once_per_stage():
+    from emarule.engine.schedules import EmaMomenta, momentum_key, momentum_log_name
+    from emarule.scaling import plan as make_plan
+    from emarule.scaling.progressive import parse
+    from emarule.config.load import load_spec
+
+    spec = load_spec("byol-r18")
+    p = make_plan(spec, 8, "exponential", parse("step:30"))
+    m = EmaMomenta.from_plan(p, ["ema"])
+    rho = spec["ema"]["momentum"]
+    assert m.at(1.0) == {"ema": pytest.approx(rho)} and m.at(8.0) == {"ema": pytest.approx(rho**8)}
+    assert momentum_key("ema") == "ema.momentum" and momentum_key("0.999") == "ema.momentum/0.999"
+    assert momentum_log_name("ema") == "ema_momentum" and momentum_log_name("0.999") == "ema_momentum/0.999"
+    constant = EmaMomenta.from_plan(make_plan(spec, 4, None), ["ema"])
+    assert constant.by_kappa == {4.0: {"ema": pytest.approx(rho)}}  # without the rule ρ stays as written

@@ -107,6 +107,7 @@ class Run:
     segment: Segment | None = None
     final: dict = field(default_factory=dict)
     momenta: dict = field(default_factory=dict)  # the ρ each EMA used in the last step, by log name
+    momentum_schedule: schedules.EmaMomenta | None = None  # each EMA's ρ̂ per stage, from the plan
     last_eval_at: float = -1.0
     next_ckpt: float = 0.0
     last_ckpt: tuple | None = None
@@ -169,18 +170,15 @@ def build_emas(spec: dict, source: nn.Module, plan) -> dict:
     start = (plan.get("ema.start_steps", 0) or 0) * plan["batch_size"]
     emas = {}
     for name in names:
-        if plan[momentum_key(name)] >= 1.0:  # ρ^κ can round to 1 in float64; the plan warns, a run refuses
-            raise UserError(f"{momentum_key(name)}: ρ̂ = {plan[momentum_key(name)]:g} at κ={plan.kappa:g} never "
+        key = schedules.momentum_key(name)
+        if plan[key] >= 1.0:  # ρ^κ can round to 1 in float64; the plan warns, a run refuses
+            raise UserError(f"{key}: ρ̂ = {plan[key]:g} at κ={plan.kappa:g} never "
                             f"moves the EMA; use a smaller ρ or a larger κ (see `emarule limits`)")
-        e = ModelEma(source, plan[momentum_key(name)], buffers=value(spec, "ema.buffers"), start_samples=start,
+        e = ModelEma(source, plan[key], buffers=value(spec, "ema.buffers"), start_samples=start,
                      dtype=value(spec, "ema.dtype"))
         e.module.train()
         emas[name] = e
     return emas
-
-
-def momentum_key(ema: str) -> str:
-    return "ema.momentum" if ema == MAIN_EMA else f"ema.momentum/{ema}"
 
 
 def setup(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> Run:
@@ -213,11 +211,12 @@ def setup(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> Run:
     model.train()
     source = parts.ema_source if parts.ema_source is not None else model
     plan = ctx.plan.at(0.0)
+    emas = build_emas(spec, source, plan)
     named = dict(model.named_parameters())
     run = Run(ctx=ctx, parts=parts, d=d, unit=unit, measure=measure_for(unit), base_batch=base_batch, batcher=batcher,
               sched=sched,
               batches=batches, total=sched.total_epochs * batcher.epoch_measure, model=model, source=source,
-              emas=build_emas(spec, source, plan),
+              emas=emas, momentum_schedule=schedules.EmaMomenta.from_plan(ctx.plan, list(emas), MAIN_EMA),
               optimizer=optimizers.build(spec, model, parts.no_decay, plan, frozenset(parts.aux_params),
                                          parts.aux_lr_ratio),
               precision=precision, sync_bn=sync_bn,
@@ -364,8 +363,8 @@ def enter_stage(run: Run, kappa: float) -> None:
     run.kappa, run.plan = kappa, run.ctx.plan.for_kappa(kappa)
     run.lay = batching.layout(run.plan["batch_size"], run.d.world_size, run.ctx.max_device_batch, run.unit)
     set_bn_momentum(run.model, run.plan)
-    for name, e in run.emas.items():
-        e.set_momentum(run.plan[momentum_key(name)])
+    for name, rho in run.momentum_schedule.at(kappa).items():
+        run.emas[name].set_momentum(rho)
     optimizers.apply_plan(run.optimizer, run.plan, run.sched.lr(run.epoch_now, run.plan))
     run.segment = None
 
@@ -552,10 +551,10 @@ def clip_gradients(params: list, aux_ids: frozenset, clip: float | None) -> floa
 
 
 def update_emas(run: Run, seen_after: float) -> None:
-    """Each EMA holds the plan's ρ̂ for the stage (set_momentum) and no base batch, so ρ is raised to κ once."""
+    """Each EMA holds the stage's ρ̂ from the momentum schedule (set_momentum) and no base batch, so ρ is raised to
+    κ once, in the plan."""
     for name, e in run.emas.items():
-        key = "ema_momentum" if name == MAIN_EMA else f"ema_momentum/{name}"
-        run.momenta[key] = e.update(run.source, samples_seen=seen_after)
+        run.momenta[schedules.momentum_log_name(name)] = e.update(run.source, samples_seen=seen_after)
 
 
 # --- log, evaluate, checkpoint -----------------------------------------------------------------

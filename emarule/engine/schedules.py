@@ -85,3 +85,34 @@ def from_spec(spec: dict, dataset_size: float) -> Schedule:
     return Schedule(kind=kind, total_epochs=total, warmup_epochs=warm,
                     milestones=tuple(float(m) for m in (s.get("milestones_epochs") or ())),
                     gamma=float(s.get("gamma", 0.1)))
+
+
+# --- the EMA momenta ---------------------------------------------------------------------------
+
+
+def momentum_key(ema: str, main: str = "ema") -> str:
+    """The plan's name of an EMA's momentum: `ema.momentum` for the main EMA, `ema.momentum/<name>` for another."""
+    return "ema.momentum" if ema == main else f"ema.momentum/{ema}"
+
+
+def momentum_log_name(ema: str, main: str = "ema") -> str:
+    """The same momentum as a metrics.jsonl column: `ema_momentum`, `ema_momentum/<name>`."""
+    return "ema_momentum" if ema == main else f"ema_momentum/{ema}"
+
+
+@dataclass(frozen=True)
+class EmaMomenta:
+    """Every EMA's ρ̂ at every stage, read from the plan once, before the loop (as DINO builds its momentum
+    schedule before training): the loop sets a stage's values when it enters the stage and never scales ρ
+    itself. A constant-κ run has one stage; Progressive Scaling one per κ. The ModelEmas get no base batch,
+    so ρ is raised to κ in the plan alone."""
+
+    by_kappa: dict  # κ of a stage -> {EMA name: ρ̂}
+
+    @classmethod
+    def from_plan(cls, plan, names: list[str], main: str = "ema") -> "EmaMomenta":
+        stages = [p for _, p in plan.stages] if plan.stages else [plan]
+        return cls({p.kappa: {n: p[momentum_key(n, main)] for n in names} for p in stages})
+
+    def at(self, kappa: float) -> dict:
+        return self.by_kappa[kappa]
