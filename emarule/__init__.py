@@ -2,7 +2,7 @@
 
 Reproduces Busbridge et al., "How to Scale Your EMA" (NeurIPS 2023).
 
-The stable Python surface is `__all__` (README, "Use it in your own code"):
+The stable Python surface is `__all__` (README, "Python API"; docs/api.md):
 
     plan = emarule.scale(spec, kappa)                  # every value scaled, with its rule
     ema = emarule.ModelEma(model, rho, base_batch_size=B)
@@ -13,47 +13,9 @@ The stable Python surface is `__all__` (README, "Use it in your own code"):
 `import emarule` does not import torch: `ModelEma` and `PowerEma` are imported on first use.
 """
 
-import sys
-
 from emarule.api import plan_at, scale
 from emarule.errors import ScalingError, UserError
 from emarule.scaling import Plan, Scaled
-
-# Module paths that moved but that the docs still show users importing (README's worked task, docs/model-ema.md):
-# each old name is the new module, imported when first asked for. No file sits at the old path, so git follows
-# the moves.
-MOVED = {"emarule.train": "emarule.engine.loop", "emarule.tasks.parts": "emarule.engine.interface",
-         "emarule.posthoc": "emarule.engine.posthoc"}
-
-
-class _MovedModules:
-    """A meta-path finder and loader whose module for an old name is the new module itself."""
-
-    @staticmethod
-    def find_spec(name, path=None, target=None):
-        if name in MOVED:
-            from importlib.machinery import ModuleSpec
-
-            return ModuleSpec(name, _MovedModules)
-        return None
-
-    specs: dict = {}  # the new modules' own specs, which the import system overwrites with the old name's
-
-    @staticmethod
-    def create_module(spec):
-        import importlib
-
-        module = importlib.import_module(MOVED[spec.name])
-        _MovedModules.specs[spec.name] = module.__spec__
-        return module
-
-    @staticmethod
-    def exec_module(module):
-        module.__spec__ = _MovedModules.specs[module.__spec__.name]
-
-
-if not any(f is _MovedModules for f in sys.meta_path):
-    sys.meta_path.append(_MovedModules)
 
 __version__ = "0.1.0"
 

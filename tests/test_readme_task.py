@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from emarule.train import train
+from emarule.engine.loop import train
 from engine_util import ROOT, make_ctx, toy_spec
 
 
