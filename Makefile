@@ -38,8 +38,13 @@ REPRO_FAMILIES := parabola precision byol byol-vit byol-r50-lars polyak dino ctc
 repro: $(STAMP)
 	@for f in $(REPRO_FAMILIES); do $(BIN)/emarule reproduce $$f || echo "make repro: $$f did not complete"; done
 
+# Each prints its measured ratio; BENCH_ARGS=--quick for a smoke test of all four (seconds).
+# The loop benchmark pins torch to 1 thread for both loops; OMP_NUM_THREADS=1 keeps the parabola's BLAS alike.
 bench: $(STAMP)
-	$(BIN)/python benchmarks/run.py
+	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/loop_overhead.py $(BENCH_ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/parabola_speed.py $(BENCH_ARGS)
+	$(BIN)/python benchmarks/startup.py $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check emarule tests benchmarks examples

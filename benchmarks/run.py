@@ -25,15 +25,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from emarule.engine.ema import ModelEma  # noqa: E402
 
 
-def resnet50() -> torch.nn.Module:
+def resnet50(name: str = "resnet50") -> torch.nn.Module:
     try:
         import torchvision
 
-        return torchvision.models.resnet50(weights=None)
+        return getattr(torchvision.models, name)(weights=None)
     except ImportError:  # pragma: no cover
         import timm
 
-        return timm.create_model("resnet50", pretrained=False)
+        return timm.create_model(name, pretrained=False)
 
 
 def timed(methods: dict, repeats: int, device: torch.device) -> dict:
@@ -44,7 +44,7 @@ def timed(methods: dict, repeats: int, device: torch.device) -> dict:
             torch.cuda.synchronize()
 
     for fn in methods.values():
-        for _ in range(3):  # warm-up: allocator, kernel selection, grouping caches
+        for _ in range(min(3, repeats)):  # warm-up: allocator, kernel selection, grouping caches
             fn()
     sync()
     times: dict = {name: [] for name in methods}
@@ -57,14 +57,17 @@ def timed(methods: dict, repeats: int, device: torch.device) -> dict:
     return {name: (min(ts), statistics.median(ts)) for name, ts in times.items()}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = ap.parse_args()
+    ap.add_argument("--quick", action="store_true", help="a smoke test: a ResNet-18, 1 call each")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.repeats = 1
     device = torch.device(args.device)
     torch.manual_seed(0)
-    model = resnet50().to(device)
+    model = resnet50("resnet18" if args.quick else "resnet50").to(device)
     n_params = sum(p.numel() for p in model.parameters())
     rho = 0.999
 
@@ -110,7 +113,7 @@ def main() -> None:
     methods["naive per-tensor loop"] = naive
     methods.update(features)
 
-    print(f"one EMA update of a ResNet-50 ({n_params / 1e6:.1f}M parameters) on {device}, "
+    print(f"one EMA update of a ResNet-{18 if args.quick else 50} ({n_params / 1e6:.1f}M parameters) on {device}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.repeats} calls each")
     results = timed(methods, args.repeats, device)
     base_best, base_med = results["emarule"]

@@ -250,3 +250,16 @@ def test_run_says_what_plan_warns_about(tmp_path):
     r = run_cli("--spec", str(write_spec(tmp_path, spec)), "--out", str(tmp_path / "w"))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "warning: ema.momentum_after_transition has no effect without Progressive Scaling" in r.stderr
+
+
+def test_total_norm_is_torchs_get_total_norm_bit_for_bit():
+    from emarule.engine.loop import total_norm
+
+    gen = torch.Generator().manual_seed(0)
+    for n in (1, 7, 45):
+        grads = [torch.randn(int(torch.randint(1, 300, (1,), generator=gen)), generator=gen) * 10.0 ** (i % 9 - 4)
+                 for i in range(n)]
+        assert total_norm(grads) == float(torch.nn.utils.get_total_norm(grads))
+    mixed = [torch.randn(5, generator=gen), torch.randn(5, generator=gen).double()]  # torch's grouping path
+    assert total_norm(mixed) == float(torch.nn.utils.get_total_norm(mixed))
+    assert total_norm([]) == 0.0

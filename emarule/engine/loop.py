@@ -108,6 +108,7 @@ class Run:
     final: dict = field(default_factory=dict)
     momenta: dict = field(default_factory=dict)  # the ρ each EMA used in the last step, by log name
     momentum_schedule: schedules.EmaMomenta | None = None  # each EMA's ρ̂ per stage, from the plan
+    params: list = field(default_factory=list)  # model.parameters(), listed at each stage change, not each step
     last_eval_at: float = -1.0
     next_ckpt: float = 0.0
     last_ckpt: tuple | None = None
@@ -130,7 +131,9 @@ class Run:
                    step=c.step, kappa=self.kappa, plan=self.plan, emas=self.emas, unit=self.unit)
 
     def autocast(self):
-        return torch.autocast(device_type=self.d.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
+        if self.precision != "bf16":  # what autocast(enabled=False) does outside any autocast region, for free
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.d.device.type, dtype=torch.bfloat16)
 
 
 # --- setup: everything checked and built before the first file is written ----------------------
@@ -363,6 +366,7 @@ def enter_stage(run: Run, kappa: float) -> None:
     run.kappa, run.plan = kappa, run.ctx.plan.for_kappa(kappa)
     run.lay = batching.layout(run.plan["batch_size"], run.d.world_size, run.ctx.max_device_batch, run.unit)
     set_bn_momentum(run.model, run.plan)
+    run.params = list(run.model.parameters())
     for name, rho in run.momentum_schedule.at(kappa).items():
         run.emas[name].set_momentum(rho)
     optimizers.apply_plan(run.optimizer, run.plan, run.sched.lr(run.epoch_now, run.plan))
@@ -496,7 +500,7 @@ def optimizer_step(run: Run, micro, measures, global_measure, seen_after, idle: 
         batch = distributed.to_device(batch, d.device)
         with run.autocast():
             loss, metrics = parts.loss(model, teacher, batch, now)
-        (loss * weight).backward()
+        (loss if weight == 1.0 else loss * weight).backward()  # × 1.0 is exact: one graph node fewer
         loss_sum += loss.detach().double() * weight
         for k, v in (metrics or {}).items():
             v = v.detach().double() * weight if isinstance(v, torch.Tensor) else float(v) * weight
@@ -522,7 +526,7 @@ def optimizer_step(run: Run, micro, measures, global_measure, seen_after, idle: 
     flags = (values[-2] > 0, values[-1] > 0)
     if not math.isfinite(loss_value):
         return loss_value, metrics, reduced, flags, f"the loss became {loss_value}"
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = [p for p in run.params if p.requires_grad]
     if d.world_size > 1:
         for p in params:  # the all-reduce needs the same tensors on every rank
             if p.grad is None:
@@ -547,7 +551,15 @@ def clip_gradients(params: list, aux_ids: frozenset, clip: float | None) -> floa
     body = [p for p in params if id(p) not in aux_ids]
     if clip:
         return float(torch.nn.utils.clip_grad_norm_(body, clip))
-    return float(torch.nn.utils.get_total_norm([p.grad for p in body if p.grad is not None]))
+    return total_norm([p.grad for p in body if p.grad is not None])
+
+
+def total_norm(grads: list) -> float:
+    """torch.nn.utils.get_total_norm's value bit for bit: on one device and dtype it is these two reductions
+    (the norm of each tensor, then of their stack); its grouping per call costs a third of the time."""
+    if not grads or any(g.device != grads[0].device or g.dtype != grads[0].dtype for g in grads):
+        return float(torch.nn.utils.get_total_norm(grads))
+    return float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0))
 
 
 def update_emas(run: Run, seen_after: float) -> None:

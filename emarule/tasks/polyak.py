@@ -54,13 +54,14 @@ def load_sources(ctx: RunContext):
     raise UserError(f"data.source {source!r}: use {' or '.join(SOURCES)}")
 
 
-def bn_rho(model: torch.nn.Module) -> float | None:
-    """ρ_BN in force (the paper's convention: 1 − torch's BatchNorm momentum)."""
-    bns = R.batchnorms(model)
+def bn_rho(bns: list) -> float | None:
+    """ρ_BN in force (the paper's convention: 1 − torch's BatchNorm momentum), from the model's BatchNorm layers."""
     return None if not bns or bns[0].momentum is None else 1.0 - float(bns[0].momentum)
 
 
 def make_loss(label_smoothing: float):
+    found: list = [None, []]  # (model, its BatchNorm layers): the module walk done once per model, not per step
+
     def loss(model, teacher, batch, now):
         x, y = batch
         logits = model(x).float()
@@ -68,7 +69,9 @@ def make_loss(label_smoothing: float):
         with torch.no_grad():
             top1 = (logits.argmax(1) == y).float().mean().item() * 100.0
         metrics = {"train_top1": top1}
-        rho = bn_rho(model)
+        if found[0] is not model:
+            found[:] = [model, R.batchnorms(model)]
+        rho = bn_rho(found[1])
         if rho is not None:
             metrics["bn_momentum"] = rho
         return value, metrics
