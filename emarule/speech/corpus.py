@@ -15,7 +15,7 @@ reads it exactly as it reads LibriSpeech.
   calls made since the library was loaded in the process (its state is not reset by re-initializing),
   so each split is synthesized in a fresh process, utterance after utterance in a fixed order, and the
   timbre variants with a "breath" noise source are left out (their noise differs between processes);
-  the same request then gives the same bytes (tests/test_speech_data.py builds twice and compares the
+  the same request then gives the same bytes (tests/speech/test_speech_data.py builds twice and compares the
   manifests' SHA-256).
 - Cached: the corpus lives in `<cache>/<key>/`, the key a hash of the request and the generator
   version; `manifest.json` (every file's SHA-256) is written last, and the folder is moved into place

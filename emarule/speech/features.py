@@ -2,7 +2,7 @@
 
 torch.stft with a periodic Hann window and an HTK mel filterbank without area normalization: the
 same power spectrogram and filters as torchaudio.transforms.MelSpectrogram's defaults (its values
-are held in tests/test_speech_features.py), without importing torchaudio, whose wheels pin other
+are held in tests/speech/test_speech_features.py), without importing torchaudio, whose wheels pin other
 torch releases. The log is taken of the power plus 1e-6, so digital silence stays finite.
 """
 

@@ -1,7 +1,7 @@
 """`plan`, `table` and `limits` print exactly the bytes frozen in tests/data/golden/.
 
 The files were written by the code before the issue-19 restructure; a change of layout must not change a byte.
-A deliberate change of output rewrites them: `python tests/test_golden_outputs.py` (then review the diff).
+A deliberate change of output rewrites them: `python tests/cli/test_golden_outputs.py` (then review the diff).
 """
 
 import sys
@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from emarule.cli.main import app
 
-GOLDEN = Path(__file__).parent / "data" / "golden"
-EXPERIMENTS = sorted(p.stem for p in (Path(__file__).parents[1] / "experiments").glob("*.yaml"))
+GOLDEN = Path(__file__).parents[1] / "data" / "golden"
+EXPERIMENTS = sorted(p.stem for p in (Path(__file__).parents[2] / "experiments").glob("*.yaml"))
 
 CASES = {f"plan-{e}-{k}": ["plan", e, "--kappa", k] for e in EXPERIMENTS for k in ("2", "8")}
 CASES |= {f"plan-{e}-4-json": ["plan", e, "--kappa", "4", "--format", "json"] for e in EXPERIMENTS}

@@ -1,7 +1,7 @@
 """Train a small net with ModelEma in one process or under torchrun (DDP, or FSDP2 `fully_shard`).
 
 Every run sees the same global batches in the same order; under torchrun each rank takes its half
-and tells the EMA the GLOBAL samples seen. `torchrun --nproc_per_node 2 tests/ema_worker.py DIR`
+and tells the EMA the GLOBAL samples seen. `torchrun --nproc_per_node 2 tests/engine/ema_worker.py DIR`
 trains with DDP, then with FSDP2, and rank 0 writes each run's averaged weights, in full, to
 DIR/ddp.pt and DIR/fsdp.pt.
 """

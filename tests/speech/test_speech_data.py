@@ -3,9 +3,7 @@ tiny real-layout tree, and the training slots that mix labeled and unlabeled aud
 
 import json
 
-import numpy as np
 import pytest
-import soundfile
 import torch
 
 from emarule.errors import UserError
@@ -13,21 +11,7 @@ from emarule.speech import corpus
 from emarule.speech.data import TrainSlots, collate_train, quantile_pairing
 from emarule.speech.features import LogMel
 from emarule.speech.librispeech import SpeechSet, list_split, read_audio
-
-
-def write_tree(root, split, utterances, rate=16000):
-    """A LibriSpeech-layout split: {(speaker, chapter): [(seconds, transcript), ...]} as FLAC + trans.txt."""
-    g = np.random.default_rng(0)
-    for (spk, chap), items in utterances.items():
-        d = root / split / str(spk) / str(chap)
-        d.mkdir(parents=True, exist_ok=True)
-        lines = []
-        for k, (seconds, text) in enumerate(items):
-            uid = f"{spk}-{chap}-{k:04d}"
-            wave = 0.1 * g.standard_normal(int(seconds * rate))
-            soundfile.write(str(d / f"{uid}.flac"), wave, rate, format="FLAC", subtype="PCM_16")
-            lines.append(f"{uid} {text}")
-        (d / f"{spk}-{chap}.trans.txt").write_text("\n".join(lines) + "\n")
+from speech_util import write_tree
 
 
 def test_loader_reads_librispeech_layout(tmp_path):

@@ -4,7 +4,7 @@ import ast
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TABLE = (ROOT / "docs" / "ema-vs-peers.md").read_text(encoding="utf-8")
 NODE = re.compile(r"`(tests/[\w/]+\.py)::(\w+)`")
 

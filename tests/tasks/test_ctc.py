@@ -19,7 +19,7 @@ from emarule.speech import pseudo_label
 from emarule.speech.data import collate_train
 from emarule.tasks import ctc
 from emarule.engine.interface import Now
-from test_speech_data import write_tree
+from speech_util import write_tree
 
 runner = CliRunner()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 RESULTS = re.compile(r"κ=4 .*?(?:accuracy|probe accuracy) ([\d.]+) .*?(?:distance|gap) ([\d.]+)")
 
 

@@ -14,7 +14,7 @@ from emarule.cli.main import main
 from emarule.errors import UserError
 from emarule.speech.librispeech import list_split, read_audio
 from emarule.vision.data import ImageFolderSource, load_sources
-from tests.test_speech_data import write_tree
+from speech_util import write_tree
 
 
 def image_folder(root, classes=("n01", "n02"), val_classes=None, n=16):

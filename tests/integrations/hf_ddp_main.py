@@ -1,4 +1,4 @@
-"""Run by tests/test_integrations_hf.py, alone or under torchrun: 4 optimizer steps of a tiny regression
+"""Run by tests/integrations/test_integrations_hf.py, alone or under torchrun: 4 optimizer steps of a tiny regression
 through transformers' Trainer with EmaCallback, the EMA saved by rank 0. Global batch 16 either way: 16 per
 device in one process, or 8 per device in each of 2 (the batches of a sequential sampler, dealt out to the
 ranks in turn, cover the same samples)."""

@@ -8,7 +8,7 @@ import io
 import re
 from pathlib import Path
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "model-ema.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "model-ema.md"
 
 
 def blocks() -> list[str]:

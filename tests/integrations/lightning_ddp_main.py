@@ -1,4 +1,4 @@
-"""Run by tests/test_integrations_lightning.py, alone or under torchrun: fit 4 optimizer steps of a tiny
+"""Run by tests/integrations/test_integrations_lightning.py, alone or under torchrun: fit 4 optimizer steps of a tiny
 regression with EmaCallback and save the EMA (rank 0). Global batch 16 either way: 16 per device in one
 process, or 8 per device in each of 2 (each rank takes every other sample: the same batches)."""
 

@@ -14,7 +14,7 @@ from emarule.cli.main import app
 from emarule.errors import UserError
 from emarule.scaling import timm_args
 
-DATA = Path(__file__).parent / "data" / "timm"
+DATA = Path(__file__).parents[1] / "data" / "timm"
 SGD, ADAMW, DEFAULTS = DATA / "sgd_resnet50.yaml", DATA / "adamw_vit.yaml", DATA / "defaults_ema.yaml"
 runner = CliRunner()
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "experiments").glob("*.md"))]
 BLOCK = re.compile(r"^(?:<!-- setup: (.*?) -->\n)?```console\n(.*?)^```", re.S | re.M)
 DURATION = re.compile(r"\b\d+(?:\.\d+)? s\b")
