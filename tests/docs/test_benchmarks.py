@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 RATIO = re.compile(r"ratio [^:]*: median \d+\.\d+x\s+min \d+\.\d+x")
 
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from emarule.cli.main import app
 
-GOLDEN = Path(__file__).parent / "data" / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
 WALL_CLOCK = {"samples_per_s", "wall_s"}
 
 
