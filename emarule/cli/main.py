@@ -477,7 +477,7 @@ def sweep(
 ) -> None:
     """The κ=1 baseline and each κ with and without the EMA Scaling Rule, one after another; then compare."""
     from emarule import tasks
-    from emarule.engine import sweep as sw
+    from emarule.analysis import sweep as sw
 
     check_run_options(wandb, max_device_batch)
     seed_list = check_seeds(seeds)
@@ -546,7 +546,7 @@ def reproduce(
                            prog)
         return resolve_run
 
-    from emarule.engine.sweep import distinct_kappas
+    from emarule.analysis.sweep import distinct_kappas
 
     run_reproduction(console, family, preset=preset, seeds=seed_list,
                      kappas=distinct_kappas(numbers(kappas, "--kappas"), kappas), out=out,

@@ -10,12 +10,11 @@ from emarule.engine.context import RunContext
 
 def run(ctx: RunContext, spec) -> dict:
     """`train(ctx, spec.build(ctx))` for a training task; a study writes its run directory itself."""
-    build = spec.load()
     if spec.kind == "study":
         from emarule.engine.runlock import lock_dir
 
         with lock_dir(ctx.out, "run"):
-            return build(ctx)
+            return spec.build(ctx)
     from emarule.engine.loop import train
 
-    return train(ctx, build(ctx))
+    return train(ctx, spec.build(ctx))

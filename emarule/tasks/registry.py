@@ -27,7 +27,7 @@ class TaskSpec:
     module: str  # dotted module path, imported only when the task runs
     builder: str  # the function of `module`: build (training) or run (study)
     config: dict[str, Any] = field(default_factory=dict)  # its own spec sections (emarule/config/tasks.py)
-    units: tuple[str, ...] = ("samples",)  # batch.unit values it trains with (the first is the spec's default)
+    units: tuple[str, ...] = ("samples",)  # the batch.unit values it batches by; a run with another is refused
     metrics: tuple[str, ...] = ()  # what it logs besides the loop's loss and grad_norm (ema_ and /split aside)
     headline: str | None = None  # what compare, sweep and reproduce judge by default
     loss: str = "loss"  # the training loss a sweep compares after the headline
@@ -53,6 +53,10 @@ class TaskSpec:
     def load(self) -> Callable:
         """The builder, importing the task's module (and, for most, torch) now."""
         return getattr(importlib.import_module(self.module), self.builder)
+
+    def build(self, ctx):
+        """The builder called on `ctx`: a training task's TaskParts, or a study's result."""
+        return self.load()(ctx)
 
 
 REGISTRY: dict[str, TaskSpec] = {}

@@ -57,6 +57,11 @@ CASES = [
     # --data where there is nothing to point it at
     ("run-data-bundled", ["run", *TINY, "--data", "adir"], "uses bundled data (data.source: digits)"),
     ("sweep-data-bundled", ["sweep", "byol-r18", "--preset", "cpu", "--data", "adir"], "drop --preset cpu"),
+    # a batch unit the task does not batch by (ctc counts seconds of audio, byol samples)
+    ("run-unit-ctc-samples", ["run", "ctc-polyak", "--preset", "tiny", "--set", "batch.unit=samples"],
+     "batch.unit samples is not a unit the ctc task batches by (seconds)"),
+    ("sweep-unit-byol-seconds", ["sweep", *TINY, "--set", "batch.unit=seconds"],
+     "batch.unit seconds is not a unit the byol task batches by (samples)"),
     ("run-data-synthetic", ["run", *TINY, "--set", "data.source=synthetic", "--data", "adir"], "synthetic"),
     ("run-data-generated", ["run", "parabola", "--data", "adir"], "reads no data set"),
     # Progressive Scaling epochs

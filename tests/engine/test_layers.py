@@ -19,13 +19,17 @@ def imported_modules(path: Path) -> set[str]:
     return out
 
 
+# What builds on the engine: the engine imports none of it, at module level or inside a function.
+ABOVE = [["emarule", p] for p in ("tasks", "cli", "analysis", "studies", "vision", "speech", "integrations")]
+
+
 def test_no_engine_module_imports_a_task():
     offenders = {}
     for f in sorted((ROOT / "emarule" / "engine").rglob("*.py")):
-        bad = sorted(m for m in imported_modules(f) if m == "emarule.tasks" or m.startswith("emarule.tasks."))
+        bad = sorted(m for m in imported_modules(f) if m.split(".")[:2] in ABOVE)
         if bad:
             offenders[str(f.relative_to(ROOT))] = bad
-    assert not offenders, f"the engine imports tasks (pass the registry in instead): {offenders}"
+    assert not offenders, f"the engine imports a layer above it (pass what it needs in instead): {offenders}"
 
 
 def test_a_run_imports_its_own_task_only(tmp_path):
@@ -42,6 +46,6 @@ def test_a_run_imports_its_own_task_only(tmp_path):
 
 
 def test_the_sweep_runs_through_the_runner_not_the_loops_internals():
-    imported = imported_modules(ROOT / "emarule" / "engine" / "sweep.py")
+    imported = imported_modules(ROOT / "emarule" / "analysis" / "sweep.py")
     assert not {m for m in imported if m == "emarule.engine.loop" or m.startswith("emarule.engine.loop.")}
     assert "emarule.engine.preflight" in imported

@@ -1,6 +1,6 @@
 """`emarule reproduce FAMILY`: run (or reuse) what a family needs, measure every claim, write the report.
 
-A sweep family runs `emarule.engine.sweep.execute` — the κ=1 baseline and every κ with and without the
+A sweep family runs `emarule.analysis.sweep.execute` — the κ=1 baseline and every κ with and without the
 EMA Scaling Rule, and the family's arms, for every seed, into OUT/<experiment>/<run> — which keeps
 finished runs and resumes interrupted ones, so the same command picks up where it stopped. Only the
 runs of this invocation's seeds and settings are measured, whatever else OUT holds. A study family (parabola,
@@ -125,7 +125,7 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
 
 def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, resolve_run) -> tuple | None:
     from emarule import tasks
-    from emarule.engine import sweep
+    from emarule.analysis import sweep
     from emarule.cli.seeds import seeds_label
 
     runs = sweep.plan_runs(args["kappas"], ["exponential", None], args["seeds"], family.arms)

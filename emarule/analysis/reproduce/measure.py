@@ -17,7 +17,7 @@ STATISTIC = {"run": "mean |Δ| over the run", "end": "|Δ| at the end"}
 
 def groups(runs: list, arms: dict | None = None) -> tuple[list, dict]:
     """(baseline runs, {(κ, "with"|"without"|"linear"|ARM): runs}), each list sorted by seed. `arms` maps a
-    run directory to the name of the arm it belongs to (`emarule.engine.sweep.execute`'s record of it); a run not
+    run directory to the name of the arm it belongs to (`emarule.analysis.sweep.execute`'s record of it); a run not
     in it is an arm's when its name says so (`compare.arm_of_name`)."""
     arms = {str(k): v for k, v in (arms or {}).items()}
     arms |= {str(r.path): r.arm for r in runs if r.arm and str(r.path) not in arms}  # from the run's name

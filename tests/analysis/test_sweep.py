@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from emarule.cli import checks
 from emarule.analysis import compare as C
 from emarule.analysis import run_report as report
-from emarule.engine import sweep as S
+from emarule.analysis import sweep as S
 from emarule.cli.main import app
 from emarule.errors import UserError
 
