@@ -130,7 +130,7 @@ class Family:
     target_metric: Metric | None = None  # the target model's (right panel)
     more_metrics: tuple = ()  # further panels: a control EMA (`ema_wer/{smallest ema.also}`, see `for_spec`)
     x_axis: str = "epochs"  # or "reference steps" (samples or seconds seen / base batch)
-    # The goal, checked on the EMA metric over the run at this κ: without ≥ 2× with, and
+    # The separation goal, checked on the EMA metric over the run at this κ: without ≥ 2× with, and
     # with ≤ 1× the baseline spread.
     goal_kappa: float = 4.0
     # The target metric is blind to the EMA only before this spec value (base steps): the optimizer-rule

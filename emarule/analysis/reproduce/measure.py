@@ -116,7 +116,7 @@ def transition_epoch(runs: list) -> float | None:
 
 
 def goal(family: Family, tables: dict, kappas: list) -> dict:
-    """The issue's goal on the EMA metric over the run at `family.goal_kappa`."""
+    """The separation goal on the EMA metric over the run at `family.goal_kappa`."""
     k, table = family.goal_kappa, tables[family.ema_metric.name]
     out = {"kappa": k, "metric": family.ema_metric.name, "statistic": STATISTIC["run"]}
     if k not in kappas:

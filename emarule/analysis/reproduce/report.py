@@ -166,7 +166,7 @@ def markdown(data: dict, family) -> str:
         lines.append("")
     g = data.get("goal")
     if g:
-        lines += ["", "## The issue's goal", "",
+        lines += ["", "## The separation goal", "",
                   f"At κ={_kappa(g['kappa'])}, {g['metric']}, {g['statistic']}: the no-rule gap at least twice the "
                   f"with-rule gap, and the with-rule gap within the baseline's seed spread (1×)."]
         if g.get("met") is None:
