@@ -393,11 +393,11 @@ def for_spec(family: Family, spec: dict) -> Family:
     name, which no run logs, so its claims are "not measured". `{split}` in an axis label becomes the split
     the metric is evaluated on, the first of `data.eval_splits`."""
     from emarule.scaling.plan import extra_ema_name
+    from emarule.config.load import get
     from emarule.config.typed import typed
 
-    cfg = typed(spec)
-    also = [float(r) for r in cfg.ema.also]
-    splits = cfg.data.eval_splits if "data" in cfg and "eval_splits" in cfg.data else ()
+    also = [float(r) for r in typed(spec).ema.also]
+    splits = get(spec, "data.eval_splits")  # as the run's record has it: a spec of any task, or a hand-made one
     split = str(splits[0]) if splits else "the evaluation split"
 
     def name(n: str) -> str:
