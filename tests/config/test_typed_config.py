@@ -61,10 +61,10 @@ def test_a_null_that_means_the_default_reads_the_default():
 def test_an_unknown_key_names_its_path_and_what_is_there():
     cfg = typed(load_spec("byol-r18", preset="tiny"))
     with pytest.raises(AttributeError, match=r"data\.nope: not a key of a 'byol' spec; data has: .*num_classes"):
-        cfg.data.nope
+        _ = cfg.data.nope
     with pytest.raises(AttributeError, match=r"toy: not a section of a 'byol' spec; its sections and keys: "
                                              r".*batch.*probe"):
-        cfg.toy
+        _ = cfg.toy
     assert not hasattr(cfg.data, "nope") and "data" in cfg and "toy" not in cfg and "num_classes" in cfg.data
 
 
