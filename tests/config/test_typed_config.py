@@ -124,3 +124,23 @@ def test_the_typed_config_does_not_import_torch():
             "import emarule.engine.context; typed(load_spec('byol-r18')); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_tasks_and_the_engine_read_the_typed_config_not_spec_keys():
+    """No `get(spec, "section.key")` / `value(spec, "section.key")` left where a run reads its spec."""
+    import ast
+
+    from emarule.config.schema import COMMON
+    from emarule.tasks.registry import REGISTRY
+
+    sections = set(COMMON) | {s for t in REGISTRY.values() for s in t.config}
+    found = []
+    for folder in ("tasks", "engine", "studies", "vision", "speech"):
+        for f in sorted((ROOT / "emarule" / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(f.read_text())):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                        and node.func.id in ("get", "value") and len(node.args) >= 2
+                        and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+                        and node.args[1].value.split(".")[0] in sections):
+                    found.append(f"{f.relative_to(ROOT)}:{node.lineno}")
+    assert not found, "read these through ctx.cfg:\n" + "\n".join(found)
