@@ -35,6 +35,7 @@ def test_every_key_reads_what_value_reads_with_lists_as_tuples(name):
         assert read(cfg, key) == want, key
         assert not isinstance(read(cfg, key), list), key
     assert cfg.name == spec["name"] and cfg.preset == spec["preset"] and cfg.source == spec["source"]
+    assert not {part for k in keys for part in k.split(".")} & set(vars(Section))  # no key hidden by a method
 
 
 def test_defaults_fill_what_the_spec_leaves_out():
