@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from emarule.engine import schedules
-from emarule.config.load import get
+from emarule.config.typed import Config, config_of
 from emarule.engine.interface import Evaluation
 
 BETAS = (0.9, 0.999)  # Adam's defaults, at the base batch
@@ -95,10 +95,12 @@ class TrackingProbe:
         self.exp_avg_sq: dict = {}
 
     @classmethod
-    def from_spec(cls, spec: dict, features: int, num_classes: int, dataset_size: float) -> "TrackingProbe":
-        """`probe.lr` and the run's schedule shape (`schedule.*`, over `dataset_size` per epoch)."""
-        sched = schedules.from_spec(spec, dataset_size)
-        return cls(features, num_classes, float(get(spec, "probe.lr")), lambda e: sched.shape(e, 1.0))
+    def from_spec(cls, cfg: Config | dict, features: int, num_classes: int, dataset_size: float) -> "TrackingProbe":
+        """`probe.lr` and the run's schedule shape (`schedule.*`, over `dataset_size` per epoch), from the typed
+        config (or the spec)."""
+        cfg = config_of(cfg)
+        sched = schedules.from_spec(cfg, dataset_size)
+        return cls(features, num_classes, float(cfg.probe.lr), lambda e: sched.shape(e, 1.0))
 
     def describe(self) -> str:
         fc = self.module.fc

@@ -265,7 +265,7 @@ def list_cmd() -> None:
         unit = "" if b.get("unit", "samples") == "samples" else f" {b['unit']}"
         presets = ", ".join(sorted(read_yaml(spec_path(name, None)).get("presets") or {}))
         t.add_row(name, s.get("section", ""), s.get("dataset", ""), f"{fmt(b['size'])}{unit}",
-                  value(s, "optimizer.name") or "", fmt(s["ema"].get("momentum")), s["task"],
+                  value(s, "optimizer.name"), fmt(s["ema"].get("momentum")), s["task"],
                   "yes" if s["task"] in RUNNABLE_TASKS else "plan only", presets)
     console.print(t)
 

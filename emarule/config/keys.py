@@ -24,8 +24,8 @@ Do not edit by hand: `tests/config/test_spec_keys.py` fails when this page and t
 
 A spec is checked against these on load (`emarule plan`, `run`, `sweep`): an unknown key, a wrong type or a
 value out of range is one line naming the dotted key. A key the spec leaves out takes the default shown (the code
-reads it with `emarule.config.schema.value`); a key with no default is absent (None) when left out. Any key can
-be set from the command line with `--set section.key=value`;
+reads the typed config, `ctx.cfg.section.key`, emarule/config/typed.py); a key with no default is None when left
+out. Any key can be set from the command line with `--set section.key=value`;
 `emarule plan byol-vit --kappa 2 --set "optimizer.betas=[0.9, 1.2]"` prints
 
 ```text
@@ -53,7 +53,7 @@ def describe(f: Field) -> tuple[str, str]:
     if f.items is not None:
         kind = f"list of {_typename(f.items.types)}" + (f" ({f.length} items)" if f.length else "")
     if f.nullable:
-        kind += " or null"
+        kind += " or null (null: the default)" if f.null_is_default else " or null"
     parts = []
     src = f.items if f.items is not None and f.types == (list,) else f
     if src.choices is not None:

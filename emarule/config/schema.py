@@ -28,7 +28,16 @@ class Field:
     items: "Field | None" = None  # for lists: the shape of every item
     length: int | None = None  # for lists of fixed length (Adam betas)
     doc: str = ""
-    default: Any = None  # the value a spec without the key gets: `value(spec, key)` reads it from here
+    default: Any = None  # the value a spec without the key gets: `value(spec, key)` and the typed config read it here
+    null_is_default: bool = False  # a null in the spec also reads as `default` ("use the default"); implies nullable
+
+    def __post_init__(self):
+        if self.null_is_default:
+            object.__setattr__(self, "nullable", True)
+
+    def resolve(self, raw: Any) -> Any:
+        """What a read of this key gets for the spec's `raw` value (the key is present)."""
+        return self.default if raw is None and self.null_is_default else raw
 
 
 def num(doc="", **kw) -> Field:
@@ -105,7 +114,8 @@ COMMON: dict[str, Any] = {
     "optimizer": {
         "name": text(choices=("sgd", "lars", "rmsprop", "adam", "adamw", "lamb", "none")),
         "lr": num("base learning rate at batch.size", **NONNEG),
-        "momentum": momentum("heavy-ball momentum (SGD, LARS); unchanged by the SGD rule"),
+        "momentum": momentum("heavy-ball momentum (SGD, LARS); unchanged by the SGD rule; left out: "
+                             "the optimizer's own (OPTIMIZER_MOMENTUM: LARS 0.9, else none)"),
         "nesterov": flag(),
         "betas": numlist("Adam-family (β1, β2)", item=momentum(), length=2),
         "alpha": momentum("RMSProp squared-gradient EMA coefficient"),
@@ -146,7 +156,7 @@ COMMON: dict[str, Any] = {
         "sync_bn": flag("SyncBatchNorm across replicas"),
     },
     "eval": {
-        "every_epochs": num("evaluate every this many epochs (and at the end)", nullable=True, **POSITIVE),
+        "every_epochs": num("evaluate every this many epochs (and at the end)", null_is_default=True, **POSITIVE),
         "every_base_steps": num("evaluate every this many base steps instead", nullable=True, **POSITIVE),
     },
     "progressive": PROGRESSIVE,  # Progressive Scaling; null for constant κ
@@ -154,10 +164,15 @@ COMMON: dict[str, Any] = {
 }
 COMMON = with_defaults(COMMON, {
     "precision": "fp32", "batch.unit": "samples", "batch.sort_window": 1024,
+    "optimizer.name": "sgd", "optimizer.nesterov": False, "optimizer.trust_coefficient": 0.001,
     "optimizer.weight_decay_skip_bias": False,
-    "ema.update_from": "post", "ema.start_steps": 0, "ema.buffers": "copy", "ema.dtype": "float32",
-    "norm.sync_bn": False,
+    "schedule.kind": "constant", "schedule.milestones_epochs": [], "schedule.gamma": 0.1,
+    "ema.also": [], "ema.update_from": "post", "ema.start_steps": 0, "ema.buffers": "copy", "ema.dtype": "float32",
+    "norm.sync_bn": False, "eval.every_epochs": 1.0,
 })
+
+# optimizer.momentum where the spec leaves it out: the optimizer's own (LARS's 0.9; none for SGD and RMSProp).
+OPTIMIZER_MOMENTUM = {"sgd": 0.0, "lars": 0.9, "rmsprop": 0.0}
 
 
 # What each optimizer's scaling rules read. A spec that switches optimizer (`--set optimizer.name=adam`
@@ -256,17 +271,19 @@ def schema_for(task: str | None) -> dict:
 
 
 def value(spec: dict, dotted: str) -> Any:
-    """The spec's value at `dotted`, or the schema's default for it where the spec leaves it out: the one place
-    a default lives. A key the spec's task does not declare is a programming error (KeyError), not a None."""
+    """The spec's value at `dotted`, or the schema's default for it where the spec leaves it out (or writes null
+    for a key whose null means its default): the one place a default lives. A key the spec's task does not
+    declare is a programming error (KeyError), not a None. Runs read the same through `ctx.cfg` (typed.py)."""
+    section = dotted.split(".", 1)[0]
+    field = get(COMMON if section in COMMON else task_keys(spec.get("task")), dotted)
     node: Any = spec
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
             break
         node = node[part]
     else:
-        return node
-    section = dotted.split(".", 1)[0]
-    field = get(COMMON if section in COMMON else task_keys(spec.get("task")), dotted)
+        if not isinstance(field, Field) or node is not None or not field.null_is_default:
+            return node
     if not isinstance(field, Field):
         raise KeyError(f"{dotted} is not a key of a {spec.get('task')!r} spec (emarule/config/)")
     return list(field.default) if isinstance(field.default, list) else field.default  # a copy: callers may edit

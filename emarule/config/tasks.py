@@ -83,15 +83,16 @@ POLYAK: dict[str, Any] = {  # emarule/tasks/polyak.py
     "data": {"source": text(choices=("imagenet", "textures")), "image_size": integer(lo=1),
              "augmentation": text(choices=("imagenet", "translate")), "label_smoothing": num(lo=0.0, hi=1.0),
              "path": text(nullable=True),
-             "train_samples": integer("textures: training images", nullable=True, lo=1),
-             "eval_samples": integer("textures: validation images", nullable=True, lo=1),
+             "train_samples": integer("textures: training images", null_is_default=True, lo=1),
+             "eval_samples": integer("textures: validation images", null_is_default=True, lo=1),
              "noise": num("textures: white noise std relative to the texture's", **NONNEG),
              "seed": integer("textures: the data set's seed (the same images for every run seed)", **NONNEG),
              "skip_bad_items": SKIP_BAD_ITEMS},
 }
 POLYAK = with_defaults(POLYAK, {
     "data.augmentation": "imagenet", "data.image_size": 224, "data.label_smoothing": 0.0, "data.noise": 1.0,
-    "data.seed": 0, "data.source": "imagenet", "model.arch": "resnetv2_50", "model.init": "kaiming_normal_relu",
+    "data.seed": 0, "data.source": "imagenet", "data.train_samples": 4096, "data.eval_samples": 1024,
+    "model.arch": "resnetv2_50", "model.init": "kaiming_normal_relu",
     "model.num_classes": 1000, "model.output_stride": 32, "model.stem": "imagenet"
 })
 
@@ -134,13 +135,16 @@ CTC: dict[str, Any] = {
                                   "never reaches the threshold (not the paper's)", nullable=True, **NONNEG),
     },
 }
+EVAL_SPLITS = ["dev-clean", "dev-other", "test-clean", "test-other"]  # LibriSpeech's
 CTC = with_defaults(CTC, {
     "corpus.eval": 100, "corpus.labeled": 400, "corpus.seed": 0, "corpus.speakers": 8, "corpus.unlabeled": 0,
-    "data.labeled": "train-clean-100", "data.n_mels": 80, "data.pl_eval_utterances": 200, "data.sample_rate": 16000,
+    "data.labeled": "train-clean-100", "data.unlabeled": [], "data.eval_splits": EVAL_SPLITS,
+    "data.n_mels": 80, "data.pl_eval_utterances": 200, "data.sample_rate": 16000,
     "data.source": "librispeech", "data.stride_ms": 10, "data.window_ms": 25,
+    "model.conv_kernel": 7, "model.conv_stride": 3, "model.positional": "cape",
     "model.vocab": 29,  # len(emarule.speech.tokens.SYMBOLS): blank, word boundary, apostrophe, a-z (a test holds it)
     "pseudo_label.labeled_ratio": 1, "pseudo_label.unlabeled_ratio": 3, "pseudo_label.pretrain_steps": 20000,
-    "pseudo_label.dropout_after": 0.1, "pseudo_label.layer_drop_after": 0.1,
+    "pseudo_label.dropout_after": 0.1, "pseudo_label.layer_drop_after": 0.1, "pseudo_label.start": "auto",
     "specaug.freq_masks": 2, "specaug.freq_param": 30, "specaug.start_steps": 0, "specaug.time_masks": 10,
     "specaug.time_param": 50, "specaug.time_ratio": 0.1
 })
@@ -202,7 +206,9 @@ DINO: dict[str, Any] = {  # emarule/tasks/dino.py
     "probe": {"lr": num(**POSITIVE), "kind": text(choices=("pre-bn",))},
 }
 DINO = with_defaults(DINO, {
-    "data.augmentation": "dino", "data.global_crops": 2, "data.image_size": 224, "data.local_crops": 8,
+    "data.augmentation": "dino", "data.global_crops": 2,
+    "data.global_scale": [0.4, 1.0], "data.local_scale": [0.05, 0.4],  # main_dino.py's crop scales
+    "data.image_size": 224, "data.local_crops": 8,
     "data.local_size": 96, "data.num_classes": 10, "data.source": "cifar10", "dino.freeze_last_layer_epochs": 1,
     "dino.student_temp": 0.1, "dino.teacher_temp": 0.04, "dino.warmup_teacher_temp": 0.04,
     "dino.warmup_teacher_temp_epochs": 0, "model.arch": "vit_base_patch16_224", "model.bottleneck": 256,

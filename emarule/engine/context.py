@@ -1,19 +1,20 @@
-"""What `emarule run` hands a task: the resolved spec, κ, the plan, and where to write.
+"""What `emarule run` hands a task: the resolved spec and its typed config, κ, the plan, and where to write.
 
 Pure Python (no torch) so the CLI can build it before choosing a task.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from emarule.config.typed import Section, typed
 from emarule.scaling import Plan
 
 
 @dataclass
 class RunContext:
-    spec: dict
+    spec: dict  # the resolved spec, as hparams.json records it
     kappa: float
     ema_rule: str | None  # "exponential", "linear", or None for the baseline without the rule
     plan: Plan
@@ -27,7 +28,16 @@ class RunContext:
     max_device_batch: int | None = None
     quiet: bool = False
     resume_hint: str | None = None  # how to continue the run when it is not `--resume` (a sweep's)
-    extra: dict = field(default_factory=dict)
+    # Engine settings that are not part of a recipe (tests and benchmarks set them; a task may set the first):
+    checkpoint_every_epochs: float = 1.0
+    checkpoint_every_minutes: float = 30.0
+    log_every_steps: int = 0  # 0: about 50 rows per epoch
+    num_workers: int | None = None  # DataLoader workers; None: the task's (TaskParts.num_workers), else the loop's
+    cfg: Section | None = None  # the typed config of `spec` (emarule/config/typed.py); made from it when not given
+
+    def __post_init__(self):
+        if self.cfg is None:
+            self.cfg = typed(self.spec)
 
     @property
     def experiment(self) -> str:

@@ -17,9 +17,9 @@ stage (`Plan.for_kappa`): lr peak and floor, betas, eps, weight decay, each EMA'
 BatchNorm momentum. Data order, batching and the split over ranks are in `emarule.engine.batching`; an
 epoch's remainder that cannot fill a batch is dropped and the clock jumps to the epoch's end.
 
-Engine settings that are not part of a recipe come from `ctx.extra` (all optional):
-  checkpoint_every_epochs (1), checkpoint_every_minutes (30), log_every_steps (≈50 rows/epoch),
-  num_workers (TaskParts.num_workers, else 0 on CPU and min(8, cores) on GPU).
+Recipe values come from the typed config `ctx.cfg` (emarule/config/typed.py); engine settings that are not
+part of a recipe are RunContext fields: checkpoint_every_epochs (1), checkpoint_every_minutes (30),
+log_every_steps (≈50 rows/epoch), num_workers (TaskParts.num_workers, else 0 on CPU and min(8, cores) on GPU).
 """
 
 from __future__ import annotations
@@ -45,10 +45,8 @@ from emarule.engine.progress import Progress, Window
 from emarule.engine.rundir import FIGURES, HPARAMS, UNSAVED, DiskFull, MetricsLog, atomic_write_text, write_hparams
 from emarule.scaling import BatchSchedule
 from emarule.scaling.plan import extra_ema_name
-from emarule.config.schema import SKIP_BAD_ITEMS
 from emarule.engine.seeding import mix
-from emarule.config.load import get
-from emarule.config.schema import value
+from emarule.config.typed import Config, config_of
 from emarule.engine.interface import MAIN_EMA, Now, TaskParts
 from emarule.engine.preflight import (check_batches_fit, check_same_settings, differences, fingerprint, make_batcher,
                                       stage_plans)
@@ -164,11 +162,12 @@ def set_bn_momentum(model: nn.Module, plan) -> None:
             mod.momentum = m
 
 
-def build_emas(spec: dict, source: nn.Module, plan) -> dict:
+def build_emas(cfg: Config | dict, source: nn.Module, plan) -> dict:
     """The main EMA (`ema.momentum`) and one per `ema.also` momentum, each scaled by the plan."""
-    if get(spec, "ema.momentum") is None:
+    ema = config_of(cfg).ema
+    if ema.momentum is None:
         return {}
-    names = [MAIN_EMA] + [extra_ema_name(r) for r in get(spec, "ema.also") or []]
+    names = [MAIN_EMA] + [extra_ema_name(r) for r in ema.also]
     # the plan's start_steps/κ steps of the first stage's batch (what `plan` shows)
     start = (plan.get("ema.start_steps", 0) or 0) * plan["batch_size"]
     emas = {}
@@ -177,21 +176,19 @@ def build_emas(spec: dict, source: nn.Module, plan) -> dict:
         if plan[key] >= 1.0:  # ρ^κ can round to 1 in float64; the plan warns, a run refuses
             raise UserError(f"{key}: ρ̂ = {plan[key]:g} at κ={plan.kappa:g} never "
                             f"moves the EMA; use a smaller ρ or a larger κ (see `emarule limits`)")
-        e = ModelEma(source, plan[key], buffers=value(spec, "ema.buffers"), start_samples=start,
-                     dtype=value(spec, "ema.dtype"))
+        e = ModelEma(source, plan[key], buffers=ema.buffers, start_samples=start, dtype=ema.dtype)
         e.module.train()
         emas[name] = e
     return emas
 
 
 def setup(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> Run:
-    spec = ctx.spec
-    unit = value(spec, "batch.unit")
+    cfg = ctx.cfg
+    unit = cfg.batch.unit
     batcher = make_batcher(ctx, parts)
-    base_batch = float(spec["batch"]["size"])
-    sched = schedules.from_spec(spec, batcher.epoch_measure)
-    batches = BatchSchedule(ctx.progressive, base_batch, ctx.kappa, get(spec, "schedule.epochs"),
-                            get(spec, "schedule.total_steps"))
+    base_batch = float(cfg.batch.size)
+    sched = schedules.from_spec(cfg, batcher.epoch_measure)
+    batches = BatchSchedule(ctx.progressive, base_batch, ctx.kappa, cfg.schedule.epochs, cfg.schedule.total_steps)
     check_batches_fit(ctx, batcher, d.world_size)
     if ctx.resume and not checkpoint.path_in(ctx.out).exists() and (ctx.out / UNSAVED).exists():
         if d.is_main:
@@ -204,36 +201,36 @@ def setup(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> Run:
         raise UserError(f"{ctx.out} already holds a run (checkpoint.pt); pass --resume to continue it or "
                         f"--out NEW_DIR to start another")
 
-    precision = value(spec, "precision")
+    precision = cfg.precision
     set_precision(precision)
     seed_everything(ctx.seed, d.rank)
-    sync_bn = distributed.sync_batchnorm_possible(bool(value(spec, "norm.sync_bn")))
-    model = distributed.maybe_sync_batchnorm(parts.model.to(d.device), bool(value(spec, "norm.sync_bn")))
+    sync_bn = distributed.sync_batchnorm_possible(bool(cfg.norm.sync_bn))
+    model = distributed.maybe_sync_batchnorm(parts.model.to(d.device), bool(cfg.norm.sync_bn))
     parts.model = model
     distributed.broadcast_module_(model)
     model.train()
     source = parts.ema_source if parts.ema_source is not None else model
     plan = ctx.plan.at(0.0)
-    emas = build_emas(spec, source, plan)
+    emas = build_emas(cfg, source, plan)
     named = dict(model.named_parameters())
     run = Run(ctx=ctx, parts=parts, d=d, unit=unit, measure=measure_for(unit), base_batch=base_batch, batcher=batcher,
               sched=sched,
               batches=batches, total=sched.total_epochs * batcher.epoch_measure, model=model, source=source,
               emas=emas, momentum_schedule=schedules.EmaMomenta.from_plan(ctx.plan, list(emas), MAIN_EMA),
-              optimizer=optimizers.build(spec, model, parts.no_decay, plan, frozenset(parts.aux_params),
+              optimizer=optimizers.build(cfg, model, parts.no_decay, plan, frozenset(parts.aux_params),
                                          parts.aux_lr_ratio),
               precision=precision, sync_bn=sync_bn,
               aux_ids=frozenset(id(named[k]) for k in parts.aux_params if k in named),
               evals=[[ev, evaluation.every_epochs(ev, base_batch, batcher.epoch_measure), 0.0]
                      for ev in parts.evaluations],
               workers=parts_workers(parts, ctx, d),
-              skip_bad=bool(get(spec, SKIP_KEY, SKIP_BAD_ITEMS.default)))
+              skip_bad=bool("data" in cfg and cfg.data.skip_bad_items))
     enter_stage(run, plan.kappa)
     return run
 
 
 def parts_workers(parts: TaskParts, ctx: RunContext, d: distributed.Dist) -> int:
-    w = ctx.extra.get("num_workers", parts.num_workers)
+    w = ctx.num_workers if ctx.num_workers is not None else parts.num_workers
     if w is not None:
         return int(w)
     if d.device.type == "cpu":
@@ -534,10 +531,10 @@ def optimizer_step(run: Run, micro, measures, global_measure, seen_after, idle: 
         distributed.all_reduce_grads_(params)
         if not run.sync_bn:  # before the EMA reads them: every rank's teacher gets rank 0's statistics
             distributed.broadcast_buffers_(model)
-    metrics["grad_norm"] = clip_gradients(params, run.aux_ids, get(run.ctx.spec, "optimizer.grad_clip"))
+    metrics["grad_norm"] = clip_gradients(params, run.aux_ids, run.ctx.cfg.optimizer.grad_clip)
     if not math.isfinite(metrics["grad_norm"]):  # a finite loss can still overflow in backward
         return loss_value, metrics, reduced, flags, f"the gradient norm became {metrics['grad_norm']}"
-    pre = value(run.ctx.spec, "ema.update_from") == "pre"
+    pre = run.ctx.cfg.ema.update_from == "pre"
     if pre:
         update_emas(run, seen_after)  # θ_t: the parameters before the step
     opt.step()
@@ -573,7 +570,7 @@ def update_emas(run: Run, seen_after: float) -> None:
 
 
 def next_checkpoint(run: Run) -> float:
-    return evaluation.next_due(run.epoch_now, float(run.ctx.extra.get("checkpoint_every_epochs", 1.0)))
+    return evaluation.next_due(run.epoch_now, float(run.ctx.checkpoint_every_epochs))
 
 
 def advance_clock(run: Run, count: int, seen_after: float) -> int:
@@ -683,8 +680,8 @@ def _locked(run: Run, ctx: RunContext, parts: TaskParts, d: distributed.Dist) ->
     log.attach_wandb(ctx.wandb, ctx.out, ctx.out.name, hp)
     progress = Progress(run.total, run.clock.seen, unit=run.unit, enabled=d.is_main and not ctx.quiet)
     window = Window()
-    ckpt_seconds = 60.0 * float(ctx.extra.get("checkpoint_every_minutes", 30.0))
-    log_every = int(ctx.extra.get("log_every_steps") or 0)
+    ckpt_seconds = 60.0 * float(ctx.checkpoint_every_minutes)
+    log_every = int(ctx.log_every_steps)
     try:
         with checkpoint.StopSignal() as stop, progress, contextlib.closing(log):
             while run.clock.seen < run.total - EPS:

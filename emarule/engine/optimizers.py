@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from emarule.config.schema import OPTIMIZER_MOMENTUM
+from emarule.config.typed import Config, config_of
 from emarule.errors import UserError
 
 SUPPORTED = ("sgd", "lars", "adam", "adamw", "rmsprop", "lamb")
@@ -115,29 +117,28 @@ def param_groups(model: nn.Module, no_decay: set, skip: bool, aux: frozenset = f
     return groups
 
 
-def build(spec: dict, model: nn.Module, no_decay: set, plan, aux: frozenset = frozenset(),
+def build(cfg: Config | dict, model: nn.Module, no_decay: set, plan, aux: frozenset = frozenset(),
           aux_lr_ratio: float = 1.0) -> torch.optim.Optimizer:
-    opt = spec.get("optimizer") or {}
-    name = opt.get("name", "sgd")
+    """The optimizer the typed config (or the spec) names, its values written from the plan."""
+    opt = config_of(cfg).optimizer
+    name = opt.name
     if name not in SUPPORTED:
         raise UserError(f"optimizer.name {name!r} cannot train a model; use one of {', '.join(SUPPORTED)}")
     unknown = (set(no_decay) | set(aux)) - {n for n, _ in model.named_parameters()}
     if unknown:
         raise UserError(f"task error: no_decay/aux_params name parameters the model lacks: {sorted(unknown)[:3]}")
-    groups = param_groups(model, no_decay, bool(opt.get("weight_decay_skip_bias", False)), frozenset(aux),
+    groups = param_groups(model, no_decay, bool(opt.weight_decay_skip_bias), frozenset(aux),
                           aux_lr_ratio)
     lr = plan["optimizer.lr"]
     if name == "sgd":
-        o = torch.optim.SGD(groups, lr=lr, momentum=opt.get("momentum", 0.0) or 0.0,
-                            nesterov=bool(opt.get("nesterov", False)))
+        o = torch.optim.SGD(groups, lr=lr, momentum=heavy_ball(opt), nesterov=bool(opt.nesterov))
     elif name == "lars":
-        o = LARS(groups, lr=lr, momentum=opt.get("momentum", 0.9),
-                 trust_coefficient=opt.get("trust_coefficient", 0.001))
+        o = LARS(groups, lr=lr, momentum=heavy_ball(opt), trust_coefficient=opt.trust_coefficient)
     elif name in ("adam", "adamw"):
         cls = torch.optim.Adam if name == "adam" else torch.optim.AdamW
         o = cls(groups, lr=lr)
     elif name == "rmsprop":
-        o = torch.optim.RMSprop(groups, lr=lr, momentum=opt.get("momentum", 0.0) or 0.0)
+        o = torch.optim.RMSprop(groups, lr=lr, momentum=heavy_ball(opt))
     else:
         o = LAMB(groups, lr=lr)
     for g in o.param_groups:
@@ -145,6 +146,11 @@ def build(spec: dict, model: nn.Module, no_decay: set, plan, aux: frozenset = fr
             g["lars_adapt"] = not g["no_decay"]
     apply_plan(o, plan, lr)
     return o
+
+
+def heavy_ball(opt) -> float:
+    """optimizer.momentum, or the optimizer's own where the spec leaves it out (schema.OPTIMIZER_MOMENTUM)."""
+    return float(OPTIMIZER_MOMENTUM[opt.name] if opt.momentum is None else opt.momentum)
 
 
 def apply_plan(optimizer: torch.optim.Optimizer, plan, lr: float) -> None:

@@ -4,7 +4,6 @@ was made with the same settings (its fingerprint)."""
 
 from __future__ import annotations
 
-from emarule.config.schema import value
 from emarule.engine import batching
 from emarule.engine.clock import measure_for
 from emarule.engine.context import RunContext
@@ -24,13 +23,13 @@ def make_batcher(ctx: RunContext, parts: TaskParts) -> batching.Batcher:
     n = len(parts.train_set)
     if n < 1:
         raise UserError("task error: the training set is empty")
-    durations = measure_for(value(ctx.spec, "batch.unit")).durations(parts, n, ctx.experiment)
-    return batching.Batcher(n, ctx.seed, durations, int(value(ctx.spec, "batch.sort_window")))
+    durations = measure_for(ctx.cfg.batch.unit).durations(parts, n, ctx.experiment)
+    return batching.Batcher(n, ctx.seed, durations, int(ctx.cfg.batch.sort_window))
 
 
 def check_batches_fit(ctx: RunContext, batcher: batching.Batcher, world_size: int) -> None:
     """Every stage's batch fits the world size and the data set (checked before anything is written)."""
-    unit = value(ctx.spec, "batch.unit")
+    unit = ctx.cfg.batch.unit
     for _, p in stage_plans(ctx):
         lay = batching.layout(p["batch_size"], world_size, ctx.max_device_batch, unit)
         if lay.global_batch > batcher.epoch_measure + EPS:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from emarule.config.typed import Config, config_of
 from emarule.errors import UserError
 
 
@@ -59,32 +60,31 @@ class Schedule:
         return self.shape(epoch, plan["optimizer.lr"], plan.get("schedule.min_lr", 0.0) or 0.0, step)
 
 
-def from_spec(spec: dict, dataset_size: float) -> Schedule:
-    """The schedule of `spec` in epochs of a training set of `dataset_size` (samples, or seconds)."""
-    s = spec.get("schedule") or {}
-    base_batch = spec["batch"]["size"]
+def from_spec(cfg: Config | dict, dataset_size: float) -> Schedule:
+    """The schedule of a spec's typed config (or the spec) in epochs of a training set of `dataset_size` (samples,
+    or seconds)."""
+    cfg = config_of(cfg)
+    s, base_batch = cfg.schedule, cfg.batch.size
 
     def steps_to_epochs(steps: float) -> float:
         return steps * base_batch / dataset_size
 
-    if s.get("epochs") is not None:
-        total = float(s["epochs"])
-    elif s.get("total_steps") is not None:
-        total = steps_to_epochs(s["total_steps"])
+    if s.epochs is not None:
+        total = float(s.epochs)
+    elif s.total_steps is not None:
+        total = steps_to_epochs(s.total_steps)
     else:
         raise UserError("the spec gives no training length; set schedule.epochs or schedule.total_steps")
-    if s.get("warmup_epochs") is not None:
-        warm = float(s["warmup_epochs"])
-    elif s.get("warmup_steps") is not None:
-        warm = steps_to_epochs(s["warmup_steps"])
+    if s.warmup_epochs is not None:
+        warm = float(s.warmup_epochs)
+    elif s.warmup_steps is not None:
+        warm = steps_to_epochs(s.warmup_steps)
     else:
         warm = 0.0
-    kind = s.get("kind", "constant")
-    if kind == "multistep" and not s.get("milestones_epochs"):
+    if s.kind == "multistep" and not s.milestones_epochs:
         raise UserError("schedule.kind multistep needs schedule.milestones_epochs, e.g. [30, 60, 80]")
-    return Schedule(kind=kind, total_epochs=total, warmup_epochs=warm,
-                    milestones=tuple(float(m) for m in (s.get("milestones_epochs") or ())),
-                    gamma=float(s.get("gamma", 0.1)))
+    return Schedule(kind=s.kind, total_epochs=total, warmup_epochs=warm,
+                    milestones=tuple(float(m) for m in s.milestones_epochs), gamma=float(s.gamma))
 
 
 # --- the EMA momenta ---------------------------------------------------------------------------

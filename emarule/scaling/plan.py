@@ -219,7 +219,7 @@ def _secondary(spec, kappa, ema_rule, out) -> None:
         rho = _get(spec, key)
         if rho is None:
             continue
-        if _get(spec, flag, False) and ema_rule is not None:
+        if spec_value(spec, flag) and ema_rule is not None:
             s = ema_momentum(rho, kappa, ema_rule, key)
         else:
             why = "set " + flag + "=true to scale it" if ema_rule is not None else "no EMA rule"
@@ -232,7 +232,7 @@ def _secondary(spec, kappa, ema_rule, out) -> None:
 
 def _warn_rounding(spec: dict, values: dict[str, Scaled], warnings: list[str]) -> None:
     # The paper keeps weights and EMA in float32 under bf16 autocast; ema.dtype says otherwise.
-    dtype = _get(spec, "ema.dtype", "float32")
+    dtype = spec_value(spec, "ema.dtype")
     for key in ("ema.momentum", "norm.bn_momentum", "dino.center_momentum"):
         if key not in values:
             continue
@@ -258,7 +258,7 @@ def scale(spec: dict, kappa: float, ema_rule: str | None = "exponential") -> Pla
     _optimizer(spec, kappa, values)
     if _get(spec, "ema.momentum") is not None:
         values["ema.momentum"] = ema_momentum(spec["ema"]["momentum"], kappa, ema_rule)
-        for i, rho in enumerate(_get(spec, "ema.also") or []):
+        for i, rho in enumerate(spec_value(spec, "ema.also")):
             values[f"ema.momentum/{extra_ema_name(rho)}"] = ema_momentum(rho, kappa, ema_rule, f"ema.also[{i}]")
     _secondary(spec, kappa, ema_rule, values)
     _durations("", {k: v for k, v in spec.items() if k not in ("presets", "progressive")}, kappa, values)

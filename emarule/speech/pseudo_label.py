@@ -104,10 +104,10 @@ def baseline_wer(run: Path, pretrain_steps: float) -> float:
     return float(min(evals, key=lambda r: r["seconds_seen"])["wer"])
 
 
-def choose(spec_pl: dict, kappa: float, out: Path | None, sibling: Path | None, pretrain_steps: float):
-    """(mode, threshold or None, where the threshold came from) for this run."""
-    mode = spec_pl.get("start", "auto") or "auto"
-    wer, src = spec_pl.get("start_wer"), spec_pl.get("start_wer_from")
+def choose(pl, kappa: float, out: Path | None, sibling: Path | None, pretrain_steps: float):
+    """(mode, threshold or None, where the threshold came from) for this run, from the typed config's
+    `pseudo_label` section (`ctx.cfg.pseudo_label`)."""
+    mode, wer, src = pl.start, pl.start_wer, pl.start_wer_from
     if mode == "steps" or (mode == "auto" and kappa <= 2 + 1e-9):
         return "steps", None, None
     if wer is not None:

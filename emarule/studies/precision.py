@@ -45,8 +45,7 @@ from emarule.errors import UserError
 from emarule.cli.render import print_and_save, wide_console
 from emarule.engine.rundir import atomic_write_bytes, atomic_write_text
 from emarule.scaling.limits import FORMATS, limits
-from emarule.config.load import get
-from emarule.config.schema import value
+from emarule.config.typed import Section
 
 FLOOR = 1e-12
 SECOND_RUNS = {
@@ -159,20 +158,20 @@ def study(cfg: Config) -> dict:
     return runs
 
 
-def config_of(spec: dict, seed: int) -> Config:
-    sec = spec["precision_study"]
-    steps, lr, batch = get(spec, "schedule.total_steps"), get(spec, "optimizer.lr"), get(spec, "batch.size")
+def config_of(typed_cfg: Section, seed: int) -> Config:
+    """The study's settings from the run's typed config (`ctx.cfg`)."""
+    sec = typed_cfg.precision_study
+    steps, lr, batch = typed_cfg.schedule.total_steps, typed_cfg.optimizer.lr, typed_cfg.batch.size
     if not steps or not lr or not batch or float(batch) != int(batch):
         raise UserError("precision: the spec needs schedule.total_steps, optimizer.lr and a whole batch.size")
-    if int(batch) > int(sec["samples"]):
-        raise UserError(f"precision: batch.size {batch} exceeds precision_study.samples {sec['samples']}")
-    if "fp32" not in sec["dtypes"]:
+    if int(batch) > int(sec.samples):
+        raise UserError(f"precision: batch.size {batch} exceeds precision_study.samples {sec.samples}")
+    if "fp32" not in sec.dtypes:
         raise UserError("precision_study.dtypes must include fp32, the reference")
-    return Config(features=int(sec["features"]), samples=int(sec["samples"]), steps=int(steps), batch=int(batch),
-                  lr=float(lr), noise=float(sec["noise"]), init_std=float(value(spec, "precision_study.init_std")),
-                  momenta=tuple(float(m) for m in sec["momenta"]), dtypes=tuple(sec["dtypes"]),
-                  repeats=int(value(spec, "precision_study.repeats")),
-                  seed=int(value(spec, "precision_study.seed")) + seed)
+    return Config(features=int(sec.features), samples=int(sec.samples), steps=int(steps), batch=int(batch),
+                  lr=float(lr), noise=float(sec.noise), init_std=float(sec.init_std),
+                  momenta=tuple(float(m) for m in sec.momenta), dtypes=tuple(sec.dtypes),
+                  repeats=int(sec.repeats), seed=int(sec.seed) + seed)
 
 
 def summarize(cfg: Config, runs: dict) -> dict:
@@ -218,7 +217,7 @@ def summarize(cfg: Config, runs: dict) -> dict:
 def run(ctx: RunContext) -> dict:
     if ctx.kappa != 1:
         raise UserError("precision compares dtypes at the spec's batch; drop --kappa/--batch-size")
-    cfg = config_of(ctx.spec, int(ctx.seed))
+    cfg = config_of(ctx.cfg, int(ctx.seed))
     console = wide_console(quiet=ctx.quiet)
     out = Path(ctx.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -232,7 +231,7 @@ def run(ctx: RunContext) -> dict:
         torch.set_num_threads(threads)
     summary = summarize(cfg, runs)
     wall = time.perf_counter() - start
-    payload = {"experiment": ctx.spec["name"], "preset": ctx.preset, "wall_time_s": round(wall, 2),
+    payload = {"experiment": ctx.cfg.name, "preset": ctx.preset, "wall_time_s": round(wall, 2),
                "config": cfg.__dict__ | {"momenta": list(cfg.momenta), "dtypes": list(cfg.dtypes)},
                "samples_seen": cfg.steps * cfg.batch, "ema_update": "ζ.lerp_(θ, 1 − ρ) in the held dtype",
                "second_fp32_runs": SECOND_RUNS} | summary

@@ -34,8 +34,6 @@ from torch import nn
 from emarule.engine.context import RunContext
 from emarule.errors import UserError
 from emarule.analysis.probe import TrackingProbe, probe_evaluation
-from emarule.config.load import get
-from emarule.config.schema import value
 from emarule.engine.interface import TaskParts
 from emarule.vision import models as M
 from emarule.vision.data import TwoViewSet, load_sources
@@ -114,41 +112,38 @@ def make_loss(probe: TrackingProbe):
 
 
 def build(ctx: RunContext) -> TaskParts:
-    s = ctx.spec
-    arch = value(s, "model.arch")
-    image_size = int(value(s, "data.image_size"))
-    source = value(s, "data.source")
-    root = ctx.data if ctx.data is not None else (Path(get(s, "data.path")) if get(s, "data.path") else None)
-    train_src, test_src = load_sources(source, root, image_size, get(s, "data.train_samples"),
-                                       get(s, "data.eval_samples"), int(value(s, "data.num_classes")))
-    num_classes = max(int(value(s, "data.num_classes")), train_src.num_classes)
-    augmentation = value(s, "data.augmentation")
+    cfg = ctx.cfg
+    data, m = cfg.data, cfg.model
+    arch, image_size, source = m.arch, int(data.image_size), data.source
+    root = ctx.data if ctx.data is not None else (Path(data.path) if data.path else None)
+    train_src, test_src = load_sources(source, root, image_size, data.train_samples, data.eval_samples,
+                                       int(data.num_classes))
+    num_classes = max(int(data.num_classes), train_src.num_classes)
+    augmentation = data.augmentation
     train_set = TwoViewSet(train_src, augmentation, image_size, ctx.seed)
 
     # Same initial weights for every κ and rule at a given seed (the loop seeds the rest).
     torch.manual_seed(ctx.seed)
-    init = value(s, "model.init")
-    dims = {"embed_dim": get(s, "model.embed_dim"), "depth": get(s, "model.depth"), "num_heads": get(s, "model.heads")}
-    bb = M.backbone(arch, width=get(s, "model.width"), cifar_stem=bool(value(s, "model.cifar_stem")),
-                    image_size=image_size, patch_size=get(s, "model.patch_size"),
-                    stochastic_depth=value(s, "model.stochastic_depth"), init=init, vit_dims=dims)
-    if value(s, "probe.kind") != "pre-bn":
-        raise UserError(f"probe.kind {get(s, 'probe.kind')!r}: only the pre-bn linear probe (the paper's) is "
+    init = m.init
+    dims = {"embed_dim": m.embed_dim, "depth": m.depth, "num_heads": m.heads}
+    bb = M.backbone(arch, width=m.width, cifar_stem=bool(m.cifar_stem), image_size=image_size,
+                    patch_size=m.patch_size, stochastic_depth=m.stochastic_depth, init=init, vit_dims=dims)
+    if cfg.probe.kind != "pre-bn":
+        raise UserError(f"probe.kind {cfg.probe.kind!r}: only the pre-bn linear probe (the paper's) is "
                         f"implemented; drop probe.kind")
-    probe = TrackingProbe.from_spec(s, bb.num_features, num_classes, len(train_src))
-    model = BYOL(bb, int(value(s, "model.projector_hidden")), int(value(s, "model.projector_out")),
-                 int(value(s, "model.predictor_hidden")), probe, value(s, "model.head_norm"))
+    probe = TrackingProbe.from_spec(cfg, bb.num_features, num_classes, len(train_src))
+    model = BYOL(bb, int(m.projector_hidden), int(m.projector_out), int(m.predictor_hidden), probe, m.head_norm)
     # Projector and predictor get the recipe's init too.
     M.init_weights(model.online.projector, init)
     M.init_weights(model.predictor, init)
 
-    no_decay = M.no_weight_decay_names(model) if value(s, "optimizer.weight_decay_skip_bias") else set()
+    no_decay = M.no_weight_decay_names(model) if cfg.optimizer.weight_decay_skip_bias else set()
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     info = {
         "task": "byol",
         "arch": arch,
-        "width": get(s, "model.width"),
-        "cifar_stem": bool(value(s, "model.cifar_stem")),
+        "width": m.width,
+        "cifar_stem": bool(m.cifar_stem),
         "feature_dim": model.num_features,
         "parameters": n_params,
         "backbone_parameters": sum(p.numel() for p in bb.parameters()),
@@ -157,12 +152,12 @@ def build(ctx: RunContext) -> TaskParts:
         "test_size": len(test_src),
         "image_size": image_size,
         "augmentation": augmentation,
-        "head_norm": value(s, "model.head_norm"),
+        "head_norm": m.head_norm,
         "probe": probe.describe(),
         "loss": "½cos(q(z1), sg z'2) + ½cos(q(z2), sg z'1); the probe's cross-entropy trains the probe only",
     }
     evaluation = probe_evaluation(probe.module, lambda teacher, x: teacher(x)[0], test_src, image_size,
-                                  float(get(s, "eval.every_epochs") or 1.0), get(s, "eval.every_base_steps"))
+                                  float(cfg.eval.every_epochs), cfg.eval.every_base_steps)
     return TaskParts(model=model, ema_source=model.online, train_set=train_set, loss=make_loss(probe),
                      evaluations=[evaluation], on_step=probe.step, state=probe, progress_metric="byol_loss",
                      no_decay=no_decay, info=info)

@@ -32,8 +32,6 @@ import torch.nn.functional as F
 from emarule.engine.context import RunContext, default_run_name
 from emarule.errors import UserError
 from emarule.engine.seeding import mix
-from emarule.config.load import get
-from emarule.config.schema import value
 from emarule.speech import corpus, pseudo_label, tokens, wer
 from emarule.speech.data import EvalSet, TrainSlots, collate_eval, collate_train
 from emarule.speech.features import LogMel
@@ -42,7 +40,6 @@ from emarule.speech.model import CTCTransformer
 from emarule.speech.specaugment import SpecAugment
 from emarule.engine.interface import MAIN_EMA, Evaluation, TaskParts
 
-EVAL_SPLITS = ["dev-clean", "dev-other", "test-clean", "test-other"]
 CACHE_HOURS = 3.0  # keep features in memory for sets up to this much audio
 
 
@@ -50,19 +47,17 @@ CACHE_HOURS = 3.0  # keep features in memory for sets up to this much audio
 
 
 def data_root(ctx: RunContext) -> Path:
-    s = ctx.spec
-    labeled = value(s, "data.labeled")
-    unlabeled = (get(s, "data.unlabeled") or []) if get(s, "pseudo_label") else []
-    splits = get(s, "data.eval_splits") or EVAL_SPLITS
-    if value(s, "data.source") == "synthetic":
-        n_eval = int(value(s, "corpus.eval"))
-        wanted = {labeled: int(value(s, "corpus.labeled")),
-                  **{u: int(value(s, "corpus.unlabeled")) for u in unlabeled}, **{e: n_eval for e in splits}}
-        req = corpus.CorpusRequest(seed=int(value(s, "corpus.seed")), utterances=wanted,
-                                   speakers=int(value(s, "corpus.speakers")))
-        d = get(s, "corpus.dir")
-        return corpus.ensure(req, Path(d).expanduser() if d else None)
-    root = ctx.data if ctx.data is not None else (Path(get(s, "data.path")) if get(s, "data.path") else None)
+    cfg = ctx.cfg
+    data, c = cfg.data, cfg.corpus
+    labeled = data.labeled
+    unlabeled = data.unlabeled if cfg.pseudo_label else ()
+    if data.source == "synthetic":
+        n_eval = int(c.eval)
+        wanted = {labeled: int(c.labeled), **{u: int(c.unlabeled) for u in unlabeled},
+                  **{e: n_eval for e in data.eval_splits}}
+        req = corpus.CorpusRequest(seed=int(c.seed), utterances=wanted, speakers=int(c.speakers))
+        return corpus.ensure(req, Path(c.dir).expanduser() if c.dir else None)
+    root = ctx.data if ctx.data is not None else (Path(data.path) if data.path else None)
     if root is None:
         raise UserError(f"{ctx.experiment} reads LibriSpeech: pass --data ROOT (ROOT/{labeled}/<speaker>/<chapter>/"
                         f"*.flac, nothing is downloaded), or use --preset cpu for the generated corpus")
@@ -172,60 +167,54 @@ def wer_evaluation(data: EvalSet, split: str, name: str, every_base_steps, targe
 
 
 def build(ctx: RunContext) -> TaskParts:
-    s = ctx.spec
-    if int(value(s, "model.vocab")) != tokens.VOCAB:
+    cfg = ctx.cfg
+    data, m, pl, sa_cfg = cfg.data, cfg.model, cfg.pseudo_label, cfg.specaug
+    if int(m.vocab) != tokens.VOCAB:
         raise UserError(f"model.vocab must be {tokens.VOCAB}: 26 letters, apostrophe, word boundary and the CTC blank")
-    sample_rate = int(value(s, "data.sample_rate"))
-    featurizer = LogMel(sample_rate, int(value(s, "data.n_mels")), float(value(s, "data.window_ms")),
-                        float(value(s, "data.stride_ms")))
+    sample_rate = int(data.sample_rate)
+    featurizer = LogMel(sample_rate, int(data.n_mels), float(data.window_ms), float(data.stride_ms))
     root = data_root(ctx)
-    labeled = speech_set(root, value(s, "data.labeled"), featurizer, sample_rate)
-    pl_spec = get(s, "pseudo_label")
+    labeled = speech_set(root, data.labeled, featurizer, sample_rate)
     phase = unlabeled = None
-    if pl_spec:
-        parts = [speech_set(root, u, featurizer, sample_rate) for u in get(s, "data.unlabeled") or []]
+    if pl:
+        parts = [speech_set(root, u, featurizer, sample_rate) for u in data.unlabeled]
         if not parts:
             raise UserError(f"{ctx.experiment}: pseudo-labeling needs data.unlabeled splits")
         unlabeled = SpeechSet([u for p in parts for u in p.utts], featurizer, cache=all(p.cache is not None
                                                                                          for p in parts))
-        pretrain = float(value(s, "pseudo_label.pretrain_steps"))
-        ema_start = float(value(s, "ema.start_steps") or 0)
-        sibling = ctx.out.parent / default_run_name(1.0, "exponential", ctx.seed, None, s.get("preset"))
-        mode, threshold, source = pseudo_label.choose(pl_spec, ctx.kappa, ctx.out, sibling, pretrain)
-        latest = pl_spec.get("latest_start_steps")
+        pretrain = float(pl.pretrain_steps)
+        ema_start = float(cfg.ema.start_steps)
+        sibling = ctx.out.parent / default_run_name(1.0, "exponential", ctx.seed, None, ctx.spec.get("preset"))
+        mode, threshold, source = pseudo_label.choose(pl, ctx.kappa, ctx.out, sibling, pretrain)
+        latest = pl.latest_start_steps
         phase = pseudo_label.Phase(mode, pretrain, max(0.0, pretrain - ema_start), threshold,
                                    None if latest is None else float(latest))
         if mode == "wer" and not ctx.quiet:
             print(f"pseudo-labeling starts when the dev WER reaches {threshold:.4g}% (from {source})",
                   file=sys.stderr)
-    train_set = TrainSlots(labeled, unlabeled, int(value(s, "pseudo_label.labeled_ratio")),
-                           int(value(s, "pseudo_label.unlabeled_ratio")))
+    train_set = TrainSlots(labeled, unlabeled, int(pl.labeled_ratio), int(pl.unlabeled_ratio))
 
     torch.manual_seed(mix(ctx.seed, 0xC7C))  # the same initial weights for every κ and rule at a seed
-    m = s["model"]
-    model = CTCTransformer(featurizer.fbank.shape[1], tokens.VOCAB, int(m["dim"]), int(m["layers"]), int(m["heads"]),
-                           int(m["mlp_dim"]), float(m["dropout"]), float(m["layer_drop"]),
-                           int(m.get("conv_kernel", 7)), int(m.get("conv_stride", 3)),
-                           float(value(s, "data.stride_ms")) / 1000, m.get("positional", "cape"))
+    model = CTCTransformer(featurizer.fbank.shape[1], tokens.VOCAB, int(m.dim), int(m.layers), int(m.heads),
+                           int(m.mlp_dim), float(m.dropout), float(m.layer_drop), int(m.conv_kernel),
+                           int(m.conv_stride), float(data.stride_ms) / 1000, m.positional)
     if phase is not None:
-        phase.on_start = lambda: model.set_dropout(float(value(s, "pseudo_label.dropout_after")),
-                                                   float(value(s, "pseudo_label.layer_drop_after")))
+        phase.on_start = lambda: model.set_dropout(float(pl.dropout_after), float(pl.layer_drop_after))
 
     target = {"model": model}
-    every = get(s, "eval.every_base_steps")
-    splits = get(s, "data.eval_splits") or EVAL_SPLITS
+    every = cfg.eval.every_base_steps
+    splits = data.eval_splits
     evaluations = [wer_evaluation(EvalSet(speech_set(root, sp, featurizer, sample_rate)), "" if i == 0 else sp,
                                   "wer", every, target, phase)
                    for i, sp in enumerate(splits)]
     if phase is not None:
-        held = SpeechSet(unlabeled.utts[:int(value(s, "data.pl_eval_utterances"))], featurizer,
+        held = SpeechSet(unlabeled.utts[:int(data.pl_eval_utterances)], featurizer,
                          cache=unlabeled.cache is not None)
         evaluations.append(wer_evaluation(EvalSet(held), "", "pl_wer", every, target, phase, models="teacher",
                                           only_when_pseudo_labeling=True))
 
-    sa = SpecAugment(int(value(s, "specaug.freq_masks")), int(value(s, "specaug.freq_param")),
-                     int(value(s, "specaug.time_masks")), int(value(s, "specaug.time_param")),
-                     float(value(s, "specaug.time_ratio")))
+    sa = SpecAugment(int(sa_cfg.freq_masks), int(sa_cfg.freq_param), int(sa_cfg.time_masks), int(sa_cfg.time_param),
+                     float(sa_cfg.time_ratio))
 
     def on_step(now, reduced):
         if phase is None:
@@ -242,7 +231,7 @@ def build(ctx: RunContext) -> TaskParts:
             phase.start(now.base_step)
 
     seconds = sum(train_set.seconds(i) for i in range(len(train_set)))
-    info = {"task": "ctc", "model": f"CTC transformer {m['layers']}×{m['dim']} (post-LN, CAPE)",
+    info = {"task": "ctc", "model": f"CTC transformer {m.layers}×{m.dim} (post-LN, CAPE)",
             "parameters": sum(p.numel() for p in model.parameters()), "data_root": str(root),
             "labeled_utterances": len(labeled), "train_slots": len(train_set), "train_hours": seconds / 3600,
             "labeled_repeats": train_set.repeats, "eval_splits": list(splits)}
@@ -250,7 +239,7 @@ def build(ctx: RunContext) -> TaskParts:
         info.update({"unlabeled_utterances": len(unlabeled), "pseudo_label_start": phase.mode,
                      "latest_start_steps": phase.latest,
                      "start_wer_threshold": phase.threshold})
-    return TaskParts(model=model, train_set=train_set, loss=make_loss(sa, float(value(s, "specaug.start_steps")),
+    return TaskParts(model=model, train_set=train_set, loss=make_loss(sa, float(sa_cfg.start_steps),
                                                                       ctx.seed, phase),
                      teacher=MAIN_EMA if phase is not None else None, evaluations=evaluations, on_step=on_step,
                      state=phase, duration=train_set.seconds, progress_metric="ctc_loss", collate=collate_train,

@@ -42,13 +42,12 @@ from torch import nn
 from emarule.analysis import probe as P
 from emarule.engine.context import RunContext
 from emarule.errors import UserError
-from emarule.config.load import get
-from emarule.config.schema import value
+from emarule.config.typed import Config
 from emarule.engine.interface import TaskParts
 from emarule.vision import models as M
 from emarule.vision.data import load_sources
 from emarule.vision.dino_head import DINOHead, DinoNet
-from emarule.vision.multicrop import DINO_GLOBAL_SCALE, DINO_LOCAL_SCALE, MultiCropSet
+from emarule.vision.multicrop import MultiCropSet
 
 
 class DINO(nn.Module):
@@ -140,11 +139,11 @@ def crop_major(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
 
 
-def make_loss(s: dict, center: Center, probe: P.TrackingProbe, n_global: int, n_local: int):
-    student_temp = float(value(s, "dino.student_temp"))
-    temps = (float(value(s, "dino.warmup_teacher_temp")), float(value(s, "dino.teacher_temp")),
-             int(value(s, "dino.warmup_teacher_temp_epochs")))
-    freeze_epochs = float(value(s, "dino.freeze_last_layer_epochs"))
+def make_loss(cfg: Config, center: Center, probe: P.TrackingProbe, n_global: int, n_local: int):
+    d = cfg.dino
+    student_temp = float(d.student_temp)
+    temps = (float(d.warmup_teacher_temp), float(d.teacher_temp), int(d.warmup_teacher_temp_epochs))
+    freeze_epochs = float(d.freeze_last_layer_epochs)
     n_crops = n_global + n_local
 
     def loss(model: DINO, teacher: DinoNet, batch, now):
@@ -171,31 +170,29 @@ def make_loss(s: dict, center: Center, probe: P.TrackingProbe, n_global: int, n_
 
 
 def build(ctx: RunContext) -> TaskParts:
-    s = ctx.spec
-    arch = value(s, "model.arch")
-    size, local_size = int(value(s, "data.image_size")), int(value(s, "data.local_size"))
-    n_global, n_local = int(value(s, "data.global_crops")), int(value(s, "data.local_crops"))
+    cfg = ctx.cfg
+    data, m = cfg.data, cfg.model
+    arch = m.arch
+    size, local_size = int(data.image_size), int(data.local_size)
+    n_global, n_local = int(data.global_crops), int(data.local_crops)
     if n_global < 2 and n_local == 0:
         raise UserError("dino: one global crop and no local crops leave no pair to compare; "
                         "use data.global_crops=2 or data.local_crops ≥ 1")
-    root = ctx.data if ctx.data is not None else (Path(get(s, "data.path")) if get(s, "data.path") else None)
-    train_src, test_src = load_sources(value(s, "data.source"), root, size, get(s, "data.train_samples"),
-                                       get(s, "data.eval_samples"), int(value(s, "data.num_classes")))
-    num_classes = max(int(value(s, "data.num_classes")), train_src.num_classes)
-    augmentation = value(s, "data.augmentation")
+    root = ctx.data if ctx.data is not None else (Path(data.path) if data.path else None)
+    train_src, test_src = load_sources(data.source, root, size, data.train_samples, data.eval_samples,
+                                       int(data.num_classes))
+    num_classes = max(int(data.num_classes), train_src.num_classes)
+    augmentation = data.augmentation
     train_set = MultiCropSet(train_src, augmentation, size, local_size, ctx.seed, n_global, n_local,
-                             tuple(get(s, "data.global_scale") or DINO_GLOBAL_SCALE),
-                             tuple(get(s, "data.local_scale") or DINO_LOCAL_SCALE))
+                             data.global_scale, data.local_scale)
 
     torch.manual_seed(ctx.seed)  # the same initial weights for every κ and rule at a given seed
-    dims = {"embed_dim": get(s, "model.embed_dim"), "depth": get(s, "model.depth"), "num_heads": get(s, "model.heads")}
-    bb = M.backbone(arch, image_size=size, patch_size=get(s, "model.patch_size"),
-                    stochastic_depth=value(s, "model.stochastic_depth"), init=get(s, "model.init"),
-                    vit_dims=dims, dynamic_img_size=n_local > 0 and local_size != size)
-    head = DINOHead(bb.num_features, int(value(s, "model.out_dim")), int(value(s, "model.head_hidden")),
-                    int(value(s, "model.bottleneck")), int(value(s, "model.head_layers")),
-                    bool(value(s, "model.norm_last_layer")))
-    probe = P.TrackingProbe.from_spec(s, bb.num_features, num_classes, len(train_src))
+    dims = {"embed_dim": m.embed_dim, "depth": m.depth, "num_heads": m.heads}
+    bb = M.backbone(arch, image_size=size, patch_size=m.patch_size, stochastic_depth=m.stochastic_depth,
+                    init=m.init, vit_dims=dims, dynamic_img_size=n_local > 0 and local_size != size)
+    head = DINOHead(bb.num_features, int(m.out_dim), int(m.head_hidden), int(m.bottleneck), int(m.head_layers),
+                    bool(m.norm_last_layer))
+    probe = P.TrackingProbe.from_spec(cfg, bb.num_features, num_classes, len(train_src))
     model = DINO(DinoNet(bb, head), probe.module)
     center = Center(head.last_layer.weight_v.shape[0])
 
@@ -207,7 +204,7 @@ def build(ctx: RunContext) -> TaskParts:
     # [CLS] token and position embedding are decayed.
     params = dict(model.student.named_parameters(prefix="student"))
     no_decay = ({n for n, p in params.items() if p.ndim <= 1}
-                if value(s, "optimizer.weight_decay_skip_bias") else set())
+                if cfg.optimizer.weight_decay_skip_bias else set())
     info = {
         "task": "dino", "arch": arch, "embed_dim": bb.num_features,
         "depth": len(getattr(bb, "blocks", [])) or None,
@@ -221,8 +218,8 @@ def build(ctx: RunContext) -> TaskParts:
                 "softmax(z_θ(v)/τ_s)); the probe trains on its own (emarule/analysis/probe.py)",
     }
     evaluation = P.probe_evaluation(model.probe, lambda teacher, x: teacher.backbone(x), test_src, size,
-                                    float(get(s, "eval.every_epochs") or 1.0), get(s, "eval.every_base_steps"))
+                                    float(cfg.eval.every_epochs), cfg.eval.every_base_steps)
     return TaskParts(model=model, ema_source=model.student, train_set=train_set,
-                     loss=make_loss(s, center, probe, n_global, n_local), evaluations=[evaluation],
+                     loss=make_loss(cfg, center, probe, n_global, n_local), evaluations=[evaluation],
                      on_step=on_step, state=TaskState(center, probe), progress_metric="dino_loss",
                      no_decay=no_decay, info=info)

@@ -27,8 +27,6 @@ import torch.nn.functional as F
 from emarule.engine.context import RunContext
 from emarule.errors import UserError
 from emarule.engine.seeding import mix
-from emarule.config.load import get
-from emarule.config.schema import value
 from emarule.engine.interface import Evaluation, TaskParts
 from emarule.vision import resnetv2 as R
 from emarule.vision import supervised as S
@@ -39,17 +37,17 @@ SOURCES = ("imagenet", "textures")
 
 
 def load_sources(ctx: RunContext):
-    s = ctx.spec
-    source, size = value(s, "data.source"), int(value(s, "data.image_size"))
+    data = ctx.cfg.data
+    source, size = data.source, int(data.image_size)
     if source == "imagenet":
-        root = ctx.data if ctx.data is not None else (Path(get(s, "data.path")) if get(s, "data.path") else None)
+        root = ctx.data if ctx.data is not None else (Path(data.path) if data.path else None)
         return S.imagenet(root, size)
     if source == "textures":
         if ctx.data is not None:
             raise UserError(f"--data: {ctx.experiment} with data.source textures generates its images; drop --data, "
                             f"or set data.source=imagenet")
-        n_train, n_eval = get(s, "data.train_samples") or 4096, get(s, "data.eval_samples") or 1024
-        noise, seed = float(value(s, "data.noise")), int(value(s, "data.seed"))
+        n_train, n_eval = data.train_samples, data.eval_samples
+        noise, seed = float(data.noise), int(data.seed)
         return textures(True, n_train, size, noise, seed), textures(False, n_eval, size, noise, seed)
     raise UserError(f"data.source {source!r}: use {' or '.join(SOURCES)}")
 
@@ -92,32 +90,31 @@ def finish(sums: dict) -> dict:
 
 
 def build(ctx: RunContext) -> TaskParts:
-    s = ctx.spec
-    size = int(value(s, "data.image_size"))
+    cfg = ctx.cfg
+    m = cfg.model
+    size = int(cfg.data.image_size)
     train_src, val_src = load_sources(ctx)
-    num_classes = int(value(s, "model.num_classes"))
+    num_classes = int(m.num_classes)
     if train_src.num_classes > num_classes:
         raise UserError(f"the data set has {train_src.num_classes} classes but model.num_classes is {num_classes}; "
                         f"--set model.num_classes={train_src.num_classes}")
     # The same initial weights for every κ and rule at a given seed (the loop seeds the rest).
     torch.manual_seed(mix(ctx.seed, 0x50A))
-    arch = value(s, "model.arch")
-    model = R.resnetv2(arch, num_classes, width=get(s, "model.width"), layers=get(s, "model.layers"),
-                       stem=value(s, "model.stem"), output_stride=int(value(s, "model.output_stride")),
-                       init=value(s, "model.init"))
-    augmentation = value(s, "data.augmentation")
+    arch = m.arch
+    model = R.resnetv2(arch, num_classes, width=m.width, layers=m.layers, stem=m.stem,
+                       output_stride=int(m.output_stride), init=m.init)
+    augmentation = cfg.data.augmentation
     train_set = S.TrainViews(train_src, augmentation, size, ctx.seed)
-    no_decay = no_weight_decay_names(model) if value(s, "optimizer.weight_decay_skip_bias") else set()
+    no_decay = no_weight_decay_names(model) if cfg.optimizer.weight_decay_skip_bias else set()
     evaluation = Evaluation(data=S.EvalViews(val_src, size), score=score, finish=finish,
-                            every_epochs=float(get(s, "eval.every_epochs") or 1.0),
-                            every_base_steps=get(s, "eval.every_base_steps"))
+                            every_epochs=float(cfg.eval.every_epochs), every_base_steps=cfg.eval.every_base_steps)
     info = {
         "task": "polyak",
         "arch": arch,
-        "width": get(s, "model.width"),
-        "layers": get(s, "model.layers"),
-        "stem": value(s, "model.stem"),
-        "output_stride": int(value(s, "model.output_stride")),
+        "width": m.width,
+        "layers": None if m.layers is None else list(m.layers),
+        "stem": m.stem,
+        "output_stride": int(m.output_stride),
         "parameters": R.parameter_count(model),
         "num_classes": num_classes,
         "dataset": train_src.name,
@@ -125,8 +122,8 @@ def build(ctx: RunContext) -> TaskParts:
         "val_size": len(val_src),
         "image_size": size,
         "augmentation": augmentation,
-        "loss": f"cross-entropy, label smoothing {value(s, 'data.label_smoothing')}",
-        "ema_buffers": value(s, "ema.buffers"),
+        "loss": f"cross-entropy, label smoothing {cfg.data.label_smoothing}",
+        "ema_buffers": cfg.ema.buffers,
     }
-    return TaskParts(model=model, train_set=train_set, loss=make_loss(float(value(s, "data.label_smoothing"))),
+    return TaskParts(model=model, train_set=train_set, loss=make_loss(float(cfg.data.label_smoothing)),
                      teacher=None, evaluations=[evaluation], no_decay=no_decay, info=info)

@@ -25,8 +25,6 @@ from torch import nn
 
 from emarule.engine.context import RunContext
 from emarule.engine.seeding import mix
-from emarule.config.load import get
-from emarule.config.schema import value
 from emarule.engine.interface import Evaluation, TaskParts
 
 
@@ -92,16 +90,15 @@ class Center:
 
 
 def make_parts(ctx: RunContext) -> TaskParts:
-    s = ctx.spec
-    dim, hidden, out = value(s, "toy.dim"), value(s, "toy.hidden"), value(s, "toy.out")
-    seconds = bool(value(s, "toy.seconds"))
-    data = ToyData(value(s, "toy.samples"), dim, out, ctx.seed, value(s, "toy.noise"), value(s, "toy.augment"),
-                   seconds=seconds)
-    held_out = ToyData(value(s, "toy.eval_samples"), dim, out, ctx.seed, 0.0, 0.0, split=1)
-    model = build_model(dim, hidden, out, bool(value(s, "toy.batchnorm")), ctx.seed, value(s, "toy.dropout"))
-    teacher_weight = float(value(s, "toy.teacher_weight"))
-    delay = float(value(s, "toy.step_delay"))
-    center_momentum = get(s, "toy.center_momentum")
+    t = ctx.cfg.toy
+    dim, hidden, out = t.dim, t.hidden, t.out
+    seconds = bool(t.seconds)
+    data = ToyData(t.samples, dim, out, ctx.seed, t.noise, t.augment, seconds=seconds)
+    held_out = ToyData(t.eval_samples, dim, out, ctx.seed, 0.0, 0.0, split=1)
+    model = build_model(dim, hidden, out, bool(t.batchnorm), ctx.seed, t.dropout)
+    teacher_weight = float(t.teacher_weight)
+    delay = float(t.step_delay)
+    center_momentum = t.center_momentum
     center = Center(out, float(center_momentum)) if center_momentum is not None else None
 
     def loss(model, teacher, batch, now):
@@ -132,11 +129,10 @@ def make_parts(ctx: RunContext) -> TaskParts:
         x, y = batch
         return {"sse": (net(x) - y).pow(2).sum(), "count": y.numel()}
 
-    every = get(s, "eval.every_epochs")
     evaluation = Evaluation(data=list(zip(held_out.x, held_out.y, strict=True)), score=score,
-                            finish=lambda t: {"val_mse": t["sse"] / t["count"]},
-                            every_epochs=float(every) if every else 1.0,
-                            every_base_steps=get(s, "eval.every_base_steps"))
+                            finish=lambda sums: {"val_mse": sums["sse"] / sums["count"]},
+                            every_epochs=float(ctx.cfg.eval.every_epochs),
+                            every_base_steps=ctx.cfg.eval.every_base_steps)
     no_decay = {n for n, p in model.named_parameters() if p.ndim <= 1}
     return TaskParts(model=model, train_set=data, loss=loss, evaluations=[evaluation], no_decay=no_decay,
                      on_step=on_step, state=center, progress_metric="mse",
@@ -147,11 +143,10 @@ def make_parts(ctx: RunContext) -> TaskParts:
 
 def build(ctx: RunContext) -> TaskParts:
     """The run's settings from the toy section, then the parts."""
-    every = get(ctx.spec, "toy.checkpoint_every_epochs")
-    if every is not None:
-        ctx.extra.setdefault("checkpoint_every_epochs", every)
-    threads = get(ctx.spec, "toy.threads")
-    if threads:
-        torch.set_num_threads(int(threads))
-    ctx.quiet = ctx.quiet or bool(value(ctx.spec, "toy.quiet"))
+    t = ctx.cfg.toy
+    if t.checkpoint_every_epochs is not None:
+        ctx.checkpoint_every_epochs = float(t.checkpoint_every_epochs)
+    if t.threads:
+        torch.set_num_threads(int(t.threads))
+    ctx.quiet = ctx.quiet or bool(t.quiet)
     return make_parts(ctx)

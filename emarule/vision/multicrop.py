@@ -26,6 +26,7 @@ from dataclasses import replace
 
 import torch
 
+from emarule.config.tasks import DINO
 from emarule.errors import UserError
 from emarule.vision import augment as A
 from emarule.vision.data import Source
@@ -40,8 +41,9 @@ STACKS: dict[str, tuple[A.ViewAug, A.ViewAug, A.ViewAug]] = {
     "none": (A.STACKS["none"][0],) * 3,
 }
 
-DINO_GLOBAL_SCALE = (0.4, 1.0)  # main_dino.py --global_crops_scale
-DINO_LOCAL_SCALE = (0.05, 0.4)  # main_dino.py --local_crops_scale
+# main_dino.py's --global_crops_scale and --local_crops_scale: the spec's defaults (emarule/config/tasks.py)
+DINO_GLOBAL_SCALE = tuple(DINO["data"]["global_scale"].default)
+DINO_LOCAL_SCALE = tuple(DINO["data"]["local_scale"].default)
 
 
 class MultiCropSet(A.SeededViews):

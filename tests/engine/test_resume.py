@@ -139,7 +139,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
 
     torch.set_num_threads(1)
     ctx = make_ctx(tmp_path, toy_spec(**{"schedule.epochs": 4}), out="nan")
-    ctx.extra["checkpoint_every_epochs"] = 1
+    ctx.checkpoint_every_epochs = 1
     parts = toy.make_parts(ctx)
     calls = {"n": 0}
     inner = parts.loss
@@ -178,7 +178,7 @@ def test_crash_mid_epoch_then_resume_is_bitwise_uninterrupted(tmp_path, referenc
     ref_ck, _ = reference
     torch.set_num_threads(1)
     ctx = make_ctx(tmp_path, SPEC, out="crash")
-    ctx.extra["checkpoint_every_epochs"] = 0.375
+    ctx.checkpoint_every_epochs = 0.375
     parts = toy.make_parts(ctx)
     inner, calls = parts.loss, {"n": 0}
 

@@ -204,7 +204,7 @@ def test_ema_start_steps_copy_exactly_the_steps_plan_shows(tmp_path):
     from emarule.scaling import scale
 
     spec = toy_spec(**{"schedule.epochs": 1, "ema.start_steps": 3})
-    _, ctx = run_toy(tmp_path, spec, kappa=2, extra={"log_every_steps": 1})
+    _, ctx = run_toy(tmp_path, spec, kappa=2, log_every_steps=1)
     shown = scale(ctx.spec, 2)["ema.start_steps"]
     assert shown == 2  # round(3 / 2)
     rows = [json.loads(x) for x in (ctx.out / "metrics.jsonl").read_text().splitlines()]

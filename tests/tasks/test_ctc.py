@@ -105,6 +105,13 @@ def test_phase_modes_threshold_and_resume_reapplies_dropout():
     assert again.pseudo_labeling and again.started_at == 24000 and calls == [1, 2]
 
 
+def pl(**section):
+    """The typed `pseudo_label` section of a ctc spec that gives `section`."""
+    from emarule.config.typed import typed
+
+    return typed({"task": "ctc", "pseudo_label": section}).pseudo_label
+
+
 def test_choose_start_rule_and_baseline_threshold(tmp_path):
     base = tmp_path / "k1"
     base.mkdir()
@@ -112,13 +119,13 @@ def test_choose_start_rule_and_baseline_threshold(tmp_path):
     evals = [{"kind": "eval", "seconds_seen": 10.0 * s, "wer": w} for s, w in ((10, 80.0), (20.3, 50.0), (30, 40.0))]
     (base / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in evals) + "\n")
     assert pseudo_label.baseline_wer(base, 20) == 50.0  # its WER at its own start (the step past base step 20)
-    assert pseudo_label.choose({}, 2.0, None, base, 20) == ("steps", None, None)  # κ ≤ 2: steps
-    assert pseudo_label.choose({}, 4.0, tmp_path / "k4", base, 20)[:2] == ("wer", 50.0)  # the sibling baseline
-    assert pseudo_label.choose({"start_wer": 12.5}, 8.0, None, None, 20)[:2] == ("wer", 12.5)
-    assert pseudo_label.choose({"start": "steps"}, 16.0, None, base, 20)[0] == "steps"
-    assert pseudo_label.choose({}, 4.0, None, tmp_path / "nothing", 20)[0] == "steps"
+    assert pseudo_label.choose(pl(), 2.0, None, base, 20) == ("steps", None, None)  # κ ≤ 2: steps
+    assert pseudo_label.choose(pl(), 4.0, tmp_path / "k4", base, 20)[:2] == ("wer", 50.0)  # the sibling baseline
+    assert pseudo_label.choose(pl(start_wer=12.5), 8.0, None, None, 20)[:2] == ("wer", 12.5)
+    assert pseudo_label.choose(pl(start="steps"), 16.0, None, base, 20)[0] == "steps"
+    assert pseudo_label.choose(pl(), 4.0, None, tmp_path / "nothing", 20)[0] == "steps"
     with pytest.raises(UserError, match="needs a threshold"):
-        pseudo_label.choose({"start": "wer"}, 4.0, None, None, 20)
+        pseudo_label.choose(pl(start="wer"), 4.0, None, None, 20)
     with pytest.raises(UserError, match="no dev WER logged from base step 35 on"):
         pseudo_label.baseline_wer(base, 35)
 

@@ -96,22 +96,21 @@ class Arm:
         return self.progressive(load_spec(experiment, None, preset, list(self.sets)))
 
 
-def _spec_value(spec: dict, key: str) -> float:
-    from emarule.config.load import get
-
-    return float(get(spec, key))
-
-
 def step_after_warmup(spec: dict) -> str:
     """Fig. 5 (right): the step to κ at the end of the preset's warm-up."""
-    return f"step:{_spec_value(spec, 'schedule.warmup_epochs'):g}"
+    from emarule.config.typed import typed
+
+    return f"step:{float(typed(spec).schedule.warmup_epochs):g}"
 
 
 def slower_ramp(spec: dict) -> str:
     """App. F.9's second ramp: from the spec's start over twice its length (60 → 180 of 300 epochs), ending
     no later than half-way from the spec's end to the end of training (a ramp must end before it)."""
-    a, b = _spec_value(spec, "progressive.start_epoch"), _spec_value(spec, "progressive.end_epoch")
-    end = min(2 * b - a, (b + _spec_value(spec, "schedule.epochs")) / 2)
+    from emarule.config.typed import typed
+
+    cfg = typed(spec)
+    a, b = float(cfg.progressive.start_epoch), float(cfg.progressive.end_epoch)
+    end = min(2 * b - a, (b + float(cfg.schedule.epochs)) / 2)
     return f"smooth:{a:g}-{end:g}"
 
 
@@ -395,9 +394,10 @@ def for_spec(family: Family, spec: dict) -> Family:
     the metric is evaluated on, the first of `data.eval_splits`."""
     from emarule.scaling.plan import extra_ema_name
     from emarule.config.load import get
+    from emarule.config.typed import typed
 
-    also = [float(r) for r in get(spec, "ema.also") or []]
-    splits = get(spec, "data.eval_splits") or []
+    also = [float(r) for r in typed(spec).ema.also]
+    splits = get(spec, "data.eval_splits")  # as the run's record has it: a spec of any task, or a hand-made one
     split = str(splits[0]) if splits else "the evaluation split"
 
     def name(n: str) -> str:

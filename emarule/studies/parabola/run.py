@@ -24,8 +24,7 @@ from emarule.studies.parabola.problem import Problem
 from emarule.studies.parabola.study import Settings, steps_of
 from emarule.studies.parabola.grid import configurations, run_all, settings_for
 from emarule.engine.rundir import atomic_write_bytes, atomic_write_text
-from emarule.config.load import get
-from emarule.config.schema import value
+from emarule.config.typed import Config
 
 RESULT_KEYS = ("rho_base", "dim", "convention", "kappa", "rho_rule", "rho_star", "err_rule", "err_no_rule",
                "err_linear", "err_star", "err_target")
@@ -37,48 +36,47 @@ CONVENTION_TEXT = {"pre": "ζ_{k+1} = ρζ_k + (1−ρ)θ_k, the paper's Definit
 TIME_UNIT = "t = (samples seen / base batch) × η_B = jκη_B at scaled step j; T = I_B η_B = 1"
 
 
-def problem_of(spec: dict) -> Problem:
-    sec = spec["parabola"]
-    lr, iters = get(spec, "optimizer.lr"), get(spec, "schedule.total_steps")
+def problem_of(cfg: Config) -> Problem:
+    sec = cfg.parabola
+    lr, iters = cfg.optimizer.lr, cfg.schedule.total_steps
     if not lr or not iters:
         raise UserError("parabola: the spec needs optimizer.lr (η_B) and schedule.total_steps (I_B)")
-    return Problem(a=float(sec["a"]), b=float(sec["b"]), c=float(sec["c"]), theta0=float(sec["theta0"]),
-                   lr=float(lr), iters=int(iters))
+    return Problem(a=float(sec.a), b=float(sec.b), c=float(sec.c), theta0=float(sec.theta0), lr=float(lr),
+                   iters=int(iters))
 
 
-def settings_of(spec: dict, problem: Problem, seed: int) -> Settings:
-    sec = spec["parabola"]
-    kappas = sorted({problem.check_kappa(k) for k in sec["kappas"]})
-    conventions = tuple(c for c in CONVENTIONS if c in value(spec, "parabola.conventions"))
+def settings_of(cfg: Config, problem: Problem, seed: int) -> Settings:
+    sec = cfg.parabola
+    kappas = sorted({problem.check_kappa(k) for k in sec.kappas})
+    conventions = tuple(c for c in CONVENTIONS if c in sec.conventions)
     if not kappas or not conventions:
         raise UserError("parabola: kappas and conventions must not be empty")
-    return Settings(kappas=kappas, conventions=conventions, method=value(spec, "parabola.d1_method"),
-                    seeds=int(sec["seeds"]), seed=seed, search_points=int(value(spec, "parabola.search_points")),
-                    nodes=int(value(spec, "parabola.nodes")),
-                    figure_kappas=tuple(int(k) for k in value(spec, "parabola.figure_kappas")))
+    return Settings(kappas=kappas, conventions=conventions, method=sec.d1_method, seeds=int(sec.seeds), seed=seed,
+                    search_points=int(sec.search_points), nodes=int(sec.nodes),
+                    figure_kappas=tuple(int(k) for k in sec.figure_kappas))
 
 
 def run(ctx: RunContext) -> dict:
     if ctx.kappa != 1:
         raise UserError("parabola sweeps κ itself (parabola.kappas); drop --kappa/--batch-size, or use "
                         "--set 'parabola.kappas=[1,2,4]'")
-    spec = ctx.spec
-    sec = spec["parabola"]
-    problem = problem_of(spec)
-    st = settings_of(spec, problem, seed=int(value(spec, "parabola.seed")) + int(ctx.seed))
-    rho_main = float(sec["rho_bases"][0] if get(spec, "ema.momentum") is None else spec["ema"]["momentum"])
-    configs = configurations(sec["rho_bases"], sec["dims"], rho_main)
-    workers = int(value(spec, "parabola.workers"))
+    cfg = ctx.cfg
+    sec = cfg.parabola
+    problem = problem_of(cfg)
+    st = settings_of(cfg, problem, seed=int(sec.seed) + int(ctx.seed))
+    rho_main = float(sec.rho_bases[0] if cfg.ema.momentum is None else cfg.ema.momentum)
+    configs = configurations(sec.rho_bases, sec.dims, rho_main)
+    workers = int(sec.workers)
     console = wide_console(quiet=ctx.quiet)
     out = Path(ctx.out)
     out.mkdir(parents=True, exist_ok=True)
 
     start, cpu0, t0 = time.perf_counter(), time.process_time(), time.time()
-    total = sum(steps_of(settings_for(st, d, sec["seed_dim_product"]), d) for _, d in configs)
+    total = sum(steps_of(settings_for(st, d, sec.seed_dim_product), d) for _, d in configs)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=True, disable=ctx.quiet) as progress:
         bar = progress.add_task("noisy parabola", total=total)
-        outcomes = run_all(problem, configs, st, int(sec["seed_dim_product"]), workers,
+        outcomes = run_all(problem, configs, st, int(sec.seed_dim_product), workers,
                            tick=lambda msg: progress.update(bar, advance=1, description=msg))
     compute_s = time.perf_counter() - start
     for o in outcomes.values():  # when each configuration ran, in seconds from the start
@@ -101,7 +99,7 @@ def run(ctx: RunContext) -> dict:
     print_and_save(console, tables(outcomes, configs, st.conventions), out / "table.txt")
     wall_s = time.perf_counter() - start
     meta = {
-        "experiment": spec["name"], "preset": ctx.preset, "seed": st.seed, "workers": workers,
+        "experiment": cfg.name, "preset": ctx.preset, "seed": st.seed, "workers": workers,
         "wall_time_s": round(wall_s, 2), "compute_time_s": round(compute_s, 2),
         "cpu_time_main_process_s": round(time.process_time() - cpu0, 2),
         "problem": {"a": problem.a, "b": problem.b, "c": problem.c, "theta0_norm": problem.theta0,
