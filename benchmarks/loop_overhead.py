@@ -57,7 +57,7 @@ def context(experiment: str, preset: str, out: Path):
     s, k, rule, pr, p = resolve(experiment, None, preset, [f"eval.every_epochs={NEVER}"], None, None, False, None,
                                 None)
     return RunContext(spec=s, kappa=k, ema_rule=rule, plan=p, out=out, progressive=pr, preset=preset, quiet=True,
-                      extra={"checkpoint_every_epochs": NEVER})
+                      checkpoint_every_epochs=NEVER)
 
 
 def build(ctx):
