@@ -9,7 +9,9 @@ temporary PYTHONPYCACHEPREFIX, written by an uncounted first run, so the checkou
 `--as-is` keeps the caller's environment instead (with PYTHONDONTWRITEBYTECODE=1, emarule's modules
 are compiled from source on every start, and typer's, rich's and yaml's are not: the ratio is higher).
 
-    .venv/bin/python benchmarks/startup.py --runs 31
+`--parts` times, in the same rotation, the floor plus the modules any typer 0.29 table command imports.
+
+    .venv/bin/python benchmarks/startup.py --runs 31 --parts
 """
 
 from __future__ import annotations
@@ -24,6 +26,12 @@ import time
 from pathlib import Path
 
 FLOOR = [sys.executable, "-c", "import typer, rich, yaml"]
+# --parts: what any typer 0.29 command pays on top of the floor before emarule does anything. typer coerces
+# every non-flag option's value through pydantic (typer._adapters, imported on first use), and a rich table
+# needs rich.console and rich.table.
+PARTS = {"floor + typer's pydantic coercion": "import typer, rich, yaml, typer._adapters",
+         "floor + typer's pydantic + rich.console, rich.table":
+             "import typer, rich, yaml, typer._adapters, rich.console, rich.table"}
 
 
 def emarule_command(script: Path | None, args: list[str]) -> list[str]:
@@ -41,6 +49,7 @@ def once(cmd: list[str], env: dict) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=31, help="runs of each command (at least 21 for a stable median)")
+    ap.add_argument("--parts", action="store_true", help="also time the floor plus typer's pydantic and rich's table")
     ap.add_argument("--as-is", action="store_true", help="the caller's environment, bytecode settings included")
     ap.add_argument("--emarule", type=Path, metavar="PATH",
                     help="the emarule script to time, e.g. another checkout's .venv/bin/emarule")
@@ -60,16 +69,22 @@ def main() -> None:
 
 def measure(a: argparse.Namespace, env: dict) -> None:
     cmd = emarule_command(a.emarule, a.args)
-    for c in (FLOOR, cmd):  # warm the file cache and the .pyc files; not counted
+    cmds = {"import typer, rich, yaml": FLOOR, " ".join(cmd): cmd}
+    if a.parts:
+        cmds.update({name: [sys.executable, "-c", code] for name, code in PARTS.items()})
+    for c in cmds.values():  # warm the file cache and the .pyc files; not counted
         once(c, env)
-    floor, ours = [], []
+    times = {name: [] for name in cmds}
     for _ in range(a.runs):
-        floor.append(once(FLOOR, env))
-        ours.append(once(cmd, env))
-    f, o = statistics.median(floor), statistics.median(ours)
-    print(f"import typer, rich, yaml: median {f * 1e3:.0f} ms (min {min(floor) * 1e3:.0f}) over {a.runs} runs")
-    print(f"{' '.join(cmd)}: median {o * 1e3:.0f} ms (min {min(ours) * 1e3:.0f}) over {a.runs} runs")
-    print(f"ratio (medians): {o / f:.2f}x ({'as-is environment' if a.as_is else 'with bytecode caches'})")
+        for name, c in cmds.items():
+            times[name].append(once(c, env))
+    f = statistics.median(times["import typer, rich, yaml"])
+    for name, t in times.items():
+        m = statistics.median(t)
+        print(f"{name}: median {m * 1e3:.0f} ms (min {min(t) * 1e3:.0f}), {m / f:.2f}x the floor")
+    o = statistics.median(times[" ".join(cmd)])
+    print(f"ratio (medians) over {a.runs} runs each: {o / f:.2f}x "
+          f"({'as-is environment' if a.as_is else 'with bytecode caches'})")
 
 
 if __name__ == "__main__":
