@@ -20,7 +20,7 @@ from emarule import __version__
 from emarule.cli.render import wide_console
 from emarule.cli.seeds import MAX_SEED, MAX_SEEDS, parse_seeds
 
-try:  # typer ≥ 0.20 vendors click; older releases use the click package
+try:  # typer ≥ 0.26 vendors click; older releases use the click package
     from typer._click import exceptions as click_exc
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exc
