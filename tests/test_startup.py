@@ -70,3 +70,15 @@ def test_import_emarule_imports_only_its_errors(tmp_path):
     code = ("import emarule\nfrom emarule import Plan, scale\n"
             "assert isinstance(scale({'batch': {'size': 256}}, 2), Plan) and emarule.plan_at is not None")
     assert loaded(code, tmp_path, ("torch",)) == "[]"
+
+
+def test_commands_annotations_are_objects_not_strings():
+    """typer reads every command's annotations at each start; strings (`from __future__ import annotations` in
+    emarule/cli/main.py) are evaluated one by one and made building the app several times slower."""
+    import inspect
+
+    from emarule.cli.main import app
+
+    strings = [(c.callback.__name__, p.name) for c in app.registered_commands
+               for p in inspect.signature(c.callback).parameters.values() if isinstance(p.annotation, str)]
+    assert app.registered_commands and strings == []
