@@ -2,7 +2,8 @@
 
 The floor is what any typer + rich + YAML command line pays before it does anything; the ratio says
 what emarule adds on top. The two commands take turns (A, B, A, B, ...), each a fresh process, so that
-load from other processes hits both alike; the median of each is reported, and their ratio.
+load from other processes hits both alike; the median of each is reported, and their ratio, for wall time and
+for CPU time (user + system, steadier on a shared machine).
 
 Both run with compiled bytecode, as after `pip install` (which compiles every module): the caches go to a
 temporary PYTHONPYCACHEPREFIX, written by an uncounted first run, so the checkout gets no __pycache__.
@@ -17,6 +18,8 @@ are compiled from source on every start, and typer's, rich's and yaml's are not:
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import math
 import os
 import statistics
 import subprocess
@@ -40,10 +43,21 @@ def emarule_command(script: Path | None, args: list[str]) -> list[str]:
     return [str(script), *args] if script.is_file() else [sys.executable, "-m", "emarule", *args]
 
 
-def once(cmd: list[str], env: dict) -> float:
+def once(cmd: list[str], env: dict) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user + system) of one run. CPU time moves less than wall time when other
+    processes share the cores; where os.wait4 is missing (Windows) it is reported as NaN."""
     t0 = time.perf_counter()
-    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, check=True)
-    return time.perf_counter() - t0
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    if hasattr(os, "wait4"):
+        _, status, usage = os.wait4(p.pid, 0)
+        p.returncode, cpu = os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
+    else:  # pragma: no cover
+        p.wait()
+        cpu = math.nan
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} exited with {p.returncode}; run it alone to see why")
+    return wall, cpu
 
 
 def main() -> None:
@@ -69,22 +83,30 @@ def main() -> None:
 
 def measure(a: argparse.Namespace, env: dict) -> None:
     cmd = emarule_command(a.emarule, a.args)
-    cmds = {"import typer, rich, yaml": FLOOR, " ".join(cmd): cmd}
-    if a.parts:
+    cmds = {"import typer, rich, yaml": FLOOR}
+    if a.parts and importlib.util.find_spec("typer._adapters") is None:
+        print("--parts: this typer has no pydantic coercion (no typer._adapters, as before 0.29); only the two "
+              "commands are timed")
+    elif a.parts:
         cmds.update({name: [sys.executable, "-c", code] for name, code in PARTS.items()})
+    cmds[" ".join(cmd)] = cmd
     for c in cmds.values():  # warm the file cache and the .pyc files; not counted
         once(c, env)
     times = {name: [] for name in cmds}
     for _ in range(a.runs):
         for name, c in cmds.items():
             times[name].append(once(c, env))
-    f = statistics.median(times["import typer, rich, yaml"])
-    for name, t in times.items():
-        m = statistics.median(t)
-        print(f"{name}: median {m * 1e3:.0f} ms (min {min(t) * 1e3:.0f}), {m / f:.2f}x the floor")
-    o = statistics.median(times[" ".join(cmd)])
-    print(f"ratio (medians) over {a.runs} runs each: {o / f:.2f}x "
-          f"({'as-is environment' if a.as_is else 'with bytecode caches'})")
+    def med(name: str, i: int) -> float:
+        return statistics.median(t[i] for t in times[name])
+
+    floor = "import typer, rich, yaml"
+    for name in times:
+        w, c = med(name, 0), med(name, 1)
+        print(f"{name}: wall median {w * 1e3:.0f} ms ({w / med(floor, 0):.2f}x the floor), "
+              f"CPU median {c * 1e3:.0f} ms ({c / med(floor, 1):.2f}x)")
+    ours = " ".join(cmd)
+    print(f"ratio of medians over {a.runs} runs each: wall {med(ours, 0) / med(floor, 0):.2f}x, "
+          f"CPU {med(ours, 1) / med(floor, 1):.2f}x ({'as-is environment' if a.as_is else 'with bytecode caches'})")
 
 
 if __name__ == "__main__":
