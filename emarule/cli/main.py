@@ -4,8 +4,8 @@
 only once every option has been checked (`emarule.cli.checks`), before anything is written.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: typer reads the annotations of every command each time the
+# app is built (each start), and string annotations cost it an eval apiece: three quarters of that build.
 import functools
 import math
 import os
@@ -20,7 +20,7 @@ from emarule import __version__
 from emarule.cli.render import wide_console
 from emarule.cli.seeds import MAX_SEED, MAX_SEEDS, parse_seeds
 
-try:  # typer ≥ 0.20 vendors click; older releases use the click package
+try:  # typer ≥ 0.26 vendors click; older releases use the click package
     from typer._click import exceptions as click_exc
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exc

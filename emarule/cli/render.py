@@ -1,24 +1,27 @@
-"""Text renderings of plans, tables and limits: rich tables for people, CSV/JSON/YAML for tools."""
+"""Text renderings of plans, tables and limits: rich tables for people, CSV/JSON/YAML for tools.
+
+Every command's output passes through here, so a module is imported by the function that draws with
+it (YAML, rich's tables, the plan's types), not at the top: `emarule table momenta --format csv` needs
+no rich table and no YAML, and `emarule table` none of the plan's machinery.
+"""
 
 from __future__ import annotations
 
-import csv
 import io
-import json
 import math
 import sys
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-import yaml
 from rich.console import Console
-from rich.table import Table
 
-from emarule.engine.context import rule_names
-from emarule.engine.rundir import atomic_write_text
-from emarule.scaling import Plan
-from emarule.scaling.limits import Limits
-from emarule.scaling.tables import Table as RefTable
-from emarule.scaling.tables import paper_round
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from rich.table import Table
+
+    from emarule.scaling import Plan
+    from emarule.scaling.limits import Limits
+    from emarule.scaling.tables import Table as RefTable
 
 
 def wide_console(stderr: bool = False, quiet: bool = False) -> Console:
@@ -29,6 +32,8 @@ def wide_console(stderr: bool = False, quiet: bool = False) -> Console:
 
 def print_and_save(console: Console, tables: list, path: Path) -> None:
     """Print `tables` and write the same text, uncoloured, to `path` (atomically)."""
+    from emarule.engine.rundir import atomic_write_text
+
     record = Console(record=True, width=200, file=io.StringIO())
     for t in tables:
         console.print(t)
@@ -59,6 +64,8 @@ def exact(v: float) -> str:
 
 
 def plan_table(p: Plan, title: str) -> Table:
+    from rich.table import Table
+
     t = Table(title=title, title_justify="left")
     for col, just in (("hyperparameter", "left"), ("base", "right"), ("scaled", "right"), ("unit", "left"),
                       ("rule", "left")):
@@ -91,6 +98,8 @@ def _describe(prog: dict | None) -> str:
 
 def stage_table(p: Plan) -> Table:
     """One row per Progressive Scaling stage: the values that change with κ, compactly."""
+    from rich.table import Table
+
     keys = [k for k in ("optimizer.lr", "optimizer.betas", "optimizer.alpha", "ema.momentum") if k in p.values]
     heads = {"optimizer.lr": "lr", "optimizer.betas": "betas", "optimizer.alpha": "alpha", "ema.momentum": "ρ"}
     t = Table()
@@ -106,11 +115,17 @@ def print_plan(console: Console, p: Plan, fmt_: str, verbose: bool = False) -> N
     """A table of every value with its rule; with stages, the final κ's table and one compact row per
     stage (`verbose`: one full table per stage). JSON and YAML always hold everything."""
     if fmt_ == "json":
+        import json
+
         console.print_json(json.dumps(p.as_dict()))
         return
     if fmt_ == "yaml":
+        import yaml
+
         console.print(yaml.safe_dump(p.as_dict(), sort_keys=False, allow_unicode=True), end="", markup=False)
         return
+    from emarule.engine.context import rule_names
+
     rule = rule_names(p.ema_rule).plan
     if p.stages and verbose:
         for stage, sp in p.stages:
@@ -130,12 +145,16 @@ def print_plan(console: Console, p: Plan, fmt_: str, verbose: bool = False) -> N
 
 
 def ref_cells(t: RefTable) -> list[list[str]]:
+    from emarule.scaling.tables import paper_round
+
     return [[str(r[0])] + [paper_round(v) for v in r[1:]] for r in t.rows]
 
 
 def print_ref_table(console: Console, t: RefTable, fmt_: str) -> None:
     cells = ref_cells(t)
     if fmt_ == "csv":
+        import csv
+
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
         w.writerow(t.headers)
@@ -148,6 +167,8 @@ def print_ref_table(console: Console, t: RefTable, fmt_: str) -> None:
             lines.append("| " + " | ".join(f"**{c}**" if (i, j) in t.bold else c for j, c in enumerate(row)) + " |")
         console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
         return
+    from rich.table import Table
+
     table = Table(title=t.title + " — reference values in bold", title_justify="left")
     for h in t.headers:
         table.add_column(h.replace("@", "\n").replace("rho", "ρ"), justify="right")
@@ -159,8 +180,12 @@ def print_ref_table(console: Console, t: RefTable, fmt_: str) -> None:
 def print_limits(console: Console, lim: Limits, fmt_: str) -> None:
     d = lim.as_dict()
     if fmt_ == "json":
+        import json
+
         console.print_json(json.dumps(d))
         return
+    from rich.table import Table
+
     lo, hi = d["meaningful_kappa"]
     blo, bhi = d["meaningful_batch_size"]
     t = Table(title=f"ρ={exact(lim.momentum)} at batch {fmt(lim.batch_size)} in {lim.dtype} "
