@@ -1,5 +1,6 @@
-"""The generated shapes (emarule/vision/shapes.py): determinism, balance, layout, cache, build time."""
+"""The generated shapes (emarule/vision/shapes.py): glyphs, determinism, balance, layout, cache, build time."""
 
+import math
 import time
 
 import numpy as np
@@ -14,6 +15,44 @@ from emarule.vision.data import load_sources
 @pytest.fixture(scope="module")
 def two_blocks():
     return S.generate(S.ShapesRequest(2 * S.BLOCK, 0))
+
+
+def _glyph(name: str, angle: float, mirror: bool = False, n: int = 64) -> torch.Tensor:
+    """The glyph's coverage (stroke 0.28) on an n×n grid over [-1, 1]², rotated by `angle`, mirrored in x first."""
+    t = (torch.arange(n, dtype=torch.float32) + 0.5) / n * 2 - 1
+    v, u = torch.meshgrid(t, t, indexing="ij")
+    u = -u if mirror else u
+    co, si = math.cos(angle), math.sin(angle)
+    return S._distance(name, co * u + si * v, co * v - si * u) <= 0.14
+
+
+@pytest.mark.parametrize("name", sorted(S.SEGMENTS))
+def test_a_mirrored_glyph_is_the_same_glyph_rotated(name):
+    # The views are flipped horizontally: a glyph whose mirror image were no rotation of itself would
+    # turn into another class.
+    mirrored = _glyph(name, 0.0, mirror=True)
+    best = min((mirrored ^ _glyph(name, 2 * math.pi * k / 360)).float().mean() for k in range(360))
+    assert best < 0.01
+
+
+def test_glyphs_differ_from_one_another_at_every_rotation():
+    shapes = {name: _glyph(name, 0.0) for name in S.CLASSES}
+    for a in S.CLASSES:
+        for b in S.CLASSES:
+            if a < b:
+                closest = min((shapes[a] ^ _glyph(b, 2 * math.pi * k / 90)).float().mean() for k in range(90))
+                assert closest > 0.04, (a, b)
+
+
+def test_glyph_geometry():
+    centre = torch.zeros(1)
+    assert float(S._distance("ring", centre, centre)) == pytest.approx(S.RING)  # a hole in the middle
+    assert float(S._distance("plus", centre, centre)) == 0.0  # the bars cross there
+    for name in S.SEGMENTS:  # every glyph fits the unit disk, so that it stays inside its cell
+        t = torch.linspace(-1.3, 1.3, 131)
+        v, u = torch.meshgrid(t, t, indexing="ij")
+        inked = S._distance(name, u, v) <= 0.14
+        assert inked.any() and float(torch.sqrt(u * u + v * v)[inked].max()) <= 1.0 + 0.14 + 0.03
 
 
 def test_same_request_gives_the_same_bytes_and_another_seed_other_images():
@@ -35,6 +74,8 @@ def test_a_smaller_request_is_a_prefix_of_a_larger_one():
 def test_layout_and_class_balance(two_blocks):
     x, y = two_blocks
     assert x.shape == (2 * S.BLOCK, 3, S.SIZE, S.SIZE) and x.dtype == np.uint8
+    channels = torch.from_numpy(x).float().div(255).mean((2, 3))  # grey by default: the channels differ by noise
+    assert (channels.max(1).values - channels.min(1).values).max() < 0.02
     assert y.dtype == np.int64 and set(np.unique(y)) == set(range(len(S.CLASSES)))
     assert np.bincount(y).tolist() == [2 * S.BLOCK // len(S.CLASSES)] * len(S.CLASSES)  # exactly balanced
     assert len(np.unique(y[:100])) == len(S.CLASSES)  # shuffled: a prefix holds every class
@@ -96,9 +137,12 @@ def test_a_corrupt_cache_is_detected_and_rebuilt(tmp_path, monkeypatch):
     assert torch.equal(S.load(req, tmp_path)[0], x) and len(calls) == 2
 
 
-@pytest.mark.parametrize("request_", [S.ShapesRequest(0, 0), S.ShapesRequest(10, 2), S.ShapesRequest(10, 0, size=2)])
+@pytest.mark.parametrize("request_", [S.ShapesRequest(0, 0), S.ShapesRequest(10, 2), S.ShapesRequest(10, 0, size=2),
+                                      S.ShapesRequest(10, 0, grid=4, size=12), S.ShapesRequest(10, 0, colours="red"),
+                                      S.ShapesRequest(10, 0, classes=("ring", "heart")),
+                                      S.ShapesRequest(10, 0, classes=("ring", "ring"))])
 def test_an_impossible_request_is_a_user_error_and_writes_nothing(tmp_path, request_):
-    with pytest.raises(UserError, match="at least 1 image"):
+    with pytest.raises(UserError, match="ask for at least 1 image"):
         S.ensure(request_, tmp_path / "shapes")
     assert not (tmp_path / "shapes").exists()
 
@@ -113,7 +157,26 @@ def test_unwritable_cache_is_a_user_error(tmp_path):
 def test_source_caps_and_normalization(tmp_path, monkeypatch):
     monkeypatch.setenv("EMARULE_CACHE", str(tmp_path))
     train, test = load_sources("shapes", None, 16, 300, 200, 10)
-    assert (len(train), len(test), train.num_classes, train.name) == (300, 200, 10, "shapes")
+    assert (len(train), len(test), train.num_classes, train.name) == (300, 200, len(S.CLASSES), "shapes")
     assert train.images.dtype == torch.uint8 and train.mean == S.MEAN
     view = test.eval_view(0, 16)
     assert view.shape == (3, 16, 16) and abs(float(view.mean())) < 1.5
+
+
+@pytest.mark.parametrize("colours", S.COLOURS)
+def test_every_glyph_stands_out_from_its_background(colours):
+    # Each cell of a 2×2 grid has its own colours; the glyph's pixels differ from the background's in
+    # every cell (grey and rgb: by at least MIN_CONTRAST in RGB; hue: in luminance).
+    x, y = S.generate(S.ShapesRequest(200, 0, size=32, grid=2, colours=colours, noise=0.0))
+    f = torch.from_numpy(x).float().div(255)
+    cells = f.unfold(2, 16, 16).unfold(3, 16, 16).permute(0, 2, 3, 1, 4, 5).reshape(-1, 3, 256)
+    lo, hi = cells.min(-1).values, cells.max(-1).values
+    assert ((hi - lo).norm(dim=-1) > 0.25).all()
+    if colours != "gray":
+        assert (f[:, 0] != f[:, 1]).any()
+    assert set(np.unique(y)) == set(range(len(S.CLASSES)))
+
+
+def test_other_glyph_sets():
+    x, y = S.generate(S.ShapesRequest(100, 0, size=16, classes=("square", "arc", "V")))
+    assert x.shape == (100, 3, 16, 16) and set(np.unique(y)) == {0, 1, 2}
