@@ -100,7 +100,7 @@ def owner(key: str, extra_emas: list[str]) -> str:
     """Whose metric `key` is: "target", "EMA" (the main one) or "EMA <name>".
 
     The tracking probe of BYOL and DINO (`probe_top1`, `probe_loss`, `probe_train_top1`;
-    emarule/analysis/probe.py) reads the EMA teacher's representation, so its metrics are the EMA's.
+    emarule/vision/probe.py) reads the EMA teacher's representation, so its metrics are the EMA's.
     """
     if key.startswith(PROBE_PREFIX):
         return "EMA"

@@ -166,7 +166,7 @@ BYOL: dict[str, Any] = {
         "train_samples": integer("cap on the training set (cpu/tiny presets)", nullable=True, lo=1),
         "eval_samples": integer(nullable=True, lo=1), "skip_bad_items": SKIP_BAD_ITEMS,
     },
-    "probe": {"lr": num("the tracking probe's own Adam lr at batch.size (emarule/analysis/probe.py)", **POSITIVE),
+    "probe": {"lr": num("the tracking probe's own Adam lr at batch.size (emarule/vision/probe.py)", **POSITIVE),
               "kind": text(choices=("pre-bn",))},
 }
 BYOL = with_defaults(BYOL, {

@@ -3,7 +3,7 @@
 The parts handed to the shared loop (`emarule.engine.loop.train`):
 
 - `model` = `BYOL`: the online network (`online` = backbone + projector) and the `predictor`,
-  trained by the run's optimizer, and the tracking `probe` (`emarule.analysis.probe.TrackingProbe`: a
+  trained by the run's optimizer, and the tracking `probe` (`emarule.vision.probe.TrackingProbe`: a
   pre-BN linear probe with its own Adam, stepped in `on_step`, outside the run's optimizer).
 - `ema_source` = `model.online`: the loop keeps its EMA (the teacher ζ, updated from θ_{t+1} as
   the spec's `ema.update_from: post` says) and passes it to `loss` as the teacher.
@@ -33,7 +33,7 @@ from torch import nn
 
 from emarule.engine.context import RunContext
 from emarule.errors import UserError
-from emarule.analysis.probe import TrackingProbe, probe_evaluation
+from emarule.vision.probe import TrackingProbe, probe_evaluation
 from emarule.engine.interface import TaskParts
 from emarule.vision import models as M
 from emarule.vision.data import TwoViewSet, load_sources
@@ -59,7 +59,7 @@ class BYOL(nn.Module):
         feat = backbone.num_features
         self.online = Online(backbone, M.mlp(feat, proj_hidden, proj_out, head_norm))
         self.predictor = M.mlp(proj_out, pred_hidden, proj_out, head_norm)
-        self.probe = probe.module  # frozen here: trained by its own Adam (emarule.analysis.probe)
+        self.probe = probe.module  # frozen here: trained by its own Adam (emarule.vision.probe)
         self.num_features = feat
 
 

@@ -21,7 +21,7 @@ The parts handed to the shared loop (`emarule.engine.loop.train`):
   whole epochs (DINO's schedule, indexed by the integer epoch); the head's last layer takes no
   gradient before `dino.freeze_last_layer_epochs` (DINO's `cancel_gradients_last_layer`).
 - the teacher runs in eval mode: DINO builds its teacher without stochastic depth.
-- the tracking probe (`emarule.analysis.probe`) reads the teacher's [CLS] features of the global crops;
+- the tracking probe (`emarule.vision.probe`) reads the teacher's [CLS] features of the global crops;
   `probe_top1` is evaluated on the teacher only.
 
 Data (`data.source`): CIFAR-10 from `--data DIR` (torchvision's pickled layout), ImageNet folders,
@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from emarule.analysis import probe as P
+from emarule.vision import probe as P
 from emarule.engine.context import RunContext
 from emarule.errors import UserError
 from emarule.config.typed import Config
@@ -215,7 +215,7 @@ def build(ctx: RunContext) -> TaskParts:
         "global_crops": f"{n_global} × {size}px", "local_crops": f"{n_local} × {local_size}px",
         "augmentation": augmentation, "probe": probe.describe(),
         "loss": "mean over (teacher global crop a, student crop v ≠ a) of H(softmax((z_ζ(a) − c)/τ_t), "
-                "softmax(z_θ(v)/τ_s)); the probe trains on its own (emarule/analysis/probe.py)",
+                "softmax(z_θ(v)/τ_s)); the probe trains on its own (emarule/vision/probe.py)",
     }
     evaluation = P.probe_evaluation(model.probe, lambda teacher, x: teacher.backbone(x), test_src, size,
                                     float(cfg.eval.every_epochs), cfg.eval.every_base_steps)

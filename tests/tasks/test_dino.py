@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from emarule.cli.main import app
 from emarule.engine.context import RunContext
-from emarule.analysis.probe import TrackingProbe, adam_hyperparameters
+from emarule.vision.probe import TrackingProbe, adam_hyperparameters
 from emarule.scaling import plan
 from emarule.config.load import load_spec
 from emarule.tasks import dino as D

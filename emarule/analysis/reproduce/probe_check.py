@@ -1,6 +1,6 @@
 """Does the tracking probe measure the teacher? An offline linear probe of each run's final teacher.
 
-The tracking probe (`emarule.analysis.probe`) learns alongside the run, so at κ = 4 it gets a quarter of the
+The tracking probe (`emarule.vision.probe`) learns alongside the run, so at κ = 4 it gets a quarter of the
 steps; a gap in `probe_top1` could be the probe's lag rather than the teacher's quality. This
 check takes the final teacher of a finished run (the EMA in its checkpoint), computes its
 representation of the train and test evaluation views — the same `represent(teacher, x)` the
@@ -34,7 +34,7 @@ BAR = 15.0  # top-1 points a trained teacher should gain over both its initializ
 @contextlib.contextmanager
 def captured_features(store: list):
     """The probe's `predict` records its input (the teacher's representation) and predicts nothing."""
-    from emarule.analysis import probe as P
+    from emarule.vision import probe as P
 
     original = P.ProbeModule.predict
 
@@ -76,7 +76,7 @@ def offline_probe(run_dir: Path, at_init: bool = False) -> dict | None:
         got = json.loads(cache.read_text())
         if got.get("step") == step:
             return got
-    from emarule.analysis.probe import EvalImages
+    from emarule.vision.probe import EvalImages
 
     built = _build(run_dir)
     if built is None:
@@ -134,7 +134,7 @@ def pixel_probe(run_dir: Path) -> dict | None:
         return json.loads(cache.read_text())
     if not (run_dir / HPARAMS).is_file():
         return None
-    from emarule.analysis.probe import EvalImages
+    from emarule.vision.probe import EvalImages
 
     h = json.loads((run_dir / HPARAMS).read_text())
     # The pixels depend on the data settings alone: the baseline seeds of one reproduction share one fit.

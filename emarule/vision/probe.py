@@ -106,7 +106,7 @@ class TrackingProbe:
         fc = self.module.fc
         return (f"pre-BN linear probe on the StopGrad teacher representation ({fc.in_features} → "
                 f"{fc.out_features}), its own Adam outside the run's optimizer: lr √κ·{self.base_lr:g} × the "
-                f"run's schedule shape, β̂ = 1 − κ(1 − β) (emarule/analysis/probe.py)")
+                f"run's schedule shape, β̂ = 1 − κ(1 − β) (emarule/vision/probe.py)")
 
     def train_metrics(self, h: torch.Tensor, y: torch.Tensor) -> dict:
         """The probe's loss on one micro-batch of teacher features `h` (no gradient reaches them),

@@ -1,4 +1,4 @@
-"""The tracking probe (emarule/analysis/probe.py): its gradient, its stability at large κ, and its isolation
+"""The tracking probe (emarule/vision/probe.py): its gradient, its stability at large κ, and its isolation
 from the run it measures."""
 
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from emarule.analysis.probe import TrackingProbe, adam_hyperparameters
+from emarule.vision.probe import TrackingProbe, adam_hyperparameters
 from emarule.engine.interface import Now
 
 
