@@ -18,7 +18,6 @@ Pure Python + numpy + matplotlib: no torch, so it runs anywhere the run director
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
@@ -28,7 +27,7 @@ from pathlib import Path
 
 from emarule.errors import UserError
 from emarule.engine.context import progressive_label, rule_names, rule_of_hparams
-from emarule.engine.rundir import HPARAMS, METRICS, atomic_write_bytes, read_metrics
+from emarule.engine.rundir import HPARAMS, METRICS, atomic_write_bytes, png_bytes, read_metrics
 from emarule.tasks.registry import preferred_metrics
 
 # Row keys that are clocks or settings, not metrics (also with a `/suffix`: `ema_momentum/0.9999`).
@@ -369,12 +368,7 @@ def plot(result: dict, out: Path) -> Path:
     axes[0][0].set_ylabel(metric)
     fig.suptitle(f"{result['experiment']}: {metric}", fontsize=10)
     fig.tight_layout()
-    buf = io.BytesIO()
-    try:
-        fig.savefig(buf, dpi=130, format="png")
-    finally:
-        plt.close(fig)
-    atomic_write_bytes(Path(out), buf.getvalue())
+    atomic_write_bytes(Path(out), png_bytes(fig, dpi=130))
     return Path(out)
 
 

@@ -16,7 +16,6 @@ Torch-free: it reads only the run directory, so it runs anywhere the run directo
 
 from __future__ import annotations
 
-import io
 import json
 import math
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from pathlib import Path
 
 from emarule.analysis.compare import finite_number, is_metric
 from emarule.engine.context import rule_names, rule_of_hparams
-from emarule.engine.rundir import FIGURES, HPARAMS, METRICS, atomic_write_bytes, read_metrics
+from emarule.engine.rundir import FIGURES, HPARAMS, METRICS, atomic_write_bytes, png_bytes, read_metrics
 
 EMA_PREFIX = "ema_"
 PROBE_PREFIX = "probe_"  # the tracking probe: it measures the EMA teacher
@@ -154,12 +153,7 @@ def _panels(series: list[tuple[str, list[tuple[str, list, list]]]], title: str) 
         ax.set_visible(False)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    buf = io.BytesIO()
-    try:
-        fig.savefig(buf, dpi=120, format="png")
-    finally:
-        plt.close(fig)
-    return buf.getvalue()
+    return png_bytes(fig, dpi=120)
 
 
 def loss_panels(train: list[dict]) -> list:

@@ -61,6 +61,20 @@ def _reason(e: OSError) -> str:
             errno.EDQUOT: "disk quota exceeded"}.get(e.errno, e.strerror or str(e))
 
 
+def png_bytes(fig, dpi: int, **savefig) -> bytes:
+    """A matplotlib figure as PNG bytes, the figure closed even when saving fails (every figure writer's tail)."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, dpi=dpi, format="png", **savefig)
+    finally:
+        plt.close(fig)
+    return buf.getvalue()
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write to a temporary file in the same directory, fsync, then rename over `path`.
 

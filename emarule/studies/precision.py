@@ -30,7 +30,6 @@ Repeats are independent regressions (data, w*, init, order) trained side by side
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import time
@@ -43,7 +42,7 @@ from rich.table import Table
 from emarule.engine.context import RunContext
 from emarule.errors import UserError
 from emarule.cli.render import print_and_save, wide_console
-from emarule.engine.rundir import atomic_write_bytes, atomic_write_text
+from emarule.engine.rundir import atomic_write_bytes, atomic_write_text, png_bytes
 from emarule.scaling.limits import FORMATS, limits
 from emarule.config.typed import Section
 
@@ -316,7 +315,4 @@ def figure(cfg: Config, summary: dict) -> bytes:
     axes[1].set_ylim(-0.02, 1.02)
     axes[1].set_title("EMA updates that left ζ unchanged", fontsize=9)
     axes[1].legend(fontsize=7)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
+    return png_bytes(fig, dpi=120, bbox_inches="tight")

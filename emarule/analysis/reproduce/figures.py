@@ -12,12 +12,11 @@ EMA failure (left strays, right tracks) from an optimizer-rule one (both stray).
 
 from __future__ import annotations
 
-import io
 import math
 from pathlib import Path
 
 from emarule.analysis.compare import mean_curve
-from emarule.engine.rundir import atomic_write_bytes
+from emarule.engine.rundir import atomic_write_bytes, png_bytes
 
 COLORMAPS = {"with": "Blues", "without": "Reds", "linear": "Purples"}
 ARM_COLORMAPS = ("Greens", "Oranges", "Greys", "YlOrBr")  # a reproduction's arms, in the family's order
@@ -125,10 +124,5 @@ def plot(family, measured: dict, runs: list, out: Path, title: str) -> Path:
         ax.legend(fontsize=7, loc="best")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    buf = io.BytesIO()
-    try:
-        fig.savefig(buf, dpi=120, format="png")
-    finally:
-        plt.close(fig)
-    atomic_write_bytes(Path(out), buf.getvalue())
+    atomic_write_bytes(Path(out), png_bytes(fig, dpi=120))
     return Path(out)

@@ -6,7 +6,6 @@ red, target model orange; the linear rule 1 − κ(1 − ρ_B) green and ρ* bla
 
 from __future__ import annotations
 
-import io
 
 import matplotlib
 
@@ -20,10 +19,9 @@ TITLE = {"fontsize": 9, "y": 1.0}
 
 
 def png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return buf.getvalue()
+    from emarule.engine.rundir import png_bytes
+
+    return png_bytes(fig, dpi=110)
 
 
 def _fixed_layout(fig, left=0.8, right=0.15, bottom=0.5, top=0.5, wspace=0.85, hspace=0.45) -> None:
