@@ -4,7 +4,8 @@ A block is a list of `$ command` lines, each followed by the output it shows. Th
 line with bash (`emarule` is `python -m emarule`) in a scratch directory that sees the repository's `tests/`
 and `experiments/`, and compares stdout and stderr with the block. A comment `<!-- setup: COMMAND -->` on
 the line before a block is run first, in the same directory, for what the block assumes (a file, a run).
-Only what must vary is normalised: trailing spaces, the scratch directory's path, and durations (`1.6 s`).
+Only what must vary is normalised: trailing spaces, the scratch directory's path, durations (`1.6 s`) and
+a checkpoint's size in a disk-full line (`699,909 bytes needed`).
 A line `...` in a block stands for any number of printed lines, so a page may show the head and tail of a
 long table; every line it does show must match, in order.
 """
@@ -21,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "experiments").glob("*.md"))]
 BLOCK = re.compile(r"^(?:<!-- setup: (.*?) -->\n)?```console\n(.*?)^```", re.S | re.M)
 DURATION = re.compile(r"\b\d+(?:\.\d+)? s\b")
+BYTES_NEEDED = re.compile(r"\b\d[\d,]* bytes needed\b")
 
 
 def console_blocks(page: Path) -> list[tuple[str, str, list[tuple[str, list[str]]]]]:
@@ -45,7 +47,8 @@ ALL = [block for page in PAGES for block in console_blocks(page)]
 
 
 def normalise(lines: list[str], scratch: Path) -> list[str]:
-    out = [DURATION.sub("N s", x.replace(str(scratch), "<scratch>")).rstrip() for x in lines]
+    out = [BYTES_NEEDED.sub("N bytes needed", DURATION.sub("N s", x.replace(str(scratch), "<scratch>"))).rstrip()
+           for x in lines]
     while out and not out[-1]:
         out.pop()
     while out and not out[0]:

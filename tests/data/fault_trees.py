@@ -1,0 +1,44 @@
+"""Tiny damaged data sets for the corrupt-data examples of docs/faults.md (their `<!-- setup: -->` runs this).
+
+python tests/data/fault_trees.py classes DIR    ImageNet layout whose val/ has a class folder train/ lacks
+python tests/data/fault_trees.py truncated DIR  ImageNet layout with one training JPEG cut in half
+python tests/data/fault_trees.py transcript DIR LibriSpeech layout with a transcript that is not UTF-8
+"""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from speech_util import write_tree  # noqa: E402
+
+
+def image_folder(root: Path, classes=("n01", "n02"), val_classes=None, n=16) -> None:
+    g = np.random.default_rng(0)
+    for split, names, count in (("train", classes, n), ("val", val_classes or classes, 4)):
+        for c in names:
+            d = root / split / c
+            d.mkdir(parents=True)
+            for i in range(count):
+                Image.fromarray(g.integers(0, 255, (36, 36, 3), dtype=np.uint8)).save(d / f"{i}.JPEG")
+
+
+def main(kind: str, root: Path) -> None:
+    if kind == "classes":
+        image_folder(root, val_classes=("n01", "n03"))
+    elif kind == "truncated":
+        image_folder(root)
+        bad = root / "train" / "n01" / "3.JPEG"
+        bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+    elif kind == "transcript":
+        write_tree(root, "train-clean-100", {(100, 1): [(0.25, "HE HOPED"), (0.25, "A")]})
+        trans = root / "train-clean-100" / "100" / "1" / "100-1.trans.txt"
+        trans.write_bytes(trans.read_bytes().replace(b"A\n", b"\xe9T\xe9\n"))
+    else:
+        raise SystemExit(f"unknown tree {kind!r}: classes, truncated or transcript")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]))
