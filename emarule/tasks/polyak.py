@@ -28,6 +28,7 @@ from emarule.engine.context import RunContext
 from emarule.errors import UserError
 from emarule.engine.seeding import mix
 from emarule.engine.interface import Evaluation, TaskParts
+from emarule.vision import data as D
 from emarule.vision import resnetv2 as R
 from emarule.vision import supervised as S
 from emarule.vision.models import no_weight_decay_names
@@ -41,7 +42,7 @@ def load_sources(ctx: RunContext):
     source, size = data.source, int(data.image_size)
     if source == "imagenet":
         root = ctx.data if ctx.data is not None else (Path(data.path) if data.path else None)
-        return S.imagenet(root, size)
+        return D.imagenet(root, size)
     if source == "textures":
         if ctx.data is not None:
             raise UserError(f"--data: {ctx.experiment} with data.source textures generates its images; drop --data, "

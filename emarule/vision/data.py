@@ -178,6 +178,20 @@ class ImageFolderSource(Source):
         return A.normalize(img[:, i0:i0 + size, j0:j0 + size], self.mean, self.std)
 
 
+def imagenet(root: Path | None, image_size: int) -> tuple[ImageFolderSource, ImageFolderSource]:
+    """(train, val) ImageFolder sources whose class folders agree, or a one-line UserError."""
+    if root is None:
+        raise UserError("ImageNet is read from a local directory: pass --data DIR with " + IMAGENET_LAYOUT)
+    root = Path(root).expanduser()
+    for split in ("train", "val"):  # both checked before scanning 1.28M training files
+        if not (root / split).is_dir():
+            raise UserError(f"ImageNet not found: {root / split} is not a directory; "
+                            f"pass --data DIR with {IMAGENET_LAYOUT}")
+    train, val = ImageFolderSource(root, "train", image_size), ImageFolderSource(root, "val", image_size)
+    same_classes(train.ds.classes, val.ds.classes, root)
+    return train, val
+
+
 def same_classes(train: list, val: list, root: Path) -> None:
     """Labels are folder indices: val/<class>/ folders that differ from train's would score the wrong class."""
     if list(train) != list(val):
@@ -224,15 +238,7 @@ def load_sources(source: str, root: Path | None, image_size: int, train_samples:
         train = synthetic(True, train_samples or 512, max(image_size, 8), num_classes)
         test = synthetic(False, eval_samples or 256, max(image_size, 8), num_classes)
     elif source == "imagenet":
-        if root is None:
-            raise UserError("ImageNet is read from a local directory: pass --data DIR with " + IMAGENET_LAYOUT)
-        root = Path(root).expanduser()
-        for split in ("train", "val"):  # both checked before scanning 1.28M training files
-            if not (root / split).is_dir():
-                raise UserError(f"ImageNet not found: {root / split} is not a directory; "
-                                f"pass --data DIR with {IMAGENET_LAYOUT}")
-        train, test = ImageFolderSource(root, "train", image_size), ImageFolderSource(root, "val", image_size)
-        same_classes(train.ds.classes, test.ds.classes, root)
+        train, test = imagenet(root, image_size)
     else:
         raise UserError(f"data.source {source!r}: use cifar10, imagenet, digits, shapes or synthetic")
     if train_samples is not None and train_samples < len(train):

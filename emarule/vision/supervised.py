@@ -10,20 +10,17 @@
     whose class a rescale would change).
 - `EvalViews`: resize the shorter side to `image_size / 0.875` (256 for 224) and centre-crop
   `image_size`; small splits are prepared once.
-- `imagenet(root)`: `DIR/train/<class>/*.JPEG` and `DIR/val/<class>/*.JPEG`, read with PIL and never
-  downloaded; a missing or malformed directory is one `UserError` naming that layout.
+- ImageNet itself is `emarule.vision.data.imagenet(root, size)`, shared with the self-supervised tasks.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from emarule.errors import UserError
 from emarule.vision import augment as A
-from emarule.vision.data import IMAGENET_LAYOUT, ImageFolderSource
+from emarule.vision.data import ImageFolderSource
 
 AUGMENTATIONS = ("imagenet", "translate")
 CROP_SCALE, CROP_RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
@@ -135,20 +132,3 @@ class EvalViews:
         if self.cache is not None:
             self.cache[i] = item
         return item
-
-
-def imagenet(root: Path | None, image_size: int) -> tuple[ImageFolderSource, ImageFolderSource]:
-    """(train, val) ImageFolder sources whose class folders agree, or a one-line UserError."""
-    if root is None:
-        raise UserError("ImageNet is read from a local directory: pass --data DIR with " + IMAGENET_LAYOUT)
-    root = Path(root).expanduser()
-    for split in ("train", "val"):  # both checked before scanning 1.28M training files
-        if not (root / split).is_dir():
-            raise UserError(f"ImageNet not found: {root / split} is not a directory; "
-                            f"pass --data DIR with {IMAGENET_LAYOUT}")
-    train, val = ImageFolderSource(root, "train", image_size), ImageFolderSource(root, "val", image_size)
-    if train.ds.classes != val.ds.classes:
-        only = sorted(set(train.ds.classes) ^ set(val.ds.classes))
-        raise UserError(f"ImageNet at {root}: train/ and val/ hold different class folders ({', '.join(only[:3])}"
-                        f"{' …' if len(only) > 3 else ''}); expected {IMAGENET_LAYOUT} with the same classes")
-    return train, val
