@@ -232,8 +232,9 @@ def runnable(spec: dict, runnable_tasks, sweep: bool = False) -> None:
         raise UserError(f"{name}: the {task!r} task cannot run yet (runnable tasks: {ready}); "
                         f"`emarule plan {name} --kappa K` shows its scaled recipe")
     t = registry.lookup(task)
-    if t is not None and t.kind == "training" and value(spec, "batch.unit") not in t.units:
-        unit, fix = value(spec, "batch.unit"), t.units[0]
+    unit = value(spec, "batch.unit")
+    if t is not None and t.kind == "training" and unit not in t.units:
+        fix = t.units[0]
         raise UserError(f"{name}: batch.unit {unit} is not a unit the {task} task batches by "
                         f"({', '.join(t.units)}); set batch.unit: {fix} in the spec or --set batch.unit={fix}")
     if sweep and t is not None and t.kind == "study":

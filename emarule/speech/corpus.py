@@ -28,15 +28,14 @@ import ctypes
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from emarule.engine.cache import build_once
 from emarule.errors import UserError
 
 VERSION = 2  # bump when the generator's output changes: a new cache key
@@ -86,25 +85,10 @@ def ensure(request: CorpusRequest, cache: Path | None = None) -> Path:
     if bad:
         raise UserError(f"generated corpus: unknown split {bad[0]!r}; use LibriSpeech's names: {', '.join(SPLITS)}")
     cache = Path(cache) if cache is not None else default_cache()
-    root = cache / request.key()
-    if (root / "manifest.json").is_file():
-        return root
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=cache))
-    except OSError as e:
-        raise UserError(f"generated corpus: cannot write in {cache} ({e.strerror}); set corpus.dir "
-                        f"(--set corpus.dir=PATH) or EMARULE_CACHE to a writable folder") from None
-    try:
-        build(request, tmp)
-        try:
-            tmp.rename(root)
-        except OSError:
-            if not (root / "manifest.json").is_file():  # not another builder's finished corpus
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return root
+    return build_once(cache / request.key(), lambda tmp: build(request, tmp),
+                      lambda root: (root / "manifest.json").is_file(),
+                      "generated corpus: cannot write in {cache} ({reason}); set corpus.dir (--set corpus.dir=PATH) "
+                      "or EMARULE_CACHE to a writable folder")
 
 
 def build(request: CorpusRequest, out: Path) -> dict:

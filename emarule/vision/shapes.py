@@ -29,14 +29,13 @@ import hashlib
 import json
 import math
 import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from emarule.engine.cache import build_once
 from emarule.errors import UserError
 from emarule.engine.seeding import mix
 
@@ -255,37 +254,17 @@ def ensure(request: ShapesRequest, cache: Path | None = None) -> Path:
                         f"(train) or 1 (test), colours one of {', '.join(COLOURS)}, and two or more distinct "
                         f"classes from {', '.join(SEGMENTS)}")
     cache = Path(cache) if cache is not None else default_cache()
-    root = cache / request.key()
-    if _valid(root, request):
-        return root
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=cache))
-    except OSError as e:
-        raise UserError(f"generated shapes: cannot write in {cache} ({e.strerror}); set EMARULE_CACHE to a "
-                        f"writable folder") from None
-    try:
+
+    def build(tmp: Path) -> None:
         x, y = generate(request)
         np.save(tmp / "images.npy", x)
         np.save(tmp / "labels.npy", y)
         files = {name: _sha256(tmp / name) for name in ("images.npy", "labels.npy")}
         (tmp / "manifest.json").write_text(json.dumps({"request": _jsonable(request), "version": VERSION,
                                                        "files": files}, indent=1, sort_keys=True))
-        if root.exists():  # a corrupt or stale folder: moved aside, then removed
-            stale = Path(tempfile.mkdtemp(prefix=".stale-", dir=cache))
-            try:
-                root.rename(stale / "old")
-            except OSError:
-                pass
-            shutil.rmtree(stale, ignore_errors=True)
-        try:
-            tmp.rename(root)
-        except OSError:
-            if not _valid(root, request):  # not another builder's finished copy
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return root
+
+    return build_once(cache / request.key(), build, lambda root: _valid(root, request),
+                      "generated shapes: cannot write in {cache} ({reason}); set EMARULE_CACHE to a writable folder")
 
 
 def load(request: ShapesRequest, cache: Path | None = None) -> tuple[torch.Tensor, torch.Tensor]:
