@@ -30,13 +30,23 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
-# Every family's `emarule reproduce` with its defaults (cpu presets, 5 seeds, each family's arms), one after
-# another, into runs/reproduce/<family>/ (report.md, verdict.json, figures/). Not part of CI.
-# A family whose task cannot run yet prints its one-line reason and the next one starts.
-REPRO_FAMILIES := parabola precision byol byol-vit byol-r50-lars polyak dino ctc-polyak ctc-pseudo-label
+# Every claim, judged at CPU scale: each family's `emarule reproduce` with its defaults (cpu presets, seeds
+# 0-4, every κ and arm) into runs/reproduce/<family>/, then each training family's headline claim again on
+# seeds 100-104 (`--headline`: only the runs that claim reads) into runs/reproduce/<family>-headline/; last,
+# the README's table of claims is rewritten from their verdict.json files, with the wall time of it all.
+# Finished runs are kept: stopped, the same command resumes. Not part of CI (about 2 hours on 2 cores).
+REPRO_OUT := runs/reproduce
+REPRO_SEEDS_NEW := 100-104
 
 repro: $(STAMP)
-	@for f in $(REPRO_FAMILIES); do $(BIN)/emarule reproduce $$f || echo "make repro: $$f did not complete"; done
+	@start=$$(date +%s); \
+	families=$$($(BIN)/python -c 'from emarule.analysis.reproduce.claims import FAMILIES; print(*FAMILIES)'); \
+	training=$$($(BIN)/python -c 'from emarule.analysis.reproduce.claims import FAMILIES; print(*(n for n, f in FAMILIES.items() if f.kind == "sweep"))'); \
+	for f in $$families; do $(BIN)/emarule reproduce $$f --out $(REPRO_OUT)/$$f || echo "make repro: $$f did not complete"; done; \
+	for f in $$training; do $(BIN)/emarule reproduce $$f --headline --seeds $(REPRO_SEEDS_NEW) --out $(REPRO_OUT)/$$f-headline \
+	  || echo "make repro: $$f --headline did not complete"; done; \
+	$(BIN)/python -m emarule.analysis.reproduce.table $(REPRO_OUT) --readme README.md --wall-s $$(( $$(date +%s) - start )) \
+	  && echo "make repro: README.md's table of claims rewritten from $(REPRO_OUT)"
 
 # Each prints its measured ratio; BENCH_ARGS=--quick for a smoke test of all four (seconds).
 # The loop benchmark pins torch to 1 thread for both loops; OMP_NUM_THREADS=1 keeps the parabola's BLAS alike.

@@ -97,7 +97,8 @@ def plan_runs(kappas: list[float], rules: list[str | None], seeds, arms=()) -> l
 
 
 def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, tasks, *, data: Path | None = None,
-            max_device_batch: int | None = None, wandb: str = "off", metric: str | None = None) -> list[dict]:
+            max_device_batch: int | None = None, wandb: str = "off", metric: str | None = None,
+            jobs: int | None = 1) -> list[dict]:
     """Resolve and check every run first (a bad κ, rule, batch, --data or --metric fails before any
     training and before anything is written), run them in turn, compare.
 
@@ -124,41 +125,65 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, ta
     from emarule.engine.runlock import lock_dir
 
     with lock_dir(ctxs[0].out.parent, "sweep"):  # ROOT/<experiment>: its runs and compare figures
-        return _run_all(console, runs, ctxs, metric, tasks)
+        return _run_all(console, runs, ctxs, metric, tasks, jobs)
 
 
-def _run_all(console, runs: list[SweepRun], ctxs: list, metric: str | None, tasks) -> list[dict]:
+def _run_all(console, runs: list[SweepRun], ctxs: list, metric: str | None, tasks, jobs: int | None = 1) -> list[dict]:
     from emarule.engine import distributed
+    from emarule.analysis import parallel
     from emarule.analysis.run_report import print_report, report
 
     main = distributed.is_main()
-    done = []
-
-    for i, (r, ctx) in enumerate(zip(runs, ctxs, strict=True), 1):
+    for ctx in ctxs:
         ctx.resume = (ctx.out / CHECKPOINT).exists()
-        if main:
-            p = ctx.plan
-            rho = p.get("ema.momentum")
-            console.print(f"[{i}/{len(runs)}] {ctx.out}: κ={ctx.kappa:g} {r.label}, B={p['batch_size']:g}"
-                          + (f", ρ={rho:.6g}" if rho is not None else "")
-                          + (" (resuming what is there)" if ctx.resume else ""), highlight=False)
-            for w in p.warnings:
-                console.print(f"  warning: {w}", markup=False, highlight=False)
-        t0 = time.monotonic()
-        result = tasks.run_task(ctx) or {}
-        wall = time.monotonic() - t0
+    jobs = parallel.jobs_for(jobs, len(runs), distributed.world_size())
+
+    def header(i: int) -> str:
+        r, ctx, p = runs[i], ctxs[i], ctxs[i].plan
+        rho = p.get("ema.momentum")
+        return (f"[{i + 1}/{len(runs)}] {ctx.out}: κ={ctx.kappa:g} {r.label}, B={p['batch_size']:g}"
+                + (f", ρ={rho:.6g}" if rho is not None else "") + (" (resuming what is there)" if ctx.resume else ""))
+
+    done: dict[int, dict] = {}
+
+    def finished(i: int, result: dict, wall: float) -> None:
+        r, ctx = runs[i], ctxs[i]
         if main:
             print_report(console, report(ctx.out, wall))
-        done.append({"run": str(ctx.out), "kappa": r.kappa, "rule": r.label, "seed": r.seed,
-                     "wall_s": wall, "resumed": ctx.resume, "result": result,
-                     "arm": r.arm.name if r.arm is not None else None})
-    if main and done:
-        print_summary(console, done)
+        done[i] = {"run": str(ctx.out), "kappa": r.kappa, "rule": r.label, "seed": r.seed, "wall_s": wall,
+                   "resumed": ctx.resume, "result": result, "arm": r.arm.name if r.arm is not None else None}
+
+    if jobs > 1:
+        def side_by_side_done(i: int, result: dict, wall: float, output: str) -> None:
+            console.print(header(i) + f", finished in {wall:.0f} s", highlight=False)
+            for w in ctxs[i].plan.warnings:
+                console.print(f"  warning: {w}", markup=False, highlight=False)
+            if output.strip():
+                console.print(output.rstrip(), markup=False, highlight=False)
+            finished(i, result, wall)
+
+        t0 = time.monotonic()
+        parallel.run_side_by_side(console, [Path(c.out).name for c in ctxs], ctxs, jobs, side_by_side_done)
+        side_by_side_s = time.monotonic() - t0
+    else:
+        for i, ctx in enumerate(ctxs):
+            if main:
+                console.print(header(i), highlight=False)
+                for w in ctx.plan.warnings:
+                    console.print(f"  warning: {w}", markup=False, highlight=False)
+            t0 = time.monotonic()
+            result = tasks.run_task(ctx) or {}
+            finished(i, result, time.monotonic() - t0)
+    done_list = [done[i] for i in sorted(done)]
+    if main and done_list:
+        print_summary(console, done_list)
+        if jobs > 1:
+            console.print(f"wall time with {jobs} runs at a time: {side_by_side_s:.1f} s", highlight=False)
         # An arm shares κ and rule with a standard setting (it differs by --set or --progressive), so
         # compare, which groups by those, sees the standard runs only; the reproduction's figure draws arms.
-        compare_after(console, [Path(d["run"]) for d in done if d["arm"] is None], ctxs[0].out.parent, metric,
+        compare_after(console, [Path(d["run"]) for d in done_list if d["arm"] is None], ctxs[0].out.parent, metric,
                       tasks.registry.training_losses())
-    return done
+    return done_list
 
 
 def check_before_training(ctxs: list, build_parts: Callable) -> None:

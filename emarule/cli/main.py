@@ -229,6 +229,9 @@ DataOpt = typer.Option(None, "--data", metavar="DIR", help="local data set direc
 WandbOpt = typer.Option("off", "--wandb", metavar="MODE", help="mirror metrics to wandb: off, offline or online")
 MaxDevOpt = typer.Option(None, "--max-device-batch", metavar="INT",
                          help="largest per-device micro-batch; the rest is accumulated")
+JobsOpt = typer.Option(None, "--jobs", metavar="N|auto",
+                       help="runs trained at once, each in its own process (default auto: one per CPU core, "
+                            "one on a GPU machine or under torchrun; $EMARULE_JOBS sets the default)")
 ProgOpt = typer.Option(None, "--progressive", metavar="SCHEDULE",
                        help="Progressive Scaling: constant, step:E, smooth:E1-E2, incremental:START,DELTA_B,EVERY")
 
@@ -474,12 +477,15 @@ def sweep(
                                          "probe_top1, ema_top1 or ema_wer; else loss)"),
     wandb: str = WandbOpt,
     max_device_batch: Optional[int] = MaxDevOpt,
+    jobs: Optional[str] = JobsOpt,
 ) -> None:
-    """The κ=1 baseline and each κ with and without the EMA Scaling Rule, one after another; then compare."""
+    """The κ=1 baseline and each κ with and without the EMA Scaling Rule; then compare."""
     from emarule import tasks
     from emarule.analysis import sweep as sw
+    from emarule.analysis.parallel import parse_jobs
 
     check_run_options(wandb, max_device_batch)
+    n_jobs = parse_jobs(jobs)
     seed_list = check_seeds(seeds)
     runs = sw.plan_runs(sw.distinct_kappas(numbers(kappas, "--kappas"), kappas), sw.parse_rules(rule),
                         seed_list)
@@ -491,7 +497,8 @@ def sweep(
     from emarule.cli.checks import out_dir
 
     sw.execute(console, runs, resolve_run, Path("runs") if out is None else out_dir(out), tasks, data=data,
-               max_device_batch=max_device_batch, wandb="off" if wandb == "disabled" else wandb, metric=metric)
+               max_device_batch=max_device_batch, wandb="off" if wandb == "disabled" else wandb, metric=metric,
+               jobs=n_jobs)
 
 
 @app.command("compare", cls=Help)
@@ -531,11 +538,17 @@ def reproduce(
                                       help="where runs, report.md, verdict.json and figures go "
                                            "(default runs/reproduce/FAMILY); finished runs there are reused"),
     data: Optional[Path] = DataOpt,
+    jobs: Optional[str] = JobsOpt,
+    headline: bool = typer.Option(False, "--headline",
+                                  help="judge the family's headline claim only, on only the runs it reads (for a "
+                                       "check on new seeds: --headline --seeds 100-104)"),
 ) -> None:
     """Every claim of the paper for one family: run the sweep, measure gaps and seed spread, write a verdict."""
+    from emarule.analysis.parallel import parse_jobs
     from emarule.analysis.reproduce.command import reproduce as run_reproduction
 
     seed_list = check_seeds(seeds)
+    n_jobs = parse_jobs(jobs)
 
     def resolver(experiment: str, spec_preset: Optional[str]):
         def resolve_run(k: float, ema: Optional[str], baseline: bool, arm=None):
@@ -550,7 +563,7 @@ def reproduce(
 
     run_reproduction(console, family, preset=preset, seeds=seed_list,
                      kappas=distinct_kappas(numbers(kappas, "--kappas"), kappas), out=out,
-                     data=data, resolver=resolver)
+                     data=data, resolver=resolver, jobs=n_jobs, headline=headline)
 
 
 def main(argv: list[str] | None = None) -> None:

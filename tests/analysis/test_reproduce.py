@@ -593,3 +593,38 @@ def test_tiny_byol_reproduction_end_to_end_then_reused(tmp_path):
     assert one["seeds"] == [1] and one["timing"]["runs"] == one["timing"]["reused"] == 5
     assert all(r["seed_list"] == [1] for r in one["settings"] if r["setting"] != "κ=1 baseline (its own spread)")
     assert "--seeds 1-1" in one["command"]
+
+
+def test_headline_only_keeps_the_runs_its_claim_reads():
+    from dataclasses import replace
+
+    polyak = K.headline_only(K.POLYAK)
+    assert polyak.kappas == (1.0, 2.0) and polyak.arms == () and polyak.claims == (K.POLYAK.claims[0],)
+    assert K.headline_only(K.CTC_POLYAK).kappas == (1.0, 4.0, 8.0)  # "up to κ": every κ of the sweep below it
+    fig5_right = K.headline_only(replace(K.BYOL, headline=2))  # a claim on two arms keeps them, and only κ=1
+    assert [a.name for a in fig5_right.arms] == ["k8", "k8-after-warmup"] and fig5_right.kappas == (1.0,)
+    assert K.headline_only(K.PARABOLA) is K.PARABOLA
+    for f in K.FAMILIES.values():  # every family's headline is its first claim, judged on its EMA metric
+        assert f.headline == 0 and (f.kind == "study" or f.claims[0].metric == f"{f.ema_metric.name}"
+                                    or f.claims[0].metric == f.target_metric.name)
+
+
+def test_headline_on_a_study_is_refused(tmp_path):
+    one_line_error(runner.invoke(app, ["reproduce", "parabola", "--headline", "--out", str(tmp_path / "o")]),
+                   "drop --headline")
+    assert not (tmp_path / "o").exists()
+
+
+def test_tiny_headline_reuses_the_full_reproductions_runs(tmp_path):
+    import torch
+
+    torch.set_num_threads(1)
+    args = ["reproduce", "byol", "--preset", "tiny", "--seeds", "2", "--kappas", "1,2", "--out", str(tmp_path)]
+    assert runner.invoke(app, args).exit_code == 0
+    full = json.loads((tmp_path / "verdict.json").read_text())
+    res = runner.invoke(app, [*args[:2], "--headline", *args[2:]])
+    assert res.exit_code == 0, res.output
+    head = json.loads((tmp_path / "verdict.json").read_text())
+    assert head["timing"]["runs"] == head["timing"]["reused"] == 6 and head["arms"] == []
+    assert head["claims"] == full["claims"][:1] and head["claims"][0]["short"] == K.BYOL.claims[0].short
+    assert head["command"].startswith("emarule reproduce byol --headline --preset tiny")

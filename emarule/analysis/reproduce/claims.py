@@ -64,6 +64,7 @@ class Claim:
     # ("pseudo_label.pretrain_steps": the pre-training phase, where the student is blind to the EMA).
     until: str = ""
     settings: tuple = STANDARD  # (A, B): A plays "with", B "without" in the decision rules
+    short: str = ""  # one line for the README's table of claims (scripts/claims_table.py)
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,7 @@ class Family:
     target_blind_until: str = ""
     full_scale: str = ""  # how the paper-scale version runs
     extra_claims: tuple = field(default_factory=tuple)  # claims that need full scale: listed, not judged
+    headline: int = 0  # index in `claims` of the family's headline claim (`emarule reproduce --headline`)
 
     @property
     def metrics(self) -> tuple:
@@ -149,14 +151,27 @@ class Family:
         raise KeyError(name)
 
 
+def headline_only(family: Family) -> Family:
+    """The family cut to its headline claim and the runs that claim reads: the κ=1 baseline, the claim's κ
+    (every κ of the sweep up to it for an "up to κ" claim), and only the arms its settings name. A
+    verdict checked on seeds it was not tuned on needs no more than this (`--headline --seeds 100-104`)."""
+    if family.kind != "sweep":
+        return family
+    claim = family.claims[family.headline]
+    kappas = tuple(k for k in family.kappas
+                   if k == 1.0 or (k <= claim.kappa if claim.up_to else k == claim.kappa))
+    arms = tuple(a for a in family.arms if a.name in claim.settings)
+    return replace(family, claims=(claim,), kappas=kappas, arms=arms, extra_claims=())
+
+
 def _full_scale(name: str, args: str, what: str) -> str:
     """How a family runs at the paper's scale: one process, or one per GPU under torchrun (8 here)."""
     cmd = f"emarule reproduce {name} {args}"
     return f"`{cmd}` ({what}; on 8 GPUs: `torchrun --nproc-per-node 8 -m {cmd}`)"
 
 
-def _study(text, paper, check, where="", note="", kappa=None):
-    return Claim(text=text, paper=paper, kind=check, kappa=kappa, where=where, note=note)
+def _study(text, paper, check, where="", note="", kappa=None, short=""):
+    return Claim(text=text, paper=paper, kind=check, kappa=kappa, where=where, note=note, short=short)
 
 
 MATCH = ("… at scaling κ=8 or κ=256, the runs using the EMA Scaling Rule match the baseline trajectory, whereas the "
@@ -166,23 +181,28 @@ PARABOLA = Family(
     name="parabola", experiment="parabola", section="§3.1, Fig. 1; App. E.1", kind="study", preset="paper",
     kappas=(), seeds=(),
     claims=(
-        _study(MATCH, "§3.1, Fig. 1a", "parabola_match", "L692–694", kappa=8.0),
-        _study(MATCH, "§3.1, Fig. 1a", "parabola_match", "L692–694", kappa=256.0),
-        _study("The scaling rule tracks the ρ* until κ=256 …", "§3.1, Fig. 1b", "parabola_tracks_rho_star", "L716"),
+        _study(MATCH, "§3.1, Fig. 1a", "parabola_match", "L692–694", kappa=8.0,
+               short="§3.1 Fig. 1a: at κ=8 the rule matches the baseline EMA, ρ_B does not"),
+        _study(MATCH, "§3.1, Fig. 1a", "parabola_match", "L692–694", kappa=256.0, short="§3.1: the same at κ=256"),
+        _study("The scaling rule tracks the ρ* until κ=256 …", "§3.1, Fig. 1b", "parabola_tracks_rho_star", "L716",
+               short="§3.1: the rule tracks the best momentum ρ* until κ=256"),
         _study("… when the ρ* become systematically higher", "§3.1, Fig. 1b", "parabola_rho_star_higher", "L716–717",
                note="judged under the paper's own EMA Definition (pre: ζ from θ_t); the post convention (ζ from "
-                    "θ_{t+1}, BYOL's) is reported beside it"),
+                    "θ_{t+1}, BYOL's) is reported beside it",
+               short="§3.1: beyond κ=256 ρ* becomes systematically higher"),
         _study("We see target model error increase at κ=256 … this indicates that the SGD Scaling Rule is breaking",
                "§3.1, Fig. 1b", "parabola_target_onset", "L718–719",
-               note="read as an onset: the target's error grows faster from κ≈256 than below it"),
+               note="read as an onset: the target's error grows faster from κ≈256 than below it",
+               short="§3.1: the target model's error increases at κ=256 (the SGD rule breaking)"),
         _study("At the lower scaling κ=64, there is an inflection point in the EMA Scaling Rule approximation error …",
-               "§3.1, Fig. 1b", "parabola_inflection", "L720"),
+               "§3.1, Fig. 1b", "parabola_inflection", "L720", short="§3.1: an inflection in the rule's error at κ=64"),
         _study("… the approximation error at a given κ is higher for lower momenta ρ", "App. E.1",
-               "parabola_lower_rho_worse", "L1896"),
+               "parabola_lower_rho_worse", "L1896", short="App. E.1: a lower ρ_B gives a larger error"),
         _study("We observe no significant differences in the EMA scaling behavior as we vary dimensions",
-               "§3.1; App. E.1 (D = 2, 16, 100)", "parabola_dimensions", "L723, L1915"),
+               "§3.1; App. E.1 (D = 2, 16, 100)", "parabola_dimensions", "L723, L1915",
+               short="§3.1, App. E.1: no difference across dimensions"),
         _study("… not changing the momentum at every scaling κ induces large approximation error …", "§3.1",
-               "parabola_no_rule_large", "L724"),
+               "parabola_no_rule_large", "L724", short="§3.1: not scaling ρ induces a large error"),
     ),
     full_scale="already full scale: `emarule reproduce parabola` runs the paper's settings (the `paper` preset)",
 )
@@ -193,15 +213,18 @@ PRECISION = Family(
     claims=(
         _study("… when model weights and EMA weights are FP16 (never done in practice), an increasing variance happens "
                "for FP16 as the value of the momentum ρ approaches 0.99999 …",
-               "App. numerical stability, Fig. numerics", "precision_fp16_variance", "L3179"),
+               "App. numerical stability, Fig. numerics", "precision_fp16_variance", "L3179",
+               short="App. numerical stability: FP16's variance grows as ρ → 0.99999"),
         _study("… whereas BF16 … [is] stable", "App. numerical stability, Fig. numerics", "precision_bf16_stable",
-               "L3179", note="stable read as: no farther from FP32 than a second FP32 run with another data order"),
+               "L3179", note="stable read as: no farther from FP32 than a second FP32 run with another data order",
+               short="… whereas BF16 is stable"),
         _study("… whereas … FP32 [is] stable", "App. numerical stability, Fig. numerics", "precision_fp32_stable",
-               "L3179"),
+               "L3179", short="… whereas FP32 is stable"),
         _study("… the minimum value of ρ corresponds to scaling κ=log(ρ_B)/log(1−ε) ≈ 4K, giving a batch size B ≈ 8M "
                "which is beyond current hardware feasibility …", "App. numerical stability",
                "precision_fp32_range", "L3164–3170",
-               note="the baseline there is ρ_B = 0.996 at B = 4096, and ε ≈ 1.2e-7 is FP32's (L3164–3165)"),
+               note="the baseline there is ρ_B = 0.996 at B = 4096, and ε ≈ 1.2e-7 is FP32's (L3164–3165)",
+               short="FP32's range at ρ_B = 0.996, B = 4096: κ ≈ 4K, B ≈ 8M"),
     ),
     full_scale="already full scale: `emarule reproduce precision` runs the appendix's regression",
 )
@@ -224,14 +247,17 @@ BYOL = Family(
     claims=(
         Claim("… without the EMA Scaling Rule, there is a drop in test top-1 linear probe performance compared to the "
               "baseline, whereas with the EMA Scaling Rule, we closely match the baseline model until batch size 4096",
-              "§3.4, Fig. 5", "rule_needed", "probe_top1", 4.0, "run", "L887", up_to=True),
+              "§3.4, Fig. 5", "rule_needed", "probe_top1", 4.0, "run", "L887", up_to=True,
+              short="§3.4 Fig. 5: the rule keeps the probe on the baseline, without it it drops (over the run)"),
         Claim("… without the EMA Scaling Rule, there is a drop in test top-1 linear probe performance compared to the "
               "baseline, whereas with the EMA Scaling Rule, we closely match the baseline model until batch size 4096",
-              "§3.4, Fig. 5", "rule_needed", "probe_top1", 4.0, "end", "L887", up_to=True),
+              "§3.4, Fig. 5", "rule_needed", "probe_top1", 4.0, "end", "L887", up_to=True,
+              short="§3.4 Fig. 5: the same at the end"),
         Claim(FIG5_RIGHT, "§3.4, Fig. 5 (right)", "rule_needed", "probe_top1", 8.0, "end", "L889–898",
               settings=("k8-after-warmup", "k8"),
               note="A is κ=8 with the rule and a step to κ=8 at the end of warm-up (arm k8-after-warmup), B the "
-                   "same without Progressive Scaling (arm k8): the step closes B's gap at the end"),
+                   "same without Progressive Scaling (arm k8): the step closes B's gap at the end",
+              short="§3.4 Fig. 5 (right): at κ=8 a gap remains; Progressive Scaling after warm-up closes it"),
     ),
     full_scale=_full_scale("byol", "--preset full --data /datasets/cifar10 --kappas 1,2,4",
                            "100 epochs of CIFAR-10 per run; the κ=8 arms run beside them"),
@@ -247,16 +273,19 @@ BYOL_VIT = Family(
         Claim("Progressive Scaling coupled with the EMA Scaling Rule is required when scaling BYOL ViTs, enabling "
               "baseline loss tracking …", "§3.4, Fig. 6", "rule_needed", "byol_loss", 4.0, "run", "L904–905",
               note="the standard settings are Fig. 6's Progressive Scaling arms (the spec's step): with = "
-                   "progressive + EMA rule, without = progressive only"),
+                   "progressive + EMA rule, without = progressive only",
+              short="§3.4 Fig. 6: Progressive Scaling + the rule track the loss, progressive alone does not"),
         Claim("Progressive Scaling coupled with the EMA Scaling Rule is required …", "§3.4, Fig. 6", "arm_closer",
               "byol_loss", 4.0, "run", "L904", settings=("with", "rule-only"),
-              note="A: progressive + EMA rule; B: the EMA rule only (arm rule-only)"),
+              note="A: progressive + EMA rule; B: the EMA rule only (arm rule-only)",
+              short="§3.4 Fig. 6: … closer than the EMA rule alone"),
         Claim("Progressive Scaling coupled with the EMA Scaling Rule is required …", "§3.4, Fig. 6", "arm_closer",
               "byol_loss", 4.0, "run", "L904", settings=("with", "neither"),
-              note="A: progressive + EMA rule; B: neither (arm neither)"),
+              note="A: progressive + EMA rule; B: neither (arm neither)", short="§3.4 Fig. 6: … closer than neither"),
         Claim("… there is only a small drop in 1.6% probe performance when using the EMA Scaling Rule, compared to as "
               "44.56% drop without it", "§3.4, Fig. 6", "rule_needed", "probe_top1", 4.0, "end", "L909",
-              note="with and without both use Progressive Scaling (the spec's step)"),
+              note="with and without both use Progressive Scaling (the spec's step)",
+              short="§3.4 Fig. 6: the probe drops little with the rule, much without it"),
     ),
     full_scale=_full_scale("byol-vit", "--preset full --data /datasets/imagenet --kappas 1,6",
                            "480 ImageNet epochs of a ViT-B/16 per run"),
@@ -270,10 +299,12 @@ BYOL_R50_LARS = Family(
     claims=(
         Claim("… we are able to match or surpass the linear probe performance of the BYOL baseline at the larger batch "
               "size", "App. F.9", "matches_or_better", "probe_top1", 4.0, "end", "L2922",
-              note="the spec's smooth ramp (60 → 120 of 300 epochs, scaled to the preset) with the EMA rule"),
+              note="the spec's smooth ramp (60 → 120 of 300 epochs, scaled to the preset) with the EMA rule",
+              short="App. F.9: LARS with the smooth ramp matches or surpasses the baseline's probe"),
         Claim("… we are able to match or surpass the linear probe performance of the BYOL baseline at the larger batch "
               "size", "App. F.9", "matches_or_better", "probe_top1", 4.0, "end", "L2922",
-              settings=("slower-ramp", "with"), note="the ramp over twice the length (arm slower-ramp)"),
+              settings=("slower-ramp", "with"), note="the ramp over twice the length (arm slower-ramp)",
+              short="App. F.9: the same with the ramp over twice the length"),
     ),
     full_scale=_full_scale("byol-r50-lars", "--preset full --data /datasets/imagenet --kappas 1,8",
                            "300 ImageNet epochs of a ResNet-50 per run"),
@@ -294,20 +325,25 @@ POLYAK = Family(
               "performance diverges", "§3.2, Fig. 2", "rule_needed", "ema_top1", 2.0, "run", "L752",
               note="read as: the EMA trajectories match up to B = 2048 (κ=2) and diverge beyond it; App. E.2 "
                    "(L2076) puts the start of the gap at κ=4, and the next sentence blames the target model, which "
-                   "the target_explains claim judges"),
+                   "the target_explains claim judges",
+              short="§3.2 Fig. 2: the EMA matches the baseline over the run, without the rule it does not"),
         Claim("… without the EMA Scaling Rule, there is a significant drop in model EMA test performance, whereas with "
               "the EMA Scaling Rule, we can approximate the baseline model EMA test top-1 performance across all batch "
-              "sizes", "§3.2, Fig. 2", "rule_needed", "ema_top1", 4.0, "end", "L751", up_to=True),
+              "sizes", "§3.2, Fig. 2", "rule_needed", "ema_top1", 4.0, "end", "L751", up_to=True,
+              short="§3.2: without the rule the EMA drops, with it it matches (at the end)"),
         Claim("… a gap in EMA Test Top-1 trajectories begins at scaling κ=4 … the (non-EMA) Test Top-1 performance "
               "trajectory is no longer matching at these scalings, demonstrating that the problem is not due to a "
               "breakdown of the EMA Scaling Rule …", "§3.2; App. E.2", "target_explains", "ema_top1", 4.0, "run",
-              "L752–753, L2076–2077"),
+              "L752–753, L2076–2077", short="§3.2, App. E.2: the EMA gap from κ=4 is the target model's"),
         Claim("… model EMA top-1 is approximately 0.2% to 0.3% higher than the target model", "§3.2",
-              "ema_above_target", "ema_top1", 1.0, "end", "L754"),
+              "ema_above_target", "ema_top1", 1.0, "end", "L754",
+              short="§3.2: the EMA's top-1 is 0.2–0.3 % above the target's"),
         Claim(BN_CLOSER, "App. E.3", "arm_closer", "top1", 2.0, "run", "L2101–2102", settings=("bn-scale", "with"),
-              note="A: κ=2 with the EMA rule and ρ_BN^κ (arm bn-scale); B: the same with ρ_BN unscaled"),
+              note="A: κ=2 with the EMA rule and ρ_BN^κ (arm bn-scale); B: the same with ρ_BN unscaled",
+              short="App. E.3: ρ_BN^κ brings the target's curves slightly closer"),
         Claim(BN_CLOSER, "App. E.3", "arm_closer", "ema_top1", 2.0, "run", "L2101–2102",
-              settings=("bn-scale", "with"), note="the EMA's Test Top-1, A and B as above"),
+              settings=("bn-scale", "with"), note="the EMA's Test Top-1, A and B as above",
+              short="App. E.3: … and the EMA's"),
     ),
     full_scale=_full_scale("polyak", "--preset full --data /datasets/imagenet --kappas 0.5,1,2,4",
                            "90 ImageNet epochs of a ResNetv2-50 per run"),
@@ -320,12 +356,13 @@ DINO = Family(
     claims=(
         Claim("At batch size 2048, the training loss matches the reference only when the EMA Scaling Rule is applied, "
               "whereas the run without the scaling rule diverges from the reference", "App. F.8", "rule_needed",
-              "dino_loss", 2.0, "run", "L3052"),
+              "dino_loss", 2.0, "run", "L3052", short="App. F.8 (DINO): at κ=2 the loss matches only with the rule"),
         Claim("[At batch size 4096] there is also a gap with the EMA Scaling Rule, however is approximately three "
               "times smaller than the gap without the EMA Scaling Rule", "App. F.8", "rule_closer", "dino_loss", 4.0,
-              "run", "L3054"),
+              "run", "L3054", short="App. F.8: at κ=4 the gap with the rule is ≈ 3× smaller than without"),
         Claim("… using the EMA Scaling Rule always performs better in terms of linear probe performance than not using "
-              "the scaling rule", "App. F.8", "with_better", "probe_top1", None, "end", "L3056"),
+              "the scaling rule", "App. F.8", "with_better", "probe_top1", None, "end", "L3056",
+              short="App. F.8: the rule always gives the better linear probe"),
     ),
     full_scale=_full_scale("dino", "--preset full --data /datasets/cifar10 --kappas 1,2,4",
                            "280 epochs of a ViT-B/16 per run"),
@@ -344,17 +381,21 @@ CTC_POLYAK = Family(
     claims=(
         Claim("Without the EMA Scaling Rule, there is a significant difference in model EMA test WER trajectories "
               "compared to the baseline, whereas with the EMA Scaling Rule, trajectories match …", "§3.2, Fig. 3",
-              "rule_needed", "ema_wer", 32.0, "run", "L762", up_to=True),
+              "rule_needed", "ema_wer", 32.0, "run", "L762", up_to=True,
+              short="§3.2 Fig. 3 (ASR): with the rule the EMA's WER trajectory matches, without it it does not"),
         Claim("… the model EMA converges to similar final performance irrespective of use of the scaling rule",
-              "§3.2, Fig. 3", "same_either_way", "ema_wer", 32.0, "end", "L763", up_to=True),
+              "§3.2, Fig. 3", "same_either_way", "ema_wer", 32.0, "end", "L763", up_to=True,
+              short="§3.2: the EMA converges to a similar final WER either way"),
         Claim("… a growing gap between the baseline and EMA-scaled trajectories as we increase κ. Inspecting the train "
               "loss and non-EMA test WER … indicates this is due to a breakdown of the Adam Scaling Rule",
-              "§3.2; App. G, Fig. 9", "target_explains", "ema_wer", 32.0, "run", "L767–768", up_to=True),
+              "§3.2; App. G, Fig. 9", "target_explains", "ema_wer", 32.0, "run", "L767–768", up_to=True,
+              short="§3.2, App. G: the growing gap with κ is the Adam rule breaking"),
         Claim("… for smaller values of ρ_B, scaling with or without EMA Scaling Rule behave similarly, and reference "
               "trajectories match …", "App. G, Fig. 10", "same_either_way", SHORT_EMA_WER.name, 32.0, "run", "L2357",
               note="the paper's control is ρ_B = 0.999 beside 0.99995; ours is the further EMA with the smallest "
                    "momentum of the spec's ema.also, beside ema.momentum (the full recipe and tiny: 0.999 beside "
-                   "0.99995; cpu: 0.9 beside 0.98)", up_to=True),
+                   "0.99995; cpu: 0.9 beside 0.98)", up_to=True,
+              short="App. G: for a small ρ_B, with and without the rule behave alike"),
     ),
     full_scale=_full_scale("ctc-polyak", "--preset full --data /datasets/LibriSpeech --kappas 0.25,1,2,4",
                            "400k steps of a 36-layer transformer"),
@@ -369,13 +410,16 @@ CTC_PL = Family(
     claims=(
         Claim("When the EMA Scaling Rule is not used, Fig. 4 reveals a significant difference in PL quality "
               "trajectory … With this heuristic, we can match the baseline trajectory with the EMA Scaling Rule up "
-              "to κ=8", "§3.3, Fig. 4", "rule_needed", "pl_wer", 8.0, "run", "L804, L810", up_to=True),
+              "to κ=8", "§3.3, Fig. 4", "rule_needed", "pl_wer", 8.0, "run", "L804, L810", up_to=True,
+              short="§3.3 Fig. 4: the rule keeps the pseudo-label quality on the baseline"),
         Claim("When the EMA Scaling Rule is not used … a significant difference in PL quality trajectory, leading "
-              "to a higher test WER", "§3.3, Fig. 4", "rule_needed", "wer", 4.0, "end", "L804"),
+              "to a higher test WER", "§3.3, Fig. 4", "rule_needed", "wer", 4.0, "end", "L804",
+              short="§3.3: without it, a higher test WER"),
         Claim("For κ > 2, we found the Adam Scaling Rule does not perfectly match the reference trajectory in the "
               "pre-training phase", "§3.3", "optimizer_strays", "wer", 4.0, "run", "L806",
               note="the student's WER over the pre-training phase only (pseudo_label.pretrain_steps base steps), "
-                   "where it does not depend on the EMA", until="pseudo_label.pretrain_steps"),
+                   "where it does not depend on the EMA", until="pseudo_label.pretrain_steps",
+              short="§3.3: for κ > 2 the Adam rule strays in pre-training"),
     ),
     full_scale=_full_scale("ctc-pseudo-label", "--preset full --data /datasets/LibriSpeech --kappas 0.5,1,2,4,8",
                            "500k steps"),

@@ -21,7 +21,7 @@ from typing import Callable
 from emarule.cli import checks
 from emarule.errors import UserError
 from emarule.analysis.reproduce import report as R
-from emarule.analysis.reproduce.claims import FAMILIES, FULL, Family
+from emarule.analysis.reproduce.claims import FAMILIES, FULL, Family, headline_only
 from emarule.engine.rundir import atomic_write_text
 
 STUDY_SPEC = "reproduce-spec.json"  # the spec a study's results.json was computed with
@@ -70,10 +70,10 @@ def check(family: Family, preset: str | None, seeds: tuple | None, kappas: list[
 
 
 def command_text(family: Family, preset: str | None, seeds: tuple | None, kappas: list[float] | None,
-                 out: Path, data: Path | None) -> str:
+                 out: Path, data: Path | None, headline: bool = False) -> str:
     from emarule.cli.seeds import seeds_text
 
-    parts = ["emarule", "reproduce", family.name]
+    parts = ["emarule", "reproduce", family.name] + (["--headline"] if headline else [])
     if preset is not None:
         parts += ["--preset", preset]
     if seeds is not None:
@@ -87,11 +87,17 @@ def command_text(family: Family, preset: str | None, seeds: tuple | None, kappas
 
 
 def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, kappas: list[float] | None,
-              out: str | None, data: Path | None, resolver: Callable) -> dict:
+              out: str | None, data: Path | None, resolver: Callable, jobs: int | None = None,
+              headline: bool = False) -> dict:
     """`resolver(experiment, preset)` → `resolve_run(kappa, rule, baseline, arm=None)` as `emarule sweep`
     builds it; an arm (`claims.Arm`) adds its --set overrides and --progressive schedule. `seeds`: the
     seeds (`emarule.cli.seeds.parse_seeds`), None for the family's default."""
     family = family_of(name)
+    if headline:
+        if family.kind != "sweep":
+            raise UserError(f"reproduce {name} --headline: the {name} study judges every claim from one run; "
+                            f"drop --headline")
+        family = headline_only(family)
     spec_preset = check(family, preset, seeds, kappas)
     chosen = preset if preset is not None else family.preset
     family = replace(family, arms=tuple(a.for_preset(chosen) for a in family.arms))
@@ -100,7 +106,7 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
     from emarule.engine.runlock import lock_dir
 
     with lock_dir(root, "reproduction"):
-        text = command_text(family, preset, seeds, kappas, root, data)
+        text = command_text(family, preset, seeds, kappas, root, data, headline)
         t0, load0 = time.monotonic(), os.getloadavg()[0]
         resolve_run = resolver(family.experiment, spec_preset)
         args = {"preset": preset if preset is not None else family.preset, "command": text,
@@ -108,7 +114,7 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
                 "kappas": kappas if kappas is not None else list(family.kappas)}
         if family.kind == "sweep":
             args["arms"] = R.arms_rows(family, spec_preset)
-            result = _sweep(console, family, args, root, data, resolve_run)
+            result = _sweep(console, family, args, root, data, resolve_run, jobs)
         else:
             result = _study(console, family, root, resolve_run)
         if result is None:  # not the main process of a torchrun launch
@@ -123,7 +129,8 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
         return data_out
 
 
-def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, resolve_run) -> tuple | None:
+def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, resolve_run,
+           jobs: int | None = None) -> tuple | None:
     from emarule import tasks
     from emarule.analysis import sweep
     from emarule.cli.seeds import seeds_label
@@ -131,7 +138,8 @@ def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, r
     runs = sweep.plan_runs(args["kappas"], ["exponential", None], args["seeds"], family.arms)
     # The sweep's own comparison on the target model's metric, which every run logs from its first
     # evaluation (a teacher's `pl_wer` exists only once pseudo-labeling starts, at κ=4 sometimes never).
-    done = sweep.execute(console, runs, resolve_run, root, tasks, data=data, metric=family.target_metric.name)
+    done = sweep.execute(console, runs, resolve_run, root, tasks, data=data, metric=family.target_metric.name,
+                         jobs=jobs)
     from emarule.engine import distributed
 
     if not distributed.is_main():
@@ -147,7 +155,10 @@ def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, r
         from emarule.analysis.reproduce.probe_check import probe_check
 
         # The probe check groups by κ and rule, so the arms (which share them) are left out of it.
-        measured["probe_check"] = check_probe = probe_check([r for r in loaded if str(r.path) not in arms])
+        probed = [r for r in loaded if str(r.path) not in arms]
+        console.print(f"offline probe of {len(probed)} final teachers, the baselines' teachers at initialization "
+                      f"and the raw pixels (cached in each run directory)", highlight=False)
+        measured["probe_check"] = check_probe = probe_check(probed)
         for c in measured["claims"]:
             if c["metric"] == "probe_top1" and check_probe:
                 c["probe_check"] = check_probe["summary"]

@@ -160,7 +160,7 @@ def epochs_of_base_steps(run, key: str) -> float:
 def not_logged(c: Claim) -> dict:
     why = ("the spec has no ema.also, so no further EMA is evaluated" if SHORTEST_ALSO in c.metric
            else f"this preset does not log {c.metric}")
-    return {"claim": c.text, "paper": c.paper, "where": c.where, "kind": c.kind, "metric": c.metric,
+    return {"claim": c.text, "short": c.short, "paper": c.paper, "where": c.where, "kind": c.kind, "metric": c.metric,
             "kappa": c.kappa, "statistic": STATISTIC[c.over], "gap_with_rule": None, "gap_without_rule": None,
             "baseline_spread": None, "note": c.note, "verdict": "inconclusive",
             "why": f"not measured: {why}"}
@@ -240,7 +240,7 @@ def judge(family: Family, claim: Claim, tables: dict, base: list, kappas: list, 
     metric: Metric = table["metric"]
     over = claim.over
     ka, kb = (setting_key(family, n, claim.kappa) for n in claim.settings)
-    out = {"claim": claim.text, "paper": claim.paper, "where": claim.where, "kind": claim.kind,
+    out = {"claim": claim.text, "short": claim.short, "paper": claim.paper, "where": claim.where, "kind": claim.kind,
            "metric": claim.metric, "kappa": claim.kappa, "statistic": STATISTIC[over],
            "gap_with_rule": None, "gap_without_rule": None, "baseline_spread": _spread(table, over),
            "note": claim.note}

@@ -341,7 +341,7 @@ def judge_study(family, results) -> list[dict]:
         check = CHECKS[c.kind]
         res = check(results, c.kappa) if c.kappa is not None else check(results)
         metric = MEASURES[c.kind]
-        out.append({"claim": c.text, "paper": c.paper, "where": c.where, "kind": c.kind, "metric": metric,
-                    "kappa": c.kappa, "statistic": STATISTICS.get(c.kind, family.name),
+        out.append({"claim": c.text, "short": c.short, "paper": c.paper, "where": c.where, "kind": c.kind,
+                    "metric": metric, "kappa": c.kappa, "statistic": STATISTICS.get(c.kind, family.name),
                     "note": c.note, **res})
     return out

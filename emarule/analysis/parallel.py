@@ -1,0 +1,150 @@
+"""A sweep's runs side by side, one process each, when the machine has cores to spare (`--jobs`).
+
+The CPU presets train models of a few hundred thousand parameters, whose steps a second torch thread
+barely speeds up; two single-threaded runs side by side on two cores finish in about half the wall time
+of the same runs one after another. Each run is the same `run_task(ctx)` as in the sequential sweep,
+in a spawned worker with `cores // jobs` torch threads; its own output is held and printed when it
+ends, so that the console reads run by run. While runs train, a line every `every_s` seconds says how
+far each training run has come (the epoch of its last logged row) and how many are still to go.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import replace
+from pathlib import Path
+
+from emarule.errors import UserError
+
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+JOBS_ENV = "EMARULE_JOBS"  # the default of --jobs, as the option takes it
+
+
+def parse_jobs(text: str | None) -> int | None:
+    """--jobs (or $EMARULE_JOBS when it is not given): a count ≥ 1, or "auto" (None here: `jobs_for`
+    decides)."""
+    if text is None:
+        text = os.environ.get(JOBS_ENV) or None
+    if text is None or text.strip().lower() == "auto":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        where = f" (from ${JOBS_ENV})" if os.environ.get(JOBS_ENV) == text else ""
+        raise UserError(f"--jobs {text}{where}: expected a number of runs at a time (1, 2, ...) or auto; "
+                        f"auto runs one per CPU core when no GPU is visible")
+    return n
+
+
+def jobs_for(asked: int | None, n_runs: int, world_size: int) -> int:
+    """How many runs train at once: one under torchrun (the launch's processes share every run) and on a
+    machine with a GPU (runs would share the device); else `asked`, or one per core, never more than
+    there are runs."""
+    if world_size > 1:
+        if asked is not None and asked > 1:
+            raise UserError(f"--jobs {asked}: under torchrun every run uses all the launch's processes; "
+                            f"leave --jobs out")
+        return 1
+    if asked is None:
+        import torch
+
+        asked = 1 if torch.cuda.is_available() else cores()
+    return max(1, min(asked, n_runs))
+
+
+def _train(ctx, task_spec, threads: int) -> tuple[dict, float, str]:
+    """In a worker: one run, single- or few-threaded, its console output held."""
+    import torch
+
+    torch.set_num_threads(threads)
+    from emarule import tasks
+    from emarule.tasks import registry
+
+    if task_spec is not None and registry.lookup(task_spec.name) is None:  # registered in the parent only
+        registry.register(task_spec)
+    buf = io.StringIO()
+    t0 = time.monotonic()
+    with redirect_stdout(buf), redirect_stderr(buf):
+        result = tasks.run_task(replace(ctx, quiet=True))
+    return result or {}, time.monotonic() - t0, buf.getvalue()
+
+
+def _epoch_reached(out: Path) -> float | None:
+    """The epoch of the run's last logged row (the last line of metrics.jsonl), None before the first."""
+    try:
+        with open(out / "metrics.jsonl", "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            lines = f.read().decode("utf-8", "replace").strip().splitlines()
+        return float(json.loads(lines[-1])["epoch"]) if lines else None
+    except (OSError, ValueError, KeyError, TypeError, IndexError):  # not there yet, or a line half-written
+        return None
+
+
+def _total_epochs(ctx) -> float | None:
+    try:
+        return float(ctx.cfg.schedule.epochs)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+
+
+def run_side_by_side(console, labels: list[str], ctxs: list, jobs: int, on_done, every_s: float = 30.0) -> None:
+    """Train `ctxs` `jobs` at a time; `on_done(i, result, wall_s, output)` in the parent as each ends, in
+    the order they end. A failed run stops the others (finished runs are kept; the same command
+    resumes the rest) and its error is raised here."""
+    import multiprocessing
+
+    from emarule.tasks import registry
+
+    threads = max(1, cores() // jobs)
+    console.print(f"{len(ctxs)} runs, {jobs} at a time ({threads} torch thread{'s' if threads > 1 else ''} each; "
+                  f"--jobs 1 runs them one after another)", highlight=False)
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        futures = {pool.submit(_train, ctx, registry.lookup(ctx.spec.get("task")), threads): i
+                   for i, ctx in enumerate(ctxs)}
+        pending, t_start = set(futures), time.time()
+        while pending:
+            finished, pending = wait(pending, timeout=every_s, return_when=FIRST_COMPLETED)
+            for f in finished:
+                i = futures[f]
+                result, wall, output = f.result()  # a run's error surfaces here
+                on_done(i, result, wall, output)
+            if not finished:
+                # A future counts as running once it is queued for a worker; a run is training once it
+                # has logged a row since the sweep began.
+                now = [_progress(labels[futures[f]], ctxs[futures[f]], t_start) for f in pending]
+                training = [p for p in now if p is not None]
+                console.print("  training: " + "; ".join(training or ["starting"])
+                              + f" ({len(pending) - len(training)} to go)", highlight=False)
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _progress(label: str, ctx, since: float) -> str | None:
+    """How far a run has come, or None when it has logged nothing since `since` (not started yet)."""
+    try:
+        if (ctx.out / "metrics.jsonl").stat().st_mtime < since:
+            return None
+    except OSError:
+        return None
+    e, total = _epoch_reached(ctx.out), _total_epochs(ctx)
+    if e is None:
+        return None
+    return f"{label} epoch {e:.2f}" + (f" of {total:g}" if total else "")

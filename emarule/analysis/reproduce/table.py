@@ -1,0 +1,158 @@
+"""The README's table of claims, written from the verdict.json files of one `make repro`.
+
+    python -m emarule.analysis.reproduce.table ROOT [--readme README.md] [--wall-s SECONDS]
+
+ROOT holds `<family>/verdict.json` (`emarule reproduce FAMILY`, every claim on the default seeds) and
+`<family>-headline/verdict.json` (`emarule reproduce FAMILY --headline --seeds 100-104`, the headline
+claim on seeds no preset was tuned on). One row per judged claim (an "up to κ" claim once per κ), in
+the order of `claims.FAMILIES`; then one row per family with its runs and wall times. With --readme the
+text between the two markers below is replaced (written to a temporary name, then renamed); else it
+is printed. A family with no verdict.json gets a row that says so: the table never borrows a number
+from another run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from emarule.analysis.reproduce.claims import FAMILIES, Family
+from emarule.errors import UserError
+
+START = "<!-- claims table: written by `make repro` (python -m emarule.analysis.reproduce.table) -->"
+END = "<!-- end of claims table -->"
+HEADLINE = "-headline"  # ROOT/<family><HEADLINE>: the headline claim on new seeds
+
+
+def _load(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError as e:
+        raise UserError(f"{path}: not valid JSON ({e}); run that reproduction again") from None
+
+
+def _seeds(seeds) -> str:
+    from emarule.cli.seeds import seeds_label
+
+    return seeds_label(tuple(seeds)) if seeds else "—"
+
+
+def _kappa(c: dict) -> str:
+    k = c.get("kappa")
+    return "—" if k is None else f"{float(k):g}"
+
+
+def _verdict(c: dict) -> str:
+    v, why = c.get("verdict", "—"), str(c.get("why") or "")
+    text = "**contradicted**" if v == "contradicted" else v
+    if v == "inconclusive":
+        reason = why.split(":")[0].strip()
+        text = f"inconclusive ({reason})" if reason and len(reason) <= 40 else "inconclusive"
+    # The parabola judges under the paper's EMA Definition (pre) and reports BYOL's convention beside it.
+    post = why.split("post:", 1)[1].strip().rstrip(".") if "post:" in why else ""
+    return f"{text}; post convention: {post}" if post and len(post) <= 60 else text
+
+
+def _page(family: Family) -> str:
+    return f"[{family.experiment}](experiments/{family.experiment}.md)"
+
+
+def _same_claim(a: dict, b: dict) -> bool:
+    return a.get("short") == b.get("short") and a.get("kappa") == b.get("kappa") and a.get("claim") == b.get("claim")
+
+
+def rows(root: Path) -> tuple[list[list[str]], list[list[str]], set, set]:
+    """(claim rows, family rows, the seed labels of the full reproductions, those of the headline checks);
+    a verdict cell names its seeds only where the families' seeds differ (`markdown`)."""
+    claims, runs, seen, seen_new = [], [], set(), set()
+    for name, family in FAMILIES.items():
+        main = _load(root / name / "verdict.json")
+        new = _load(root / f"{name}{HEADLINE}" / "verdict.json") if family.kind == "sweep" else None
+        if main is None:
+            claims.append([f"{family.section}: every claim of the family", "—", "not run: no "
+                           f"{root / name / 'verdict.json'}", "—", _page(family)])
+            runs.append([name, "—", "—", "—", "—"])
+            continue
+        for c in main["claims"]:
+            head = "—"
+            if new is not None:
+                match = [h for h in new["claims"] if _same_claim(h, c)]
+                if match:
+                    seen_new.add(_seeds(new.get("seeds")))
+                    head = (_verdict(match[0]), _seeds(new.get("seeds")))
+            if main.get("seeds"):
+                seen.add(_seeds(main["seeds"]))
+            label = c.get("short") or c["claim"]
+            claims.append([label, _kappa(c), (_verdict(c), _seeds(main.get("seeds"))), head, _page(family)])
+        t, tn = main.get("timing") or {}, (new or {}).get("timing") or {}
+        check = (main.get("optimizer_check") or {}).get("summary", "—")
+        reused = f" ({t['reused']} reused)" if t.get("reused") else ""
+        runs.append([name, f"{t.get('runs', '—')}{reused}", _minutes(t.get("wall_s")),
+                     _minutes(tn.get("wall_s")) + (f" ({tn.get('runs')} runs)" if tn else ""), check])
+    return claims, runs, seen, seen_new
+
+
+def _minutes(s) -> str:
+    return "—" if s is None else f"{float(s) / 60:.1f} min"
+
+
+def markdown(root: Path, wall_s: float | None = None) -> str:
+    claims, runs, seen, seen_new = rows(root)
+
+    def cell(v, common: bool) -> str:
+        if not isinstance(v, tuple):
+            return v
+        verdict, seeds = v
+        return verdict if common or seeds == "—" else f"{verdict} (seeds {seeds})"
+
+    one, one_new = len(seen) == 1, len(seen_new) == 1
+    head = "verdict" + (f", seeds {next(iter(seen))}" if one else "")
+    head_new = "the headline claim on new seeds" + (f", {next(iter(seen_new))}" if one_new else "")
+    out = [f"| # | claim (paper) | κ | {head} | {head_new} | page |", "|---:|---|---|---|---|---|"]
+    out += [f"| {i} | {r[0]} | {r[1]} | {cell(r[2], one)} | {cell(r[3], one_new)} | {r[4]} |"
+            for i, r in enumerate(claims, 1)]
+    out += ["", "| family | runs | wall time | headline check | the optimizer-rule check |", "|---|---:|---:|---:|---|"]
+    out += ["| " + " | ".join(r) + " |" for r in runs]
+    if wall_s is not None:
+        out += ["", f"`make repro` took {float(wall_s) / 60:.0f} min of wall time for all of it."]
+    return "\n".join(out) + "\n"
+
+
+def write_readme(readme: Path, table: str) -> None:
+    from emarule.engine.rundir import atomic_write_text
+
+    text = readme.read_text()
+    if START not in text or END not in text:
+        raise UserError(f"{readme}: no claims-table markers; put the lines {START!r} and {END!r} where the "
+                        f"table goes")
+    head, rest = text.split(START, 1)
+    tail = rest.split(END, 1)[1]
+    atomic_write_text(readme, f"{head}{START}\n{table}{END}{tail}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m emarule.analysis.reproduce.table", description=__doc__.split("\n")[0])
+    ap.add_argument("root", type=Path)
+    ap.add_argument("--readme", type=Path)
+    ap.add_argument("--wall-s", type=float)
+    a = ap.parse_args(argv)
+    try:
+        if not a.root.is_dir():
+            raise UserError(f"{a.root}: no such folder; `make repro` writes runs/reproduce")
+        table = markdown(a.root, a.wall_s)
+        if a.readme is not None:
+            write_readme(a.readme, table)
+        else:
+            sys.stdout.write(table)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,86 @@
+"""`--jobs`: runs side by side in worker processes give the rows the same runs give one after another."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from emarule.analysis import parallel as P
+from emarule.cli.main import app
+from emarule.errors import UserError
+
+runner = CliRunner()
+
+
+def test_parse_jobs(monkeypatch):
+    monkeypatch.delenv(P.JOBS_ENV, raising=False)
+    assert P.parse_jobs(None) is None and P.parse_jobs("auto") is None and P.parse_jobs(" AUTO ") is None
+    assert P.parse_jobs("3") == 3
+    for bad in ("0", "-1", "two", "1.5", ""):
+        with pytest.raises(UserError, match="--jobs"):
+            P.parse_jobs(bad)
+    monkeypatch.setenv(P.JOBS_ENV, "2")
+    assert P.parse_jobs(None) == 2 and P.parse_jobs("1") == 1  # the option wins over the variable
+    monkeypatch.setenv(P.JOBS_ENV, "many")
+    with pytest.raises(UserError, match=r"\$EMARULE_JOBS"):
+        P.parse_jobs(None)
+
+
+def test_jobs_for(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(P, "cores", lambda: 6)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert P.jobs_for(None, 25, 1) == 6
+    assert P.jobs_for(None, 4, 1) == 4  # never more workers than runs
+    assert P.jobs_for(3, 25, 1) == 3
+    assert P.jobs_for(None, 25, 4) == 1  # torchrun: the launch's processes share every run
+    with pytest.raises(UserError, match="torchrun"):
+        P.jobs_for(2, 25, 4)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert P.jobs_for(None, 25, 1) == 1 and P.jobs_for(2, 25, 1) == 2
+
+
+def test_bad_jobs_writes_nothing(tmp_path):
+    r = runner.invoke(app, ["sweep", "byol-r18", "--preset", "tiny", "--jobs", "0", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "--jobs 0" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "o").exists()
+
+
+def _rows(run_dir):
+    drop = ("wall_s", "samples_per_s")
+    return [{k: v for k, v in json.loads(line).items() if k not in drop}
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_side_by_side_rows_match_one_after_another(tmp_path):
+    args = ["sweep", "byol-r18", "--preset", "tiny", "--kappas", "1,2"]
+    one = runner.invoke(app, [*args, "--jobs", "1", "--out", str(tmp_path / "one")])
+    two = runner.invoke(app, [*args, "--jobs", "2", "--out", str(tmp_path / "two")])
+    assert one.exit_code == 0, one.output
+    assert two.exit_code == 0, two.output
+    assert "3 runs, 2 at a time" in two.output and "wall time with 2 runs at a time" in two.output
+    names = sorted(p.name for p in (tmp_path / "one" / "byol-r18").iterdir() if p.is_dir())
+    assert names == ["tiny-k1-rule-s0", "tiny-k2-norule-s0", "tiny-k2-rule-s0"]
+    for n in names:
+        a, b = _rows(tmp_path / "one" / "byol-r18" / n), _rows(tmp_path / "two" / "byol-r18" / n)
+        assert len(a) > 3 and a == b, n
+    # A second call reuses every finished run instead of training it again.
+    again = runner.invoke(app, [*args, "--jobs", "2", "--out", str(tmp_path / "two")])
+    assert again.exit_code == 0 and again.output.count("(resuming what is there)") == 3
+
+
+def test_progress_names_only_runs_that_logged_since_the_start(tmp_path):
+    import os
+    import time
+    from types import SimpleNamespace
+
+    ctx = SimpleNamespace(out=tmp_path, cfg=SimpleNamespace(schedule=SimpleNamespace(epochs=3)))
+    t0 = time.time()
+    assert P._progress("r", ctx, t0) is None  # nothing logged yet
+    (tmp_path / "metrics.jsonl").write_text('{"epoch": 0.5}\n{"epoch": 1.25, "loss": 2}\n')
+    assert P._progress("r", ctx, t0 - 1) == "r epoch 1.25 of 3"
+    os.utime(tmp_path / "metrics.jsonl", (t0 - 100, t0 - 100))  # a finished run's rows, from before
+    assert P._progress("r", ctx, t0) is None
+    (tmp_path / "metrics.jsonl").write_text('{"epoch": 2.0}\n{"epo')  # a row half-written
+    assert P._progress("r", ctx, t0 - 1) is None

@@ -1,0 +1,74 @@
+"""The README's table of claims, written from a `make repro` root's verdict.json files."""
+
+import json
+
+import pytest
+
+from emarule.analysis.reproduce import claims as K
+from emarule.analysis.reproduce import table as T
+from emarule.errors import UserError
+
+
+def _claim(c: K.Claim, verdict: str, kappa=None, why="") -> dict:
+    return {"claim": c.text, "short": c.short, "paper": c.paper, "kind": c.kind, "metric": c.metric,
+            "kappa": c.kappa if kappa is None else kappa, "verdict": verdict, "why": why}
+
+
+def _write(root, name, claims, seeds, wall_s=600.0, runs=30, check="the target model's top1 strays first at κ=4"):
+    (root / name).mkdir(parents=True)
+    (root / name / "verdict.json").write_text(json.dumps({
+        "claims": claims, "seeds": seeds, "timing": {"runs": runs, "reused": 0, "wall_s": wall_s},
+        "optimizer_check": {"summary": check}}))
+
+
+@pytest.fixture
+def root(tmp_path):
+    c = K.POLYAK.claims
+    _write(tmp_path, "polyak", [_claim(c[0], "reproduced"), _claim(c[1], "inconclusive", 2.0, why="noise: spread"),
+                                _claim(c[1], "contradicted", 4.0)], [0, 1, 2, 3, 4])
+    _write(tmp_path, "polyak-headline", [_claim(c[0], "contradicted")], [100, 101, 102, 103, 104], 300.0, 15)
+    return tmp_path
+
+
+def test_one_row_per_judged_claim_with_its_headline_check(root):
+    md = T.markdown(root, wall_s=5400)
+    lines = md.splitlines()
+    assert lines[0] == ("| # | claim (paper) | κ | verdict, seeds 0–4 | the headline claim on new seeds, 100–104 "
+                        "| page |")
+    polyak = [line for line in lines if "polyak-r50.md" in line]
+    assert polyak[0] == (f"| 3 | {K.POLYAK.claims[0].short} | 2 | reproduced | **contradicted** "
+                         f"| [polyak-r50](experiments/polyak-r50.md) |")
+    assert "| 2 | inconclusive (noise) | — |" in polyak[1] and "| 4 | **contradicted** | — |" in polyak[2]
+    # Families without a verdict.json say so rather than borrow a number.
+    assert "not run: no " in lines[2] and lines[2].count("parabola") >= 1
+    assert "| polyak | 30 | 10.0 min | 5.0 min (15 runs) | the target model's top1 strays first at κ=4 |" in md
+    assert md.rstrip().endswith("`make repro` took 90 min of wall time for all of it.")
+
+
+def test_seeds_that_differ_between_families_are_named_in_the_cell(root):
+    c = K.DINO.claims
+    _write(root, "dino", [_claim(c[0], "reproduced")], [0, 1, 2])
+    md = T.markdown(root)
+    assert "| verdict | " in md and "| reproduced (seeds 0–2) |" in md and "| reproduced (seeds 0–4) |" in md
+
+
+def test_readme_rewritten_between_the_markers_only(root, tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# top\n\n{T.START}\nold table\n{T.END}\n\nbelow\n")
+    T.write_readme(readme, T.markdown(root))
+    text = readme.read_text()
+    assert text.startswith(f"# top\n\n{T.START}\n| # |") and text.endswith(f"{T.END}\n\nbelow\n")
+    assert "old table" not in text and text.count(T.START) == 1
+    readme.write_text("# no markers\n")
+    with pytest.raises(UserError, match="no claims-table markers"):
+        T.write_readme(readme, "x")
+    assert readme.read_text() == "# no markers\n"
+
+
+def test_bad_root_and_damaged_json_are_one_line_errors(tmp_path, capsys, root):
+    assert T.main([str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
+    (root / "polyak" / "verdict.json").write_text("{half")
+    assert T.main([str(root)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not valid JSON" in err and "polyak" in err
