@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from contextlib import redirect_stderr, redirect_stdout
@@ -66,8 +67,30 @@ def jobs_for(asked: int | None, n_runs: int, world_size: int) -> int:
     return max(1, min(asked, n_runs))
 
 
-def _train(ctx, task_spec, threads: int) -> tuple[dict, float, str]:
-    """In a worker: one run, single- or few-threaded, its console output held."""
+# In a worker: set once a stop signal has reached it, so that it starts no further run.
+_stopping = False
+
+
+def _worker_start() -> None:
+    """A worker in its own process group: a Ctrl-C at the terminal reaches the parent alone, which sends
+    each worker exactly one signal (two would stop a run without its checkpoint)."""
+    os.setpgrp()
+
+    def note(signum, frame):
+        global _stopping
+        _stopping = True
+
+    signal.signal(signal.SIGINT, note)
+    signal.signal(signal.SIGTERM, note)
+
+
+def _train(ctx, task_spec, threads: int) -> tuple[str, dict, float, str]:
+    """In a worker: one run, single- or few-threaded, its console output held. ("done", result, wall, output),
+    ("stopped", {}, wall, output) when a signal stopped it at a checkpoint, ("skipped", ...) when a signal
+    came before it started."""
+    global _stopping
+    if _stopping:
+        return "skipped", {}, 0.0, ""
     import torch
 
     torch.set_num_threads(threads)
@@ -78,9 +101,15 @@ def _train(ctx, task_spec, threads: int) -> tuple[dict, float, str]:
         registry.register(task_spec)
     buf = io.StringIO()
     t0 = time.monotonic()
-    with redirect_stdout(buf), redirect_stderr(buf):
-        result = tasks.run_task(replace(ctx, quiet=True))
-    return result or {}, time.monotonic() - t0, buf.getvalue()
+    try:
+        with redirect_stdout(buf), redirect_stderr(buf):
+            result = tasks.run_task(replace(ctx, quiet=True))
+    except SystemExit as e:  # the loop's exit after the checkpoint a signal asked for
+        if e.code not in (130, 143):
+            raise
+        _stopping = True
+        return "stopped", {}, time.monotonic() - t0, buf.getvalue()
+    return "done", result or {}, time.monotonic() - t0, buf.getvalue()
 
 
 def _epoch_reached(out: Path) -> float | None:
@@ -104,8 +133,13 @@ def _total_epochs(ctx) -> float | None:
 
 def run_side_by_side(console, labels: list[str], ctxs: list, jobs: int, on_done, every_s: float = 30.0) -> None:
     """Train `ctxs` `jobs` at a time; `on_done(i, result, wall_s, output)` in the parent as each ends, in
-    the order they end. A failed run stops the others (finished runs are kept; the same command
-    resumes the rest) and its error is raised here."""
+    the order they end.
+
+    Ctrl-C or SIGTERM to this process goes on to every worker once: each run in progress writes its
+    checkpoint and stops, no further run starts, and this process exits as a stopped run does (130 or 143)
+    after saying so. A second Ctrl-C stops everything at once. A run that fails stops the others the same
+    way (at a checkpoint), and its error is raised here. Finished runs are kept; the same command resumes.
+    """
     import multiprocessing
 
     from emarule.tasks import registry
@@ -113,18 +147,53 @@ def run_side_by_side(console, labels: list[str], ctxs: list, jobs: int, on_done,
     threads = max(1, cores() // jobs)
     console.print(f"{len(ctxs)} runs, {jobs} at a time ({threads} torch thread{'s' if threads > 1 else ''} each; "
                   f"--jobs 1 runs them one after another)", highlight=False)
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_worker_start)
+    stop: dict = {"signal": None}
+
+    def tell_workers(signum: int) -> None:
+        for proc in list(getattr(pool, "_processes", {}).values()):  # the executor keeps its workers there
+            try:
+                os.kill(proc.pid, signum)
+            except (OSError, AttributeError):
+                pass
+
+    def on_signal(signum, frame):
+        again = stop["signal"] is not None
+        stop["signal"] = signum
+        tell_workers(signum)
+        if again and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stopped = []
     try:
         futures = {pool.submit(_train, ctx, registry.lookup(ctx.spec.get("task")), threads): i
                    for i, ctx in enumerate(ctxs)}
         pending, t_start = set(futures), time.time()
         while pending:
-            finished, pending = wait(pending, timeout=every_s, return_when=FIRST_COMPLETED)
+            finished, pending = wait(pending, timeout=1.0 if stop["signal"] else every_s,
+                                     return_when=FIRST_COMPLETED)
             for f in finished:
                 i = futures[f]
-                result, wall, output = f.result()  # a run's error surfaces here
-                on_done(i, result, wall, output)
-            if not finished:
+                try:
+                    status, result, wall, output = f.result()
+                except BaseException:
+                    if stop["signal"] is None:
+                        stop["signal"] = signal.SIGTERM
+                        tell_workers(signal.SIGTERM)  # the others stop at a checkpoint
+                    raise
+                if status == "done":
+                    on_done(i, result, wall, output)
+                elif status == "stopped":
+                    stopped.append(i)
+                    if output.strip():
+                        console.print(output.rstrip(), markup=False, highlight=False)
+            if stop["signal"] is not None:
+                for f in pending:
+                    f.cancel()  # those not handed to a worker yet
+                pending = {f for f in pending if not f.cancelled()}
+            elif not finished:
                 # A future counts as running once it is queued for a worker; a run is training once it
                 # has logged a row since the sweep began.
                 now = [_progress(labels[futures[f]], ctxs[futures[f]], t_start) for f in pending]
@@ -134,7 +203,15 @@ def run_side_by_side(console, labels: list[str], ctxs: list, jobs: int, on_done,
     except BaseException:
         pool.shutdown(wait=True, cancel_futures=True)
         raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     pool.shutdown(wait=True)
+    if stop["signal"] is not None:
+        name = "SIGINT" if stop["signal"] == signal.SIGINT else "SIGTERM"
+        console.print(f"{name}: {len(stopped)} run{'s' if len(stopped) != 1 else ''} stopped at a checkpoint; "
+                      f"finished runs are kept; run the same command again to resume", highlight=False)
+        raise SystemExit(130 if stop["signal"] == signal.SIGINT else 143)
 
 
 def _progress(label: str, ctx, since: float) -> str | None:

@@ -84,3 +84,34 @@ def test_progress_names_only_runs_that_logged_since_the_start(tmp_path):
     assert P._progress("r", ctx, t0) is None
     (tmp_path / "metrics.jsonl").write_text('{"epoch": 2.0}\n{"epo')  # a row half-written
     assert P._progress("r", ctx, t0 - 1) is None
+
+
+def test_ctrl_c_stops_every_run_at_a_checkpoint_and_says_so(tmp_path):
+    """One SIGINT to the sweep (a terminal's Ctrl-C reaches it alone: the workers have their own process
+    group) stops each run in progress at a checkpoint, starts no further run, and exits 130."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "o"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "emarule", "sweep", "byol-r18", "--preset", "cpu", "--kappas",
+                             "1,2", "--jobs", "2", "--out", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    runs = [out / "byol-r18" / n for n in ("cpu-k1-rule-s0", "cpu-k2-rule-s0")]
+    deadline = time.monotonic() + 240
+    while not all((r / "metrics.jsonl").exists() for r in runs) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 130, output
+    assert "stopped at a checkpoint; finished runs are kept; run the same command again to resume" in output
+    assert output.count("SIGINT: checkpoint written at") == 2, output
+    for r in runs:
+        assert (r / "checkpoint.pt").is_file()
+        last = json.loads((r / "metrics.jsonl").read_text().splitlines()[-1])
+        assert last["epoch"] < 16  # stopped, not finished
+    assert not (out / "byol-r18" / "cpu-k2-norule-s0").exists()  # the third run never started
