@@ -24,7 +24,8 @@ def _write(root, name, claims, seeds, wall_s=600.0, runs=30, check="the target m
 @pytest.fixture
 def root(tmp_path):
     c = K.POLYAK.claims
-    _write(tmp_path, "polyak", [_claim(c[0], "reproduced"), _claim(c[1], "inconclusive", 2.0, why="noise: spread"),
+    why = "gap with 1, without 1.1: without < 2× with"
+    _write(tmp_path, "polyak", [_claim(c[0], "reproduced"), _claim(c[1], "inconclusive", 2.0, why=why),
                                 _claim(c[1], "contradicted", 4.0)], [0, 1, 2, 3, 4])
     _write(tmp_path, "polyak-headline", [_claim(c[0], "contradicted")], [100, 101, 102, 103, 104], 300.0, 15)
     return tmp_path
@@ -38,7 +39,7 @@ def test_one_row_per_judged_claim_with_its_headline_check(root):
     polyak = [line for line in lines if "polyak-r50.md" in line]
     assert polyak[0] == (f"| 3 | {K.POLYAK.claims[0].short} | 2 | reproduced | **contradicted** "
                          f"| [polyak-r50](experiments/polyak-r50.md) |")
-    assert "| 2 | inconclusive (noise) | — |" in polyak[1] and "| 4 | **contradicted** | — |" in polyak[2]
+    assert "| 2 | inconclusive (without < 2× with) | — |" in polyak[1] and "| 4 | **contradicted** | — |" in polyak[2]
     # Families without a verdict.json say so rather than borrow a number.
     assert "not run: no " in lines[2] and lines[2].count("parabola") >= 1
     assert "| polyak | 30 | 10.0 min | 5.0 min (15 runs) | the target model's top1 strays first at κ=4 |" in md

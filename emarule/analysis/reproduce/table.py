@@ -49,9 +49,11 @@ def _kappa(c: dict) -> str:
 def _verdict(c: dict) -> str:
     v, why = c.get("verdict", "—"), str(c.get("why") or "")
     text = "**contradicted**" if v == "contradicted" else v
-    if v == "inconclusive":
-        reason = why.split(":")[0].strip()
-        text = f"inconclusive ({reason})" if reason and len(reason) <= 40 else "inconclusive"
+    if v == "inconclusive":  # the decision rule's last words say what was missing
+        reason = why.split("post:", 1)[0].rstrip("; ").rsplit(": ", 1)[-1].strip().rstrip(".")
+        if len(reason) > 70:
+            reason = reason[:70].rsplit(" ", 1)[0] + " …"
+        text = f"inconclusive ({reason})" if reason else "inconclusive"
     # The parabola judges under the paper's EMA Definition (pre) and reports BYOL's convention beside it.
     post = why.split("post:", 1)[1].strip().rstrip(".") if "post:" in why else ""
     return f"{text}; post convention: {post}" if post and len(post) <= 60 else text
