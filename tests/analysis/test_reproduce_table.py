@@ -34,12 +34,13 @@ def root(tmp_path):
 def test_one_row_per_judged_claim_with_its_headline_check(root):
     md = T.markdown(root, wall_s=5400)
     lines = md.splitlines()
-    assert lines[0] == ("| # | claim (paper) | κ | verdict, seeds 0–4 | the headline claim on new seeds, 100–104 "
-                        "| page |")
+    assert lines[0] == ("| # | claim (paper) | κ | verdict, seeds 0–4 | measured | the headline claim on new seeds, "
+                        "100–104 | page |")
     polyak = [line for line in lines if "polyak-r50.md" in line]
-    assert polyak[0] == (f"| 3 | {K.POLYAK.claims[0].short} | 2 | reproduced | **contradicted** "
+    assert polyak[0] == (f"| 3 | {K.POLYAK.claims[0].short} | 2 | reproduced |  | **contradicted** "
                          f"| [polyak-r50](experiments/polyak-r50.md) |")
-    assert "| 2 | inconclusive (without < 2× with) | — |" in polyak[1] and "| 4 | **contradicted** | — |" in polyak[2]
+    assert "| 2 | inconclusive (without < 2× with) | gap with 1, without 1.1 | — |" in polyak[1]
+    assert "| 4 | **contradicted** |  | — |" in polyak[2]
     # Families without a verdict.json say so rather than borrow a number.
     assert "not run: no " in lines[2] and lines[2].count("parabola") >= 1
     assert "| polyak | 30 | 10.0 min | 5.0 min (15 runs) | the target model's top1 strays first at κ=4 |" in md

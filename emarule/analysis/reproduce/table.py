@@ -59,6 +59,14 @@ def _verdict(c: dict) -> str:
     return f"{text}; post convention: {post}" if post and len(post) <= 60 else text
 
 
+def _measured(c: dict, width: int = 140) -> str:
+    """The numbers behind a verdict: its `why` up to the decision rule's closing words."""
+    why = str(c.get("why") or "").split("; post:", 1)[0]
+    head = why.rsplit(": ", 1)[0] if ": " in why else why
+    head = head.replace("|", "\\|")
+    return head if len(head) <= width else head[:width].rsplit(" ", 1)[0] + " …"
+
+
 def _page(family: Family) -> str:
     return f"[{family.experiment}](experiments/{family.experiment}.md)"
 
@@ -76,7 +84,7 @@ def rows(root: Path) -> tuple[list[list[str]], list[list[str]], set, set]:
         new = _load(root / f"{name}{HEADLINE}" / "verdict.json") if family.kind == "sweep" else None
         if main is None:
             claims.append([f"{family.section}: every claim of the family", "—", "not run: no "
-                           f"{root / name / 'verdict.json'}", "—", _page(family)])
+                           f"{root / name / 'verdict.json'}", "—", "—", _page(family)])
             runs.append([name, "—", "—", "—", "—"])
             continue
         for c in main["claims"]:
@@ -89,7 +97,8 @@ def rows(root: Path) -> tuple[list[list[str]], list[list[str]], set, set]:
             if main.get("seeds"):
                 seen.add(_seeds(main["seeds"]))
             label = c.get("short") or c["claim"]
-            claims.append([label, _kappa(c), (_verdict(c), _seeds(main.get("seeds"))), head, _page(family)])
+            claims.append([label, _kappa(c), (_verdict(c), _seeds(main.get("seeds"))), _measured(c), head,
+                           _page(family)])
         t, tn = main.get("timing") or {}, (new or {}).get("timing") or {}
         check = (main.get("optimizer_check") or {}).get("summary", "—")
         reused = f" ({t['reused']} reused)" if t.get("reused") else ""
@@ -114,8 +123,8 @@ def markdown(root: Path, wall_s: float | None = None) -> str:
     one, one_new = len(seen) == 1, len(seen_new) == 1
     head = "verdict" + (f", seeds {next(iter(seen))}" if one else "")
     head_new = "the headline claim on new seeds" + (f", {next(iter(seen_new))}" if one_new else "")
-    out = [f"| # | claim (paper) | κ | {head} | {head_new} | page |", "|---:|---|---|---|---|---|"]
-    out += [f"| {i} | {r[0]} | {r[1]} | {cell(r[2], one)} | {cell(r[3], one_new)} | {r[4]} |"
+    out = [f"| # | claim (paper) | κ | {head} | measured | {head_new} | page |", "|---:|---|---|---|---|---|---|"]
+    out += [f"| {i} | {r[0]} | {r[1]} | {cell(r[2], one)} | {r[3]} | {cell(r[4], one_new)} | {r[5]} |"
             for i, r in enumerate(claims, 1)]
     out += ["", "| family | runs | wall time | headline check | the optimizer-rule check |", "|---|---:|---:|---:|---|"]
     out += ["| " + " | ".join(r) + " |" for r in runs]
