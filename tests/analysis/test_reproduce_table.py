@@ -43,7 +43,7 @@ def test_one_row_per_judged_claim_with_its_headline_check(root):
     assert "| 4 | **contradicted** |  | — |" in polyak[2]
     # Families without a verdict.json say so rather than borrow a number.
     assert "not run: no " in lines[2] and lines[2].count("parabola") >= 1
-    assert "| polyak | 30 | 10.0 min | 5.0 min (15 runs) | the target model's top1 strays first at κ=4 |" in md
+    assert "| polyak | 30 | 10.0 min | 5.0 min (15 runs) | the target model's top1 strays first at κ=4 | — |" in md
     assert md.rstrip().endswith("`make repro` took 90 min of wall time for all of it.")
 
 
@@ -74,3 +74,18 @@ def test_bad_root_and_damaged_json_are_one_line_errors(tmp_path, capsys, root):
     assert T.main([str(root)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not valid JSON" in err and "polyak" in err
+
+
+def test_a_probe_verdict_where_the_data_bar_is_missed_says_so(root):
+    c = K.BYOL.claims
+    _write(root, "byol", [_claim(c[0], "reproduced", 4.0)], [0, 1, 2, 3, 4])
+    v = json.loads((root / "byol" / "verdict.json").read_text())
+    v["probe_check"] = {"bar": {"trained": 78.8, "init": 88.8, "pixels": 96.9, "margin": -18.1, "required": 15.0,
+                                "met": False}}
+    (root / "byol" / "verdict.json").write_text(json.dumps(v))
+    md = T.markdown(root)
+    assert "| reproduced (the probe misses the data bar) |" in md
+    assert "trained 78.8, init 88.8, pixels 96.9: margin -18.1 (misses the 15-point bar) |" in md
+    v["probe_check"]["bar"] |= {"trained": 47.0, "margin": 15.8, "met": True}
+    (root / "byol" / "verdict.json").write_text(json.dumps(v))
+    assert "| reproduced |" in T.markdown(root) and "(meets the 15-point bar)" in T.markdown(root)
