@@ -131,9 +131,12 @@ def _total_epochs(ctx) -> float | None:
         return None
 
 
-def run_side_by_side(console, labels: list[str], ctxs: list, jobs: int, on_done, every_s: float = 30.0) -> None:
+def run_side_by_side(console, labels: list[str], ctxs: list, jobs: int, on_done, every_s: float = 30.0,
+                     after: list | None = None) -> None:
     """Train `ctxs` `jobs` at a time; `on_done(i, result, wall_s, output)` in the parent as each ends, in
-    the order they end.
+    the order they end. `after[i]`, when given and not None, is the index of a run that must have finished
+    before run i starts: a run may read another's record (ctc-pseudo-label's κ > 2 runs take their start
+    threshold from the same seed's κ=1 run), and one after another that order came for free.
 
     Ctrl-C or SIGTERM to this process goes on to every worker once: each run in progress writes its
     checkpoint and stops, no further run starts, and this process exits as a stopped run does (130 or 143)
@@ -166,16 +169,26 @@ def run_side_by_side(console, labels: list[str], ctxs: list, jobs: int, on_done,
             raise KeyboardInterrupt
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    stopped = []
+    stopped, finished_ok, waiting = [], set(), list(range(len(ctxs)))
+    in_flight: dict = {}
+
+    def start_ready() -> None:
+        # At most `jobs` submitted at a time, so that every submitted run has a worker of its own.
+        while len(in_flight) < jobs and stop["signal"] is None:
+            i = next((i for i in waiting if after is None or after[i] is None or after[i] in finished_ok), None)
+            if i is None:
+                return
+            waiting.remove(i)
+            in_flight[pool.submit(_train, ctxs[i], registry.lookup(ctxs[i].spec.get("task")), threads)] = i
+
     try:
-        futures = {pool.submit(_train, ctx, registry.lookup(ctx.spec.get("task")), threads): i
-                   for i, ctx in enumerate(ctxs)}
-        pending, t_start = set(futures), time.time()
-        while pending:
-            finished, pending = wait(pending, timeout=1.0 if stop["signal"] else every_s,
-                                     return_when=FIRST_COMPLETED)
+        t_start = time.time()
+        start_ready()
+        while in_flight:
+            finished, _ = wait(set(in_flight), timeout=1.0 if stop["signal"] else every_s,
+                               return_when=FIRST_COMPLETED)
             for f in finished:
-                i = futures[f]
+                i = in_flight.pop(f)
                 try:
                     status, result, wall, output = f.result()
                 except BaseException:
@@ -184,22 +197,19 @@ def run_side_by_side(console, labels: list[str], ctxs: list, jobs: int, on_done,
                         tell_workers(signal.SIGTERM)  # the others stop at a checkpoint
                     raise
                 if status == "done":
+                    finished_ok.add(i)
                     on_done(i, result, wall, output)
                 elif status == "stopped":
                     stopped.append(i)
                     if output.strip():
                         console.print(output.rstrip(), markup=False, highlight=False)
-            if stop["signal"] is not None:
-                for f in pending:
-                    f.cancel()  # those not handed to a worker yet
-                pending = {f for f in pending if not f.cancelled()}
-            elif not finished:
-                # A future counts as running once it is queued for a worker; a run is training once it
-                # has logged a row since the sweep began.
-                now = [_progress(labels[futures[f]], ctxs[futures[f]], t_start) for f in pending]
-                training = [p for p in now if p is not None]
-                console.print("  training: " + "; ".join(training or ["starting"])
-                              + f" ({len(pending) - len(training)} to go)", highlight=False)
+            start_ready()
+            if not finished and stop["signal"] is None:
+                now = [_progress(labels[i], ctxs[i], t_start) for i in in_flight.values()]
+                console.print("  training: " + "; ".join(p for p in now if p) + (", " if any(now) else "")
+                              + f"{len(waiting)} to go", highlight=False)
+        if waiting and stop["signal"] is None:  # only a dependency that never finished leaves runs here
+            raise UserError(f"{len(waiting)} runs could not start: the runs they read did not finish")
     except BaseException:
         pool.shutdown(wait=True, cancel_futures=True)
         raise

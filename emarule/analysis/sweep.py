@@ -162,8 +162,13 @@ def _run_all(console, runs: list[SweepRun], ctxs: list, metric: str | None, task
                 console.print(output.rstrip(), markup=False, highlight=False)
             finished(i, result, wall)
 
+        # Each seed's κ=1 baseline finishes before that seed's other runs start, as one after another:
+        # a run may read its seed's baseline (ctc-pseudo-label's start threshold).
+        base_of = {r.seed: i for i, r in enumerate(runs) if r.baseline}
+        after = [None if r.baseline else base_of.get(r.seed) for r in runs]
         t0 = time.monotonic()
-        parallel.run_side_by_side(console, [Path(c.out).name for c in ctxs], ctxs, jobs, side_by_side_done)
+        parallel.run_side_by_side(console, [Path(c.out).name for c in ctxs], ctxs, jobs, side_by_side_done,
+                                  after=after)
         side_by_side_s = time.monotonic() - t0
     else:
         for i, ctx in enumerate(ctxs):

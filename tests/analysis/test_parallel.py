@@ -115,3 +115,21 @@ def test_ctrl_c_stops_every_run_at_a_checkpoint_and_says_so(tmp_path):
         last = json.loads((r / "metrics.jsonl").read_text().splitlines()[-1])
         assert last["epoch"] < 16  # stopped, not finished
     assert not (out / "byol-r18" / "cpu-k2-norule-s0").exists()  # the third run never started
+
+
+def test_a_run_that_reads_its_seeds_baseline_waits_for_it(tmp_path):
+    """ctc-pseudo-label at κ > 2 takes its start threshold from the same seed's κ=1 run: side by side, it
+    starts only once that run has finished, and reads what it reads one after another."""
+    args = ["sweep", "ctc-pseudo-label", "--preset", "tiny", "--kappas", "1,4", "--rule", "with"]
+    one = runner.invoke(app, [*args, "--jobs", "1", "--out", str(tmp_path / "one")])
+    two = runner.invoke(app, [*args, "--jobs", "2", "--out", str(tmp_path / "two")])
+    assert one.exit_code == 0, one.output
+    assert two.exit_code == 0, two.output
+    exp = "ctc-pseudo-label"
+    thresholds = []
+    for root in ("one", "two"):
+        hp = json.loads((tmp_path / root / exp / "tiny-k4-rule-s0" / "hparams.json").read_text())
+        thresholds.append(json.dumps(hp, sort_keys=True).count('"start_wer_threshold": null'))
+    assert thresholds == [0, 0]  # a threshold was read, not the step-count fallback
+    for n in ("tiny-k1-rule-s0", "tiny-k4-rule-s0"):
+        assert _rows(tmp_path / "one" / exp / n) == _rows(tmp_path / "two" / exp / n), n
