@@ -53,7 +53,16 @@ def _rows(run_dir):
             for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def _one_thread():
+    # A worker trains with cores // jobs torch threads (1 here); the in-process run must use as many for its
+    # floating-point sums to come out in the same order.
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def test_side_by_side_rows_match_one_after_another(tmp_path):
+    _one_thread()
     args = ["sweep", "byol-r18", "--preset", "tiny", "--kappas", "1,2"]
     one = runner.invoke(app, [*args, "--jobs", "1", "--out", str(tmp_path / "one")])
     two = runner.invoke(app, [*args, "--jobs", "2", "--out", str(tmp_path / "two")])
@@ -121,6 +130,7 @@ def test_ctrl_c_stops_every_run_at_a_checkpoint_and_says_so(tmp_path):
 def test_a_run_that_reads_its_seeds_baseline_waits_for_it(tmp_path):
     """ctc-pseudo-label at κ > 2 takes its start threshold from the same seed's κ=1 run: side by side, it
     starts only once that run has finished, and reads what it reads one after another."""
+    _one_thread()
     args = ["sweep", "ctc-pseudo-label", "--preset", "tiny", "--kappas", "1,4", "--rule", "with"]
     one = runner.invoke(app, [*args, "--jobs", "1", "--out", str(tmp_path / "one")])
     two = runner.invoke(app, [*args, "--jobs", "2", "--out", str(tmp_path / "two")])
