@@ -8,21 +8,9 @@ python tests/data/fault_trees.py transcript DIR LibriSpeech layout with a transc
 import sys
 from pathlib import Path
 
-import numpy as np
-from PIL import Image
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from speech_util import write_tree  # noqa: E402
-
-
-def image_folder(root: Path, classes=("n01", "n02"), val_classes=None, n=16) -> None:
-    g = np.random.default_rng(0)
-    for split, names, count in (("train", classes, n), ("val", val_classes or classes, 4)):
-        for c in names:
-            d = root / split / c
-            d.mkdir(parents=True)
-            for i in range(count):
-                Image.fromarray(g.integers(0, 255, (36, 36, 3), dtype=np.uint8)).save(d / f"{i}.JPEG")
+from vision_util import image_folder  # noqa: E402
 
 
 def main(kind: str, root: Path) -> None:

@@ -7,7 +7,6 @@ import pickle
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from emarule.engine.baditems import BadItem, Guarded, ItemError, guarded_collate
 from emarule.cli.main import main
@@ -15,17 +14,7 @@ from emarule.errors import UserError
 from emarule.speech.librispeech import list_split, read_audio
 from emarule.vision.data import ImageFolderSource, load_sources
 from speech_util import write_tree
-
-
-def image_folder(root, classes=("n01", "n02"), val_classes=None, n=16):
-    g = np.random.default_rng(0)
-    for split, names, count in (("train", classes, n), ("val", val_classes or classes, 4)):
-        for c in names:
-            d = root / split / c
-            d.mkdir(parents=True)
-            for i in range(count):
-                Image.fromarray(g.integers(0, 255, (36, 36, 3), dtype=np.uint8)).save(d / f"{i}.JPEG")
-    return root
+from vision_util import image_folder
 
 
 def truncate(path, keep=0.5):
