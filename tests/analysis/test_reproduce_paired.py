@@ -93,6 +93,17 @@ def test_rule_needed_needs_the_paired_ci_to_exclude_zero(ci, verdict):
     assert V.decide("rule_needed", 0.5, 3.0, 1.0, ci)[0] == verdict
 
 
+@pytest.mark.parametrize("g_with,g_without,ci,verdict", [
+    (0.9, 1.0, (-0.3, 0.4), "contradicted"),  # without stays near the baseline, and pairing bounds the difference
+    (0.9, 1.0, (-0.3, 1.2), "inconclusive"),  # the interval reaches past 1× spread: a drop cannot be ruled out
+    (0.9, 1.0, (-1.1, 0.4), "inconclusive"),
+    (1.5, 2.5, (0.2, 0.8), "inconclusive"),  # without is beyond 2× spread: the curve moved, the rule is not 2× better
+    (0.9, 1.0, None, "inconclusive"),  # unpaired: no interval to bound the difference
+])
+def test_rule_needed_is_contradicted_when_pairing_shows_no_drop(g_with, g_without, ci, verdict):
+    assert V.decide("rule_needed", g_with, g_without, 1.0, ci)[0] == verdict
+
+
 def test_same_either_way_is_contradicted_only_on_a_real_difference():
     assert V.decide("same_either_way", 0.5, 3.0, 1.0, (1.0, 4.0))[0] == "contradicted"
     assert V.decide("same_either_way", 0.5, 3.0, 1.0, (-1.0, 4.0))[0] == "inconclusive"

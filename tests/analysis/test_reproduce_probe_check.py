@@ -23,8 +23,8 @@ def test_bar_takes_the_better_of_init_and_pixels(trained, init, pixels, margin, 
     assert b["margin"] == pytest.approx(margin) and b["met"] is met and b["required"] == PC.BAR
 
 
-def tiny_run(tmp_path, name, *sets):
-    args = ["run", "byol-r18", "--preset", "tiny", "--out", str(tmp_path / name)]
+def tiny_run(tmp_path, name, *sets, seed=0):
+    args = ["run", "byol-r18", "--preset", "tiny", "--out", str(tmp_path / name), "--seed", str(seed)]
     for s in sets:
         args += ["--set", s]
     res = CliRunner().invoke(app, args)
@@ -60,3 +60,26 @@ def test_probe_check_reports_all_three_numbers(tmp_path, monkeypatch):
     assert {"offline", "init", "pixels", "tracking"} <= set(base)
     assert check["bar"]["pixels"] == base["pixels"]["mean"] and check["bar"]["init"] == base["init"]["mean"]
     assert "raw pixels" in check["summary"] and "-point bar" in check["summary"]
+
+
+def test_probes_fitted_side_by_side_equal_those_fitted_one_after_another(tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.setattr(PC, "_PIXELS", {})
+    paths = [tiny_run(tmp_path / "a", f"s{s}", "schedule.epochs=1", seed=s) for s in (0, 1)]
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+
+    def runs(root):
+        out = []
+        for p in paths:
+            run = type("Run", (), {"is_baseline": True, "kappa": 1.0, "rule_label": "with"})()
+            run.path = root / p.name
+            out.append(run)
+        return out
+
+    one = PC.probe_check(runs(tmp_path / "a"), jobs=1)
+    monkeypatch.setattr(PC, "_PIXELS", {})  # the second check must fit its own pixels, in a worker
+    two = PC.probe_check(runs(tmp_path / "b"), jobs=2)
+    caches = (PC.CACHE, PC.CACHE_INIT, PC.CACHE_PIXELS)
+    assert all((tmp_path / "b" / p.name / c).is_file() for p in paths for c in caches)
+    assert two["settings"] == one["settings"] and two["bar"] == one["bar"]

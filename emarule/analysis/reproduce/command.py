@@ -158,7 +158,10 @@ def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, r
         probed = [r for r in loaded if str(r.path) not in arms]
         console.print(f"offline probe of {len(probed)} final teachers, the baselines' teachers at initialization "
                       f"and the raw pixels (cached in each run directory)", highlight=False)
-        measured["probe_check"] = check_probe = probe_check(probed)
+        from emarule.analysis.parallel import jobs_for
+
+        measured["probe_check"] = check_probe = probe_check(
+            probed, jobs_for(jobs, len(probed), distributed.world_size()))
         for c in measured["claims"]:
             if c["metric"] == "probe_top1" and check_probe:
                 c["probe_check"] = check_probe["summary"]

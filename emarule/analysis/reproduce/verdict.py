@@ -25,7 +25,8 @@ Decision rules (FACTOR = 2; g_A, g_B, spread are the claim's statistic, "run" or
 difference g_B − g_A's interval; "with" is A and "without" B):
 
     rule_needed      reproduced   g_B ≥ 2·g_A and g_A ≤ 2·spread and CI(D) above 0
-                     contradicted g_A ≥ g_B and max(g_A, g_B) > 2·spread
+                     contradicted g_A ≥ g_B and max(g_A, g_B) > 2·spread,
+                                  or g_B ≤ 2·spread and CI(D) inside (−spread, +spread): no drop to prevent
     rule_closer      reproduced   g_B ≥ 2·g_A and g_B > 2·spread and CI(D) above 0
                      contradicted g_A ≥ g_B and max(g_A, g_B) > 2·spread
     same_either_way  reproduced   g_A ≤ 2·spread and g_B ≤ 2·spread
@@ -283,6 +284,9 @@ def decide(kind: str, g_with: float | None, g_without: float | None, s: float | 
             return "contradicted", f"{r}: the rule does not bring the curve closer, and the gaps exceed 2× spread"
         if g_without >= f * g_with:
             return "inconclusive", f"{r}: the rule closes most of the gap, but with > 2× spread"
+        if diff_ci is not None and g_without <= f * s and -s < diff_ci[0] and diff_ci[1] < s:
+            return "contradicted", (f"{r}: without the rule the curve stays within 2× spread, and the paired CI "
+                                    f"lies inside ±1× spread: there is no drop for the rule to prevent")
         return "inconclusive", f"{r}: without < 2× with"
     if kind == "rule_closer":
         if g_without >= f * g_with and g_without > f * s:
