@@ -179,6 +179,24 @@ def test_a_target_that_depends_on_the_ema_gates_nothing(tmp_path):
     assert c["verdict"] == "reproduced" and "verdict_if_target_tracked" not in c
 
 
+def test_a_claim_on_the_students_wer_after_pretraining_is_set_aside_where_it_strayed_before():
+    """ctc-pseudo-label's gate reads the student's WER in pre-training, where it is blind to ρ; the claim
+    "without the rule, a higher test WER" reads the same metric at the end, after the EMA's labels."""
+    gate = {"blind": True, "metric": "wer", "rows": {("with", 4.0): {
+        "metric": "wer", "gap": 8.9, "ci": (7.7, 9.9), "spread": 2.2, "state": "strays"}}}
+    claim = K.CTC_PL.claims[1]
+    assert claim.metric == "wer" and claim.over == "end" and not claim.until
+    out = M.gated(K.CTC_PL, claim, {"verdict": "contradicted", "why": "gap with 14.2, without 13"}, gate,
+                  [("with", 4.0)])
+    assert out["verdict"] == "inconclusive" and out["verdict_if_target_tracked"] == "contradicted"
+    assert "the target model strays" in out["why"] and "gap with 14.2" in out["why"]
+    # Polyak's top1 is blind to ρ throughout: a claim on it is the target's own and stands.
+    top1 = next(c for c in K.POLYAK.claims if c.metric == "top1" and c.kind in M.GATED)
+    polyak_gate = gate | {"metric": "top1"}
+    kept = M.gated(K.POLYAK, top1, {"verdict": "reproduced", "why": "w"}, polyak_gate, [("with", 4.0)])
+    assert kept["verdict"] == "reproduced"
+
+
 # --- arms ---------------------------------------------------------------------------------------
 
 

@@ -343,7 +343,10 @@ def gated(family: Family, claim: Claim, out: dict, gate: dict | None, keys: list
     verdict the rules gave is kept as `verdict_if_target_tracked`."""
     if not gate or not gate["blind"] or claim.kind not in GATED or out["verdict"] == "inconclusive":
         return out
-    if claim.metric == gate["metric"] or not family.metric(claim.metric).depends_on_ema:
+    # A metric blind to ρ is the target's own: a claim on it stands however far the target strays. The
+    # pseudo-labeling student's WER is the gate's metric too, but only its pre-training part is blind: a
+    # claim on the rest is about the EMA's labels, judged on a student that had already strayed.
+    if not family.metric(claim.metric).depends_on_ema or (claim.until and claim.until == family.target_blind_until):
         return out
     bad = [(key, gate["rows"].get(key)) for key in keys if (gate["rows"].get(key) or {}).get("state") == "strays"]
     if not bad:
