@@ -260,3 +260,30 @@ def test_an_arm_takes_its_kappa_and_schedule_from_the_preset():
     assert ramp.schedule("byol-r50-lars", "cpu") == "smooth:4-12"  # from epoch 4 over twice 4 → 8
     assert ramp.schedule("byol-r50-lars", None) == "smooth:60-180"  # the paper's 120-epoch ramp
     assert ramp.schedule("byol-r50-lars", "tiny") == "smooth:1-3.5"  # 4 epochs: it ends before training does
+
+
+@pytest.mark.parametrize("g_with,g_without,ci,verdict", [
+    (0.044, 0.142, (0.06, 0.136), "reproduced"),  # dino-vit's κ=4 shape: both gaps inside the spread, every pair agrees
+    (0.044, 0.142, (-0.01, 0.2), "inconclusive"),  # the ratio holds on average, but the CI includes 0
+    (0.1, 0.15, (0.02, 0.08), "inconclusive"),  # closer for every seed, but not by the stated ratio
+    (0.2, 0.1, (-0.15, -0.05), "contradicted"),  # the rule leaves the curve farther, every pair agrees
+    (0.2, 0.1, (-0.3, 0.1), "inconclusive"),  # farther on average, inside the noise of the comparison
+])
+def test_rule_closer_paired_is_decided_by_the_ratio_and_the_interval(g_with, g_without, ci, verdict):
+    assert V.decide("rule_closer", g_with, g_without, 0.317, ci)[0] == verdict
+
+
+def test_rule_closer_unpaired_still_needs_a_gap_beyond_the_spread():
+    assert V.decide("rule_closer", 0.044, 0.142, 0.317)[0] == "inconclusive"
+    assert V.decide("rule_closer", 0.3, 0.9, 0.317)[0] == "reproduced"
+
+
+def test_with_better_paired_is_decided_by_the_intervals_alone():
+    # dino-vit's shape: better at both κ for every resample, each difference inside the end spread
+    assert V.decide_with_better({2.0: 0.65, 4.0: 0.74}, 1.83, {2.0: (0.31, 0.98), 4.0: (0.15, 1.34)})[0] == "reproduced"
+    assert V.decide_with_better({2.0: 0.65, 4.0: -0.4}, 1.83, {2.0: (0.31, 0.98), 4.0: (-0.7, -0.1)})[0] == \
+        "contradicted"
+    assert V.decide_with_better({2.0: 0.65, 4.0: 0.2}, 1.83, {2.0: (0.31, 0.98), 4.0: (-0.1, 0.5)})[0] == \
+        "inconclusive"
+    # one κ without an interval: the unpaired rule, which asks > 2× the end spread at one κ
+    assert V.decide_with_better({2.0: 0.65, 4.0: 0.74}, 1.83, {2.0: (0.31, 0.98)})[0] == "inconclusive"

@@ -89,3 +89,16 @@ def test_a_probe_verdict_where_the_data_bar_is_missed_says_so(root):
     v["probe_check"]["bar"] |= {"trained": 47.0, "margin": 15.8, "met": True}
     (root / "byol" / "verdict.json").write_text(json.dumps(v))
     assert "| reproduced |" in T.markdown(root) and "(meets the 15-point bar)" in T.markdown(root)
+
+
+def test_the_tally_counts_claims_rows_and_agreeing_headlines(root):
+    t = T.tally(root)
+    # claim 0 decided; claim 1 judged at two κ, one of them inconclusive, so not decided at every κ
+    assert t == {"rows": {"reproduced": 1, "contradicted": 1, "inconclusive": 1}, "claims": 2, "decided": 1,
+                 "headlines": 1, "headlines_agree": 0}
+    assert ("Claims about neural networks: 1 of 2 decided at every κ judged; by row, 1 reproduced, 1 contradicted, "
+            "1 inconclusive. Headline claims with the same verdict on both seed sets: 0 of 1.") in T.markdown(root)
+    v = json.loads((root / "polyak-headline" / "verdict.json").read_text())
+    v["claims"][0]["verdict"] = "reproduced"
+    (root / "polyak-headline" / "verdict.json").write_text(json.dumps(v))
+    assert T.tally(root)["headlines_agree"] == 1

@@ -130,6 +130,43 @@ def _minutes(s) -> str:
     return "—" if s is None else f"{float(s) / 60:.1f} min"
 
 
+def tally(root: Path) -> dict:
+    """The count issue 18 asks for: the claims about neural networks (the sweep families'), decided or not.
+    A claim judged at several κ ("up to κ") is one claim with several rows; it counts as decided when
+    every row of it is. Headlines agree when the family's first claim gets the same verdict on both seed
+    sets (at the κ the headline check judged)."""
+    rows_n = {"reproduced": 0, "contradicted": 0, "inconclusive": 0}
+    by_claim: dict = {}
+    agree, checked = 0, 0
+    for name, family in FAMILIES.items():
+        if family.kind != "sweep":
+            continue
+        main = _load(root / name / "verdict.json")
+        if main is None:
+            continue
+        for c in main["claims"]:
+            v = c.get("verdict")
+            rows_n[v if v in rows_n else "inconclusive"] += 1
+            by_claim.setdefault((name, c.get("claim"), c.get("short")), []).append(v)
+        new = _load(root / f"{name}{HEADLINE}" / "verdict.json")
+        if new is not None and new.get("claims"):
+            h = new["claims"][0]
+            match = [c for c in main["claims"] if _same_claim(h, c)]
+            if match:
+                checked += 1
+                agree += match[0].get("verdict") == h.get("verdict")
+    decided = sum(1 for vs in by_claim.values() if all(v in ("reproduced", "contradicted") for v in vs))
+    return {"rows": rows_n, "claims": len(by_claim), "decided": decided, "headlines": checked,
+            "headlines_agree": agree}
+
+
+def tally_line(t: dict) -> str:
+    r = t["rows"]
+    return (f"Claims about neural networks: {t['decided']} of {t['claims']} decided at every κ judged; by row, "
+            f"{r['reproduced']} reproduced, {r['contradicted']} contradicted, {r['inconclusive']} inconclusive. "
+            f"Headline claims with the same verdict on both seed sets: {t['headlines_agree']} of {t['headlines']}.")
+
+
 def markdown(root: Path, wall_s: float | None = None) -> str:
     claims, runs, seen, seen_new = rows(root)
 
@@ -148,6 +185,7 @@ def markdown(root: Path, wall_s: float | None = None) -> str:
     out += ["", "| family | runs | wall time | headline check | the optimizer-rule check | the probe's data bar |",
             "|---|---:|---:|---:|---|---|"]
     out += ["| " + " | ".join(r) + " |" for r in runs]
+    out += ["", tally_line(tally(root))]
     if wall_s is not None:
         out += ["", f"`make repro` took {float(wall_s) / 60:.0f} min of wall time for all of it."]
     return "\n".join(out) + "\n"
