@@ -28,7 +28,7 @@ def without_wall_clock(lines: list[str]) -> list[dict]:
 
 
 # Keys the loop computes without the model: equal on every CPU.
-BOOKKEEPING = {"epoch", "kappa", "lr", "ema_momentum", "bn_momentum", "samples_seen", "seconds_seen"}
+BOOKKEEPING = {"epoch", "kappa", "lr", "bn_momentum", "samples_seen", "seconds_seen"}  # and ema_momentum*
 LOOSE = 0.25  # relative tolerance for a chaotic run's model values once CPUs' rounding has parted them
 
 

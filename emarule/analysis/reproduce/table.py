@@ -75,13 +75,18 @@ def _same_claim(a: dict, b: dict) -> bool:
     return a.get("short") == b.get("short") and a.get("kappa") == b.get("kappa") and a.get("claim") == b.get("claim")
 
 
-def rows(root: Path) -> tuple[list[list[str]], list[list[str]], set, set]:
+def reproductions(root: Path) -> list[tuple[str, Family, dict | None, dict | None]]:
+    """(name, family, its verdict.json, its headline check's verdict.json) for every family, in order."""
+    return [(name, family, _load(root / name / "verdict.json"),
+             _load(root / f"{name}{HEADLINE}" / "verdict.json") if family.kind == "sweep" else None)
+            for name, family in FAMILIES.items()]
+
+
+def rows(root: Path, loaded: list | None = None) -> tuple[list[list[str]], list[list[str]], set, set]:
     """(claim rows, family rows, the seed labels of the full reproductions, those of the headline checks);
     a verdict cell names its seeds only where the families' seeds differ (`markdown`)."""
     claims, runs, seen, seen_new = [], [], set(), set()
-    for name, family in FAMILIES.items():
-        main = _load(root / name / "verdict.json")
-        new = _load(root / f"{name}{HEADLINE}" / "verdict.json") if family.kind == "sweep" else None
+    for name, family, main, new in loaded if loaded is not None else reproductions(root):
         if main is None:
             claims.append([f"{family.section}: every claim of the family", "—", "not run: no "
                            f"{root / name / 'verdict.json'}", "—", "—", _page(family)])
@@ -130,7 +135,7 @@ def _minutes(s) -> str:
     return "—" if s is None else f"{float(s) / 60:.1f} min"
 
 
-def tally(root: Path) -> dict:
+def tally(root: Path, loaded: list | None = None) -> dict:
     """The count issue 18 asks for: the claims about neural networks (the sweep families'), decided or not.
     A claim judged at several κ ("up to κ") is one claim with several rows; it counts as decided when
     every row of it is. Headlines agree when the family's first claim gets the same verdict on both seed
@@ -138,17 +143,13 @@ def tally(root: Path) -> dict:
     rows_n = {"reproduced": 0, "contradicted": 0, "inconclusive": 0}
     by_claim: dict = {}
     agree, checked = 0, 0
-    for name, family in FAMILIES.items():
-        if family.kind != "sweep":
-            continue
-        main = _load(root / name / "verdict.json")
-        if main is None:
+    for name, family, main, new in loaded if loaded is not None else reproductions(root):
+        if family.kind != "sweep" or main is None:
             continue
         for c in main["claims"]:
             v = c.get("verdict")
             rows_n[v if v in rows_n else "inconclusive"] += 1
             by_claim.setdefault((name, c.get("claim"), c.get("short")), []).append(v)
-        new = _load(root / f"{name}{HEADLINE}" / "verdict.json")
         if new is not None and new.get("claims"):
             h = new["claims"][0]
             match = [c for c in main["claims"] if _same_claim(h, c)]
@@ -168,7 +169,8 @@ def tally_line(t: dict) -> str:
 
 
 def markdown(root: Path, wall_s: float | None = None) -> str:
-    claims, runs, seen, seen_new = rows(root)
+    loaded = reproductions(root)
+    claims, runs, seen, seen_new = rows(root, loaded)
 
     def cell(v, common: bool) -> str:
         if not isinstance(v, tuple):
@@ -185,7 +187,7 @@ def markdown(root: Path, wall_s: float | None = None) -> str:
     out += ["", "| family | runs | wall time | headline check | the optimizer-rule check | the probe's data bar |",
             "|---|---:|---:|---:|---|---|"]
     out += ["| " + " | ".join(r) + " |" for r in runs]
-    out += ["", tally_line(tally(root))]
+    out += ["", tally_line(tally(root, loaded))]
     if wall_s is not None:
         out += ["", f"`make repro` took {float(wall_s) / 60:.0f} min of wall time for all of it."]
     return "\n".join(out) + "\n"
