@@ -586,6 +586,10 @@ def test_tiny_byol_reproduction_end_to_end_then_reused(tmp_path):
     assert res.exit_code == 0, res.output
     again = json.loads((tmp_path / "verdict.json").read_text())
     assert again["timing"]["reused"] == 10 and again["claims"] == v["claims"]
+    # The second invocation trained nothing; the reproduction's wall time is both invocations' together.
+    assert again["timing"]["invocations"] == 2 and again["timing"]["trained"] == 10
+    assert again["timing"]["wall_s_total"] == pytest.approx(v["timing"]["wall_s"] + again["timing"]["wall_s"])
+    assert "over the 2 invocations of this command that trained 10 of its 10 runs" in (tmp_path / "report.md").read_text()
     # Seed 1 alone: its runs are reused, and seed 0's, there in the same root, are not mixed in.
     res = runner.invoke(app, [*args[:4], "--seeds", "1-1", *args[6:]])
     assert res.exit_code == 0, res.output

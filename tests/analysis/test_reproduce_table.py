@@ -32,7 +32,7 @@ def root(tmp_path):
 
 
 def test_one_row_per_judged_claim_with_its_headline_check(root):
-    md = T.markdown(root, wall_s=5400)
+    md = T.markdown(root, wall=5400)
     lines = md.splitlines()
     assert lines[0] == ("| # | claim (paper) | κ | verdict, seeds 0–4 | measured | the headline claim on new seeds, "
                         "100–104 | page |")
@@ -44,7 +44,18 @@ def test_one_row_per_judged_claim_with_its_headline_check(root):
     # Families without a verdict.json say so rather than borrow a number.
     assert "not run: no " in lines[2] and lines[2].count("parabola") >= 1
     assert "| polyak | 30 | 10.0 min | 5.0 min (15 runs) | the target model's top1 strays first at κ=4 | — |" in md
-    assert md.rstrip().endswith("`make repro` took 90 min of wall time for all of it.")
+    assert md.rstrip().endswith("The reproductions took 15 min of wall time in all, each summed over the invocations "
+                                "that trained its runs (the family rows give the count where it was more than one). "
+                                "The `make repro` that wrote this table took 90 min.")
+
+
+def test_a_reproduction_built_over_several_invocations_counts_all_their_time(root):
+    t = json.loads((root / "polyak" / "verdict.json").read_text())
+    t["timing"] |= {"wall_s_total": 1500.0, "invocations": 2, "trained": 30}
+    (root / "polyak" / "verdict.json").write_text(json.dumps(t))
+    md = T.markdown(root)
+    assert "| polyak | 30 | 25.0 min (2 invocations) | 5.0 min (15 runs) |" in md
+    assert "The reproductions took 30 min of wall time in all" in md and "The `make repro`" not in md
 
 
 def test_seeds_that_differ_between_families_are_named_in_the_cell(root):

@@ -20,7 +20,7 @@ from typing import Callable
 
 from emarule.cli import checks
 from emarule.errors import UserError
-from emarule.analysis.reproduce import report as R
+from emarule.analysis.reproduce import ledger, report as R
 from emarule.analysis.reproduce.claims import FAMILIES, FULL, Family, headline_only
 from emarule.engine.rundir import atomic_write_text
 
@@ -122,6 +122,7 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
         claims, measured, figures, timing = result
         timing |= {"wall_s": time.monotonic() - t0, "load_start": load0, "load_end": os.getloadavg()[0],
                    "cpus": os.cpu_count(), "omp_threads": os.environ.get("OMP_NUM_THREADS", "unset (torch's default)")}
+        timing |= ledger.record(root, text, timing, R.VERDICT)
         data_out = R.payload(family, args, claims, measured, figures, timing)
         R.write(root, family, data_out)
         R.print_verdicts(console, data_out)

@@ -118,6 +118,14 @@ def optimizer_lines(oc: dict) -> list[str]:
     return lines + ["", f"**{oc['summary'][0].upper() + oc['summary'][1:]}.**", ""]
 
 
+def _total(t: dict) -> str:
+    """The sum over the invocations of the same command (`ledger.record`), when there was more than one."""
+    if (t.get("invocations") or 1) <= 1:
+        return ""
+    return (f" ({t['wall_s_total']:.0f} s over the {t['invocations']} invocations of this command that trained "
+            f"{t['trained']} of its {t['runs']} runs)")
+
+
 def markdown(data: dict, family) -> str:
     t = data["timing"]
     lines = [f"# Reproduction: {family.name} ({family.experiment}, {family.section})", "",
@@ -127,7 +135,7 @@ def markdown(data: dict, family) -> str:
 
         lines += [f"Seeds: {seeds_label(data['seeds'])} ({len(data['seeds'])}); every setting's run of a seed is "
                   f"compared with that seed's baseline.", ""]
-    lines.append(f"Wall time of this invocation: {t['wall_s']:.0f} s"
+    lines.append(f"Wall time of this invocation: {t['wall_s']:.0f} s" + _total(t)
                  + (f"; the runs' own training time (as logged, reused runs included): {t['runs_wall_s']:.0f} s"
                     if t.get("runs_wall_s") is not None else "")
                  + f". Machine: {t['cpus']} CPU cores, load average {t['load_start']:.2f} at the start and "

@@ -109,8 +109,8 @@ def rows(root: Path, loaded: list | None = None) -> tuple[list[list[str]], list[
         t, tn = main.get("timing") or {}, (new or {}).get("timing") or {}
         check = (main.get("optimizer_check") or {}).get("summary", "—")
         reused = f" ({t['reused']} reused)" if t.get("reused") else ""
-        runs.append([name, f"{t.get('runs', '—')}{reused}", _minutes(t.get("wall_s")),
-                     _minutes(tn.get("wall_s")) + (f" ({tn.get('runs')} runs)" if tn else ""), check,
+        runs.append([name, f"{t.get('runs', '—')}{reused}", _wall(t),
+                     _wall(tn) + (f" ({tn.get('runs')} runs)" if tn else ""), check,
                      bar["text"]])
     return claims, runs, seen, seen_new
 
@@ -133,6 +133,20 @@ def _bar(verdict: dict) -> dict:
 
 def _minutes(s) -> str:
     return "—" if s is None else f"{float(s) / 60:.1f} min"
+
+
+def wall_s(timing: dict) -> float | None:
+    """A reproduction's wall time: summed over the invocations of its command (`ledger.record`)."""
+    return timing.get("wall_s_total", timing.get("wall_s"))
+
+
+def _wall(timing: dict) -> str:
+    n = timing.get("invocations") or 1
+    return _minutes(wall_s(timing)) + (f" ({n} invocations)" if n > 1 else "")
+
+
+def total_wall_s(loaded: list) -> float:
+    return sum(wall_s((v or {}).get("timing") or {}) or 0.0 for _, _, main, new in loaded for v in (main, new))
 
 
 def tally(root: Path, loaded: list | None = None) -> dict:
@@ -168,7 +182,7 @@ def tally_line(t: dict) -> str:
             f"Headline claims with the same verdict on both seed sets: {t['headlines_agree']} of {t['headlines']}.")
 
 
-def markdown(root: Path, wall_s: float | None = None) -> str:
+def markdown(root: Path, wall: float | None = None) -> str:
     loaded = reproductions(root)
     claims, runs, seen, seen_new = rows(root, loaded)
 
@@ -188,8 +202,9 @@ def markdown(root: Path, wall_s: float | None = None) -> str:
             "|---|---:|---:|---:|---|---|"]
     out += ["| " + " | ".join(r) + " |" for r in runs]
     out += ["", tally_line(tally(root, loaded))]
-    if wall_s is not None:
-        out += ["", f"`make repro` took {float(wall_s) / 60:.0f} min of wall time for all of it."]
+    out += ["", f"The reproductions took {total_wall_s(loaded) / 60:.0f} min of wall time in all, each summed over "
+            f"the invocations that trained its runs (the family rows give the count where it was more than one)."
+            + (f" The `make repro` that wrote this table took {float(wall) / 60:.0f} min." if wall is not None else "")]
     return "\n".join(out) + "\n"
 
 
