@@ -589,7 +589,8 @@ def test_tiny_byol_reproduction_end_to_end_then_reused(tmp_path):
     # The second invocation trained nothing; the reproduction's wall time is both invocations' together.
     assert again["timing"]["invocations"] == 2 and again["timing"]["trained"] == 10
     assert again["timing"]["wall_s_total"] == pytest.approx(v["timing"]["wall_s"] + again["timing"]["wall_s"])
-    assert "over the 2 invocations of this command that trained 10 of its 10 runs" in (tmp_path / "report.md").read_text()
+    report = (tmp_path / "report.md").read_text()
+    assert "over the 2 invocations of this command that trained 10 of its 10 runs" in report
     # Seed 1 alone: its runs are reused, and seed 0's, there in the same root, are not mixed in.
     res = runner.invoke(app, [*args[:4], "--seeds", "1-1", *args[6:]])
     assert res.exit_code == 0, res.output
