@@ -63,6 +63,10 @@ def test_seeds_that_differ_between_families_are_named_in_the_cell(root):
     _write(root, "dino", [_claim(c[0], "reproduced")], [0, 1, 2])
     md = T.markdown(root)
     assert "| verdict | " in md and "| reproduced (seeds 0–2) |" in md and "| reproduced (seeds 0–4) |" in md
+    # dino's headline check has no verdict.json: its headline row and family row say so.
+    dino = [line for line in md.splitlines() if "dino-vit.md" in line or line.startswith("| dino |")]
+    assert "| not run: no dino-headline/verdict.json |" in dino[0]
+    assert dino[1].startswith("| dino | 30 | 10.0 min | not run |")
 
 
 def test_readme_rewritten_between_the_markers_only(root, tmp_path):

@@ -88,13 +88,15 @@ def rows(root: Path, loaded: list | None = None) -> tuple[list[list[str]], list[
     claims, runs, seen, seen_new = [], [], set(), set()
     for name, family, main, new in loaded if loaded is not None else reproductions(root):
         if main is None:
-            claims.append([f"{family.section}: every claim of the family", "—", "not run: no "
-                           f"{root / name / 'verdict.json'}", "—", "—", _page(family)])
+            claims.append([f"{family.section}: every claim of the family", "—", f"not run: no {name}/verdict.json",
+                           "—", "—", _page(family)])
             runs.append([name, "—", "—", "—", "—", "—"])
             continue
         bar = _bar(main)
-        for c in main["claims"]:
+        for i, c in enumerate(main["claims"]):
             head = "—"
+            if new is None and family.kind == "sweep" and i == 0:  # the headline row, its check not run
+                head = f"not run: no {name}{HEADLINE}/verdict.json"
             if new is not None:
                 match = [h for h in new["claims"] if _same_claim(h, c)]
                 if match:
@@ -110,7 +112,8 @@ def rows(root: Path, loaded: list | None = None) -> tuple[list[list[str]], list[
         check = (main.get("optimizer_check") or {}).get("summary", "—")
         reused = f" ({t['reused']} reused)" if t.get("reused") else ""
         runs.append([name, f"{t.get('runs', '—')}{reused}", _wall(t),
-                     _wall(tn) + (f" ({tn.get('runs')} runs)" if tn else ""), check,
+                     _wall(tn) + (f" ({tn.get('runs')} runs)" if tn else "") if new is not None else
+                     "not run" if family.kind == "sweep" else "—", check,
                      bar["text"]])
     return claims, runs, seen, seen_new
 
