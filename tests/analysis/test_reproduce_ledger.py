@@ -18,7 +18,10 @@ def test_invocations_of_one_command_add_up_and_others_do_not(tmp_path):
     # The same command with the root moved elsewhere counts; its reused runs are not counted as trained.
     got = L.record(tmp_path, "emarule reproduce polyak --out /b/polyak", _t(20.0, 30, 25), "verdict.json")
     assert got == {"invocations": 2, "wall_s_total": 120.0, "trained": 35}
-    assert len((tmp_path / L.LEDGER).read_text().splitlines()) == 3
+    # A root whose path has a space is quoted in the command; it is still the same command.
+    assert L.record(tmp_path, "emarule reproduce polyak --out '/c d/polyak'", _t(5.0, 30, 30),
+                    "verdict.json")["invocations"] == 3
+    assert len((tmp_path / L.LEDGER).read_text().splitlines()) == 4
 
 
 def test_an_earlier_verdict_without_a_ledger_is_its_first_line(tmp_path):

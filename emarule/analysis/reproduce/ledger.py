@@ -12,6 +12,7 @@ which the report says by giving the count of runs trained against the count run.
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 LEDGER = "invocations.jsonl"
@@ -19,9 +20,12 @@ KEPT = ("wall_s", "runs", "reused", "load_start", "load_end", "cpus")
 
 
 def _key(command: str) -> str:
-    """The command without its --out argument (the last two words, as `command.command_text` writes it)."""
-    words = command.split(" ")
-    return " ".join(words[:-2]) if len(words) > 2 and words[-2] == "--out" else command
+    """The command without its --out argument (its last two words, as `command.command_text` joins them)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return command
+    return shlex.join(words[:-2]) if len(words) > 2 and words[-2] == "--out" else command
 
 
 def _entries(path: Path) -> list[dict]:
