@@ -101,9 +101,20 @@ def test_a_probe_verdict_where_the_data_bar_is_missed_says_so(root):
     md = T.markdown(root)
     assert "| reproduced (the probe misses the data bar) |" in md
     assert "trained 78.8, init 88.8, pixels 96.9: margin -18.1 (misses the 15-point bar) |" in md
+    # The headline check on new seeds carries its own seeds' bar.
+    _write(root, "byol-headline", [_claim(c[0], "inconclusive", 4.0)], [100, 101, 102, 103, 104])
+    head = json.loads((root / "byol-headline" / "verdict.json").read_text())
+    head["probe_check"] = v["probe_check"]
+    (root / "byol-headline" / "verdict.json").write_text(json.dumps(head))
+    row = next(line for line in T.markdown(root).splitlines() if "byol-r18.md" in line)
+    assert row.endswith("| inconclusive (the probe misses the data bar) | [byol-r18](experiments/byol-r18.md) |")
     v["probe_check"]["bar"] |= {"trained": 47.0, "margin": 15.8, "met": True}
     (root / "byol" / "verdict.json").write_text(json.dumps(v))
     assert "| reproduced |" in T.markdown(root) and "(meets the 15-point bar)" in T.markdown(root)
+    head["probe_check"] = v["probe_check"]
+    (root / "byol-headline" / "verdict.json").write_text(json.dumps(head))
+    row = next(line for line in T.markdown(root).splitlines() if "byol-r18.md" in line)
+    assert row.endswith("| inconclusive | [byol-r18](experiments/byol-r18.md) |")
 
 
 def test_the_tally_counts_claims_rows_and_agreeing_headlines(root):

@@ -92,7 +92,7 @@ def rows(root: Path, loaded: list | None = None) -> tuple[list[list[str]], list[
                            "—", "—", _page(family)])
             runs.append([name, "—", "—", "—", "—", "—"])
             continue
-        bar = _bar(main)
+        bar, bar_new = _bar(main), _bar(new or {})
         for i, c in enumerate(main["claims"]):
             head = "—"
             if new is None and family.kind == "sweep" and i == 0:  # the headline row, its check not run
@@ -101,11 +101,11 @@ def rows(root: Path, loaded: list | None = None) -> tuple[list[list[str]], list[
                 match = [h for h in new["claims"] if _same_claim(h, c)]
                 if match:
                     seen_new.add(_seeds(new.get("seeds")))
-                    head = (_verdict(match[0]), _seeds(new.get("seeds")))
+                    head = (_verdict(match[0]) + _caveat(match[0], bar_new), _seeds(new.get("seeds")))
             if main.get("seeds"):
                 seen.add(_seeds(main["seeds"]))
             label = c.get("short") or c["claim"]
-            verdict = _verdict(c) + (BAR_MISSED if c.get("metric") == "probe_top1" and not bar["met"] else "")
+            verdict = _verdict(c) + _caveat(c, bar)
             claims.append([label, _kappa(c), (verdict, _seeds(main.get("seeds"))), _measured(c), head,
                            _page(family)])
         t, tn = main.get("timing") or {}, (new or {}).get("timing") or {}
@@ -121,6 +121,11 @@ def rows(root: Path, loaded: list | None = None) -> tuple[list[list[str]], list[
 # A verdict on the tracking probe where the data bar of issue 18 §1 is missed: the probe does not read what
 # the teacher learned there, so the verdict is shown with that caveat.
 BAR_MISSED = " (the probe misses the data bar)"
+
+
+def _caveat(claim: dict, bar: dict) -> str:
+    """BAR_MISSED where a verdict on the probe rests on seeds whose own probe check missed the data bar."""
+    return BAR_MISSED if claim.get("metric") == "probe_top1" and not bar["met"] else ""
 
 
 def _bar(verdict: dict) -> dict:
