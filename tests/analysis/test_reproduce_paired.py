@@ -98,6 +98,8 @@ def test_rule_needed_needs_the_paired_ci_to_exclude_zero(ci, verdict):
     (0.9, 1.0, (-0.3, 1.2), "inconclusive"),  # the interval reaches past 1× spread: a drop cannot be ruled out
     (0.9, 1.0, (-1.1, 0.4), "inconclusive"),
     (1.5, 2.5, (0.2, 0.8), "inconclusive"),  # without is beyond 2× spread: the curve moved, the rule is not 2× better
+    (0.2, 0.45, (-0.01, 0.5), "inconclusive"),  # without ≥ 2× with: the predicted ratio is there, the CI reaches 0
+    (0.4, 0.7, (-0.1, 0.6), "contradicted"),  # without < 2× with (1.6×, byol-vit's headline on seeds 100–104)
     (0.9, 1.0, None, "inconclusive"),  # unpaired: no interval to bound the difference
 ])
 def test_rule_needed_is_contradicted_when_pairing_shows_no_drop(g_with, g_without, ci, verdict):
