@@ -97,7 +97,7 @@ def rows(root: Path, loaded: list | None = None) -> tuple[list[list[str]], list[
             head = "—"
             if new is None and family.kind == "sweep" and i == 0:  # the headline row, its check not run
                 head = f"not run: no {name}{HEADLINE}/verdict.json"
-            if new is not None:
+            elif new is not None:
                 match = [h for h in new["claims"] if _same_claim(h, c)]
                 if match:
                     seen_new.add(_seeds(new.get("seeds")))
@@ -108,14 +108,20 @@ def rows(root: Path, loaded: list | None = None) -> tuple[list[list[str]], list[
             verdict = _verdict(c) + _caveat(c, bar)
             claims.append([label, _kappa(c), (verdict, _seeds(main.get("seeds"))), _measured(c), head,
                            _page(family)])
-        t, tn = main.get("timing") or {}, (new or {}).get("timing") or {}
+        t = main.get("timing") or {}
         check = (main.get("optimizer_check") or {}).get("summary", "—")
         reused = f" ({t['reused']} reused)" if t.get("reused") else ""
-        runs.append([name, f"{t.get('runs', '—')}{reused}", _wall(t),
-                     _wall(tn) + (f" ({tn.get('runs')} runs)" if tn else "") if new is not None else
-                     "not run" if family.kind == "sweep" else "—", check,
+        runs.append([name, f"{t.get('runs', '—')}{reused}", _wall(t), _headline_time(family, new), check,
                      bar["text"]])
     return claims, runs, seen, seen_new
+
+
+def _headline_time(family, new: dict | None) -> str:
+    """The family row's headline-check cell: its wall time and runs, or why there is none."""
+    if new is None:
+        return "not run" if family.kind == "sweep" else "—"
+    t = new.get("timing") or {}
+    return _wall(t) + (f" ({t.get('runs')} runs)" if t else "")
 
 
 # A verdict on the tracking probe where the data bar of issue 18 §1 is missed: the probe does not read what
