@@ -51,6 +51,17 @@ class Guarded:
         except ItemError as e:
             return BadItem(int(i), e.path, e.why)
 
+    def __getitems__(self, indices: list) -> list:
+        """A micro-batch at once where the data set makes batches (the DataLoader asks for them); one item at
+        a time where it does not, or where an item in the batch cannot be decoded, to mark just that one."""
+        batched = getattr(self.data, "__getitems__", None)
+        if batched is not None:
+            try:
+                return batched(indices)
+            except ItemError:
+                pass
+        return [self[i] for i in indices]
+
 
 @dataclass
 class Collated:

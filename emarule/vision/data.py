@@ -259,11 +259,15 @@ class TwoViewSet(A.SeededViews):
         self.aug1, self.aug2 = A.STACKS[augmentation]
         self.augmentation = augmentation
 
-    def __getitem__(self, i: int):
-        i = int(i)
-        g = self.generator(i)
-        img = self.source.image(i)
-        v1 = A.apply_view(img, self.aug1, self.size, g)
-        v2 = A.apply_view(img, self.aug2, self.size, g)
+    def __getitems__(self, indices: list) -> list:
+        """A batch of items, made together (`augment.views`): each is bitwise the item `[i]` gives."""
+        idx = [int(i) for i in indices]
+        draws = [A._Draws(g) for g in map(self.generator, idx) for _ in range(2)]  # view 1, then view 2
+        images = [self.source.image(i) for i in idx]
         m, s = self.source.mean, self.source.std
-        return A.normalize(v1, m, s), A.normalize(v2, m, s), self.source.label(i)
+        v1 = A.normalized_views(images, self.aug1, self.size, draws[0::2], m, s)
+        v2 = A.normalized_views(images, self.aug2, self.size, draws[1::2], m, s)
+        return [(v1[k], v2[k], self.source.label(i)) for k, i in enumerate(idx)]
+
+    def __getitem__(self, i: int):
+        return self.__getitems__([i])[0]

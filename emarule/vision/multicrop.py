@@ -67,13 +67,22 @@ class MultiCropSet(A.SeededViews):
         self.global_size, self.local_size, self.local_crops = int(global_size), int(local_size), int(local_crops)
         self.augmentation = augmentation
 
-    def __getitem__(self, i: int):
-        i = int(i)
-        g = self.generator(i)
-        img = self.source.image(i)
+    def __getitems__(self, indices: list) -> list:
+        """A batch of items, made together (`augment.views`): each is bitwise the item `[i]` gives."""
+        idx = [int(i) for i in indices]
+        crops = [(aug, self.global_size) for aug in self.global_augs]
+        crops += [(self.local_aug, self.local_size)] * self.local_crops
+        # Each item's generator feeds its crops in order: the globals, then the locals.
+        draws = [[A._Draws(g) for _ in crops] for g in map(self.generator, idx)]
+        images = [self.source.image(i) for i in idx]
         m, s = self.source.mean, self.source.std
-        globals_ = [A.normalize(A.apply_view(img, aug, self.global_size, g), m, s) for aug in self.global_augs]
-        locals_ = [A.normalize(A.apply_view(img, self.local_aug, self.local_size, g), m, s)
-                   for _ in range(self.local_crops)]
-        loc = torch.stack(locals_) if locals_ else torch.zeros(0, 3, self.local_size, self.local_size)
-        return torch.stack(globals_), loc, self.source.label(i)
+        made = [A.normalized_views(images, aug, size, [d[c] for d in draws], m, s)
+                for c, (aug, size) in enumerate(crops)]
+        g = len(self.global_augs)
+        globals_ = torch.stack(made[:g], 1)
+        locals_ = (torch.stack(made[g:], 1) if self.local_crops
+                   else torch.zeros(len(idx), 0, 3, self.local_size, self.local_size))
+        return [(globals_[k], locals_[k], self.source.label(i)) for k, i in enumerate(idx)]
+
+    def __getitem__(self, i: int):
+        return self.__getitems__([i])[0]

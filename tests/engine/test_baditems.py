@@ -116,6 +116,27 @@ def test_guarded_items_become_markers_and_collate_drops_them():
     assert guarded_collate(list)([items[1]]).batch is None
 
 
+def test_a_batched_data_set_is_asked_for_the_batch_and_a_bad_item_in_it_still_marks_just_that_item():
+    class Batched:
+        calls = []
+
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return self.__getitems__([i])[0]
+
+        def __getitems__(self, indices):
+            self.calls.append(list(indices))
+            if 2 in indices:
+                raise ItemError("/data/2.jpg", "truncated")
+            return [10 * i for i in indices]
+
+    g = Guarded(Batched())
+    assert g.__getitems__([0, 1]) == [0, 10] and Batched.calls == [[0, 1]]
+    assert g.__getitems__([1, 2, 3]) == [10, BadItem(2, "/data/2.jpg", "truncated"), 30]
+
+
 TINY = ["run", "byol-r18", "--preset", "tiny", "--set", "data.source=imagenet"]
 
 
