@@ -50,8 +50,9 @@ def three_channels(x: torch.Tensor) -> torch.Tensor:
     return x.expand(3, -1, -1).contiguous() if x.shape[0] == 1 else x
 
 
-def train_view(source, i: int, size: int, augmentation: str, g: torch.Generator) -> torch.Tensor:
-    """One augmented view, float C×size×size in [0, 1] (or the source's own range), not normalised."""
+def train_view(source, i: int, size: int, augmentation: str, g: torch.Generator) -> tuple[torch.Tensor, bool]:
+    """One augmented view before its flip, float C×size×size in [0, 1] (or the source's own range), not
+    normalised, and whether to flip it."""
     d = A._Draws(g)
     if is_folder(source):
         from PIL import Image
@@ -72,9 +73,7 @@ def train_view(source, i: int, size: int, augmentation: str, g: torch.Generator)
                                 f"use imagenet, or a smaller data.image_size")
             top, left = min(int(d.u() * (h - size + 1)), h - size), min(int(d.u() * (w - size + 1)), w - size)
             x = img[:, top:top + size, left:left + size]
-    if d.u() < 0.5:
-        x = x.flip(-1)
-    return three_channels(x)
+    return x, d.u() < 0.5
 
 
 def eval_view(source, i: int, size: int) -> torch.Tensor:
@@ -107,11 +106,19 @@ class TrainViews(A.SeededViews):
         super().__init__(source, seed)
         self.augmentation, self.size = augmentation, image_size
 
+    def __getitems__(self, indices: list) -> list:
+        """A micro-batch: each item cropped on its own, then flipped and normalized together (a call per
+        batch, not per item, on the small views of the CPU presets); bitwise the items one at a time."""
+        idx = [int(i) for i in indices]
+        crops, flips = zip(*(train_view(self.source, i, self.size, self.augmentation, self.generator(i))
+                             for i in idx), strict=True)
+        x, flip = torch.stack(crops), torch.tensor(flips)
+        x[flip] = x[flip].flip(-1)
+        x = A.normalize(x.expand(-1, 3, -1, -1), self.source.mean, self.source.std)
+        return [(x[k], self.source.label(i)) for k, i in enumerate(idx)]
+
     def __getitem__(self, i: int):
-        i = int(i)
-        g = self.generator(i)
-        x = train_view(self.source, i, self.size, self.augmentation, g)
-        return A.normalize(x, self.source.mean, self.source.std), self.source.label(i)
+        return self.__getitems__([i])[0]
 
 
 class EvalViews:
