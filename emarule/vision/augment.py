@@ -242,7 +242,7 @@ def views(images: list, aug: ViewAug, size: int, draws: list) -> np.ndarray:
     n = len(images)
     x = np.empty((n, 3, size, size), np.float32)
     mono = np.zeros(n, bool)  # a gray image: saturation and hue are no-ops, skipped
-    u = np.empty((n, 14))
+    u = np.empty((n, 14))  # per item: flip, jitter, gray, blur, blur σ, solarize, 4 jitter factors, 4 order keys
     for k, (img, d) in enumerate(zip(images, draws, strict=True)):
         if aug.crop:
             h, w = img.shape[-2:]
