@@ -48,7 +48,8 @@ def generator_for(seed: int, epoch: int, index: int) -> torch.Generator:
 
 class SeededViews:
     """A training set whose item i at epoch e is a pure function of (seed, e, i): `set_epoch` from the
-    engine, `generator(i)` for the item's random draws, one item per image of `source`."""
+    engine, `generator(i)` for the item's random draws, one item per image of `source`. A subclass makes
+    items a micro-batch at a time (`__getitems__`, as the DataLoader asks); one item is a batch of one."""
 
     def __init__(self, source, seed: int):
         self.source, self.seed, self.epoch = source, int(seed), 0
@@ -61,6 +62,12 @@ class SeededViews:
 
     def generator(self, i: int) -> torch.Generator:
         return generator_for(self.seed, self.epoch, int(i))
+
+    def __getitems__(self, indices: list) -> list:
+        raise NotImplementedError
+
+    def __getitem__(self, i: int):
+        return self.__getitems__([i])[0]
 
 
 @dataclass(frozen=True)

@@ -268,6 +268,3 @@ class TwoViewSet(A.SeededViews):
         v1 = A.normalized_views(images, self.aug1, self.size, draws[0::2], m, s)
         v2 = A.normalized_views(images, self.aug2, self.size, draws[1::2], m, s)
         return [(v1[k], v2[k], self.source.label(i)) for k, i in enumerate(idx)]
-
-    def __getitem__(self, i: int):
-        return self.__getitems__([i])[0]

@@ -83,6 +83,3 @@ class MultiCropSet(A.SeededViews):
         locals_ = (torch.stack(made[g:], 1) if self.local_crops
                    else torch.zeros(len(idx), 0, 3, self.local_size, self.local_size))
         return [(globals_[k], locals_[k], self.source.label(i)) for k, i in enumerate(idx)]
-
-    def __getitem__(self, i: int):
-        return self.__getitems__([i])[0]

@@ -117,9 +117,6 @@ class TrainViews(A.SeededViews):
         x = A.normalize(x.expand(-1, 3, -1, -1), self.source.mean, self.source.std)
         return [(x[k], self.source.label(i)) for k, i in enumerate(idx)]
 
-    def __getitem__(self, i: int):
-        return self.__getitems__([i])[0]
-
 
 class EvalViews:
     """The validation split's views and labels."""
