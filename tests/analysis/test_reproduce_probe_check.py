@@ -83,3 +83,26 @@ def test_probes_fitted_side_by_side_equal_those_fitted_one_after_another(tmp_pat
     caches = (PC.CACHE, PC.CACHE_INIT, PC.CACHE_PIXELS)
     assert all((tmp_path / "b" / p.name / c).is_file() for p in paths for c in caches)
     assert two["settings"] == one["settings"] and two["bar"] == one["bar"]
+
+
+def test_probe_fits_with_one_blas_thread_whatever_the_caller_allows(monkeypatch):
+    """The fit's path, and so its top-1 in the last digit, depends on the BLAS thread count: pinned to one,
+    the probe reads the same on any machine, and side-by-side fits do not oversubscribe the cores."""
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    seen = []
+    fit = LogisticRegression.fit
+
+    def recording_fit(self, x, y):
+        seen.extend(p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas")
+        return fit(self, x, y)
+
+    monkeypatch.setattr(LogisticRegression, "fit", recording_fit)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(200, 8)), rng.integers(0, 3, 200)
+    with threadpool_limits(limits=2, user_api="blas"):
+        top1 = PC.fit_and_score(x, y, x, y)
+    assert seen and set(seen) == {1}
+    assert 0.0 <= top1 <= 100.0
