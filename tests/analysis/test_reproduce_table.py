@@ -58,6 +58,17 @@ def test_a_reproduction_built_over_several_invocations_counts_all_their_time(roo
     assert "The reproductions took 30 min of wall time in all" in md and "The `make repro`" not in md
 
 
+@pytest.mark.parametrize("trained, last_reused, shown", [
+    (30, 30, "| polyak | 30 | 25.0 min"),  # the last invocation only re-judged: every run was trained in this root
+    (20, 30, "| polyak | 30 (10 reused) | 25.0 min"),  # ten runs no invocation here trained
+])
+def test_reused_counts_runs_that_no_invocation_trained(root, trained, last_reused, shown):
+    t = json.loads((root / "polyak" / "verdict.json").read_text())
+    t["timing"] |= {"wall_s_total": 1500.0, "invocations": 2, "trained": trained, "reused": last_reused}
+    (root / "polyak" / "verdict.json").write_text(json.dumps(t))
+    assert shown in T.markdown(root)
+
+
 def test_seeds_that_differ_between_families_are_named_in_the_cell(root):
     c = K.DINO.claims
     _write(root, "dino", [_claim(c[0], "reproduced")], [0, 1, 2])

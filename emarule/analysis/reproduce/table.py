@@ -110,10 +110,18 @@ def rows(root: Path, loaded: list | None = None) -> tuple[list[list[str]], list[
                            _page(family)])
         t = main.get("timing") or {}
         check = (main.get("optimizer_check") or {}).get("summary", "—")
-        reused = f" ({t['reused']} reused)" if t.get("reused") else ""
+        reused = f" ({_reused(t)} reused)" if _reused(t) else ""
         runs.append([name, f"{t.get('runs', '—')}{reused}", _wall(t), _headline_time(family, new), check,
                      bar["text"]])
     return claims, runs, seen, seen_new
+
+
+def _reused(timing: dict) -> int:
+    """Runs no invocation in this root trained: a later invocation that only re-judged (and reused every
+    run) does not make the runs earlier ones trained count as reused."""
+    if "trained" in timing and "runs" in timing:
+        return max(0, int(timing["runs"]) - int(timing["trained"]))
+    return int(timing.get("reused") or 0)
 
 
 def _headline_time(family, new: dict | None) -> str:
