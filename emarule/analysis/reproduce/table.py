@@ -110,7 +110,8 @@ def rows(root: Path, loaded: list | None = None) -> tuple[list[list[str]], list[
                            _page(family)])
         t = main.get("timing") or {}
         check = (main.get("optimizer_check") or {}).get("summary", "—")
-        reused = f" ({_reused(t)} reused)" if _reused(t) else ""
+        n_reused = _reused(t)
+        reused = f" ({n_reused} reused)" if n_reused else ""
         runs.append([name, f"{t.get('runs', '—')}{reused}", _wall(t), _headline_time(family, new), check,
                      bar["text"]])
     return claims, runs, seen, seen_new
