@@ -158,12 +158,15 @@ def test_the_optimizer_check_names_the_first_kappa_where_the_target_strays(tmp_p
                       ("without", 4.0): "strays"}
     by = {(c["kind"], c["kappa"], c["statistic"]): c for c in m["claims"]}
     at2 = by[("rule_needed", 2.0, M.STATISTIC["run"])]
-    assert at2["verdict"] == "reproduced"  # the target tracks: the EMA claim stands
+    assert at2["verdict"] == "reproduced" and "set_aside" not in at2  # the target tracks: the EMA claim stands
     at4 = by[("rule_needed", 4.0, M.STATISTIC["end"])]
     assert at4["verdict"] == "inconclusive" and at4["verdict_if_target_tracked"] == "reproduced"
+    assert at4["set_aside"] == M.ASIDE_STRAYS
     assert "the target model strays (with the rule at κ=4: top1 gap 2" in at4["why"]
-    # target_explains is about the target itself: not set aside
-    assert by[("target_explains", 4.0, M.STATISTIC["run"])]["verdict"] == "inconclusive"  # no EMA gap
+    # target_explains is about the target itself, not gated; here the EMA has no gap for it to explain
+    explains = by[("target_explains", 4.0, M.STATISTIC["run"])]
+    assert explains["verdict"] == "inconclusive" and explains["set_aside"] == M.ASIDE_NO_GAP
+    assert "verdict_if_target_tracked" not in explains
 
 
 def test_a_target_that_depends_on_the_ema_gates_nothing(tmp_path):
@@ -178,7 +181,7 @@ def test_a_target_that_depends_on_the_ema_gates_nothing(tmp_path):
     m = M.measure(K.BYOL, load_runs(dirs))
     assert not m["optimizer_check"]["ema_blind"] and "depends on the EMA" in m["optimizer_check"]["summary"]
     c = next(c for c in m["claims"] if c["kappa"] == 4.0 and c["statistic"] == M.STATISTIC["run"])
-    assert c["verdict"] == "reproduced" and "verdict_if_target_tracked" not in c
+    assert c["verdict"] == "reproduced" and "verdict_if_target_tracked" not in c and "set_aside" not in c
 
 
 def test_a_claim_on_the_students_wer_after_pretraining_is_set_aside_where_it_strayed_before():
@@ -289,3 +292,31 @@ def test_with_better_paired_is_decided_by_the_intervals_alone():
         "inconclusive"
     # one κ without an interval: the unpaired rule, which asks > 2× the end spread at one κ
     assert V.decide_with_better({2.0: 0.65, 4.0: 0.74}, 1.83, {2.0: (0.31, 0.98)})[0] == "inconclusive"
+
+
+def test_an_ema_claim_already_inconclusive_where_the_target_strays_is_set_aside_too():
+    """Where the optimizer rule fails, the EMA claim does not apply, whatever its own rule said there."""
+    gate = {"blind": True, "metric": "wer", "rows": {("with", 8.0): {
+        "metric": "wer", "gap": 6.5, "ci": (5.4, 7.4), "spread": 2.3, "state": "strays"}}}
+    claim = K.CTC_POLYAK.claims[0]
+    out = M.gated(K.CTC_POLYAK, claim, {"verdict": "inconclusive", "why": "gap with 5.8, without 8.8: without < 2× "
+                                         "with"}, gate, [("with", 8.0), ("without", 8.0)])
+    assert out["verdict"] == "inconclusive" and out["set_aside"] == M.ASIDE_STRAYS
+    assert out["verdict_if_target_tracked"] == "inconclusive" and "without < 2× with" in out["why"]
+    tracks = gate | {"rows": {("with", 8.0): gate["rows"][("with", 8.0)] | {"state": "tracks"}}}
+    kept = M.gated(K.CTC_POLYAK, claim, {"verdict": "inconclusive", "why": "w"}, tracks, [("with", 8.0)])
+    assert "set_aside" not in kept and "verdict_if_target_tracked" not in kept
+
+
+def test_target_explains_with_an_ema_gap_is_not_set_aside(tmp_path):
+    """The same sweep as above but the EMA strays with the rule at κ=4: the claim applies there."""
+    dirs = []
+    for s, o in enumerate((-0.3, 0.0, 0.3)):
+        dirs.append(write_run(tmp_path, f"k1-s{s}", 1.0, "exponential", s,
+                              {"ema_top1": lambda t, o=o: t + o, "top1": lambda t, o=o: t - 1 + o}))
+        for rule in ("exponential", None):
+            dirs.append(write_run(tmp_path, f"k4-{rule}-s{s}", 4.0, rule, s,
+                                  {"ema_top1": lambda t, o=o: t + o + 5.0, "top1": lambda t, o=o: t - 1 + o + 5.0}))
+    m = M.measure(K.POLYAK, load_runs(dirs))
+    c = next(c for c in m["claims"] if c["kind"] == "target_explains")
+    assert c["verdict"] == "reproduced" and "set_aside" not in c

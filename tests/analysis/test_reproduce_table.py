@@ -131,11 +131,31 @@ def test_a_probe_verdict_where_the_data_bar_is_missed_says_so(root):
 def test_the_tally_counts_claims_rows_and_agreeing_headlines(root):
     t = T.tally(root)
     # claim 0 decided; claim 1 judged at two κ, one of them inconclusive, so not decided at every κ
-    assert t == {"rows": {"reproduced": 1, "contradicted": 1, "inconclusive": 1}, "claims": 2, "decided": 1,
-                 "headlines": 1, "headlines_agree": 0}
-    assert ("Claims about neural networks: 1 of 2 decided at every κ judged; by row, 1 reproduced, 1 contradicted, "
-            "1 inconclusive. Headline claims with the same verdict on both seed sets: 0 of 1.") in T.markdown(root)
+    assert t == {"rows": {"reproduced": 1, "contradicted": 1, "inconclusive": 1}, "set_aside": 0, "claims": 2,
+                 "decided": 1, "headlines": 1, "headlines_agree": 0}
+    assert ("Claims about neural networks: 1 of 2 decided at every κ where they apply; by row, 1 reproduced, "
+            "1 contradicted, 1 inconclusive. Headline claims with the same verdict on both seed sets: 0 of 1."
+            ) in T.markdown(root)
     v = json.loads((root / "polyak-headline" / "verdict.json").read_text())
     v["claims"][0]["verdict"] = "reproduced"
     (root / "polyak-headline" / "verdict.json").write_text(json.dumps(v))
     assert T.tally(root)["headlines_agree"] == 1
+
+
+def test_a_claim_is_decided_at_the_kappas_where_it_applies(root):
+    """A row set aside (the target strays under an EMA claim) does not count against its claim; a claim
+    whose every row is set aside applies nowhere and is not decided."""
+    c = K.POLYAK.claims
+    aside = {"set_aside": "the target model strays", "verdict_if_target_tracked": "reproduced",
+             "why": "the target model strays (with the rule at κ=4: top1 gap 5.91): a claim about the EMA is not "
+                    "meaningful where the optimizer rule already fails. Measured: gap with 1: there is no drop"}
+    _write(root / "x", "polyak", [_claim(c[0], "reproduced"), _claim(c[1], "contradicted", 2.0),
+                                  _claim(c[1], "inconclusive", 4.0) | aside,
+                                  _claim(c[2], "inconclusive", 4.0) | {"set_aside": "no EMA gap to explain"}],
+           [0, 1, 2, 3, 4])
+    t = T.tally(root / "x")
+    assert t["claims"] == 3 and t["decided"] == 2 and t["set_aside"] == 2 and t["rows"]["inconclusive"] == 2
+    md = T.markdown(root / "x")
+    assert "| 4 | inconclusive (set aside: the target model strays) |" in md
+    assert "| 4 | inconclusive (set aside: no EMA gap to explain) |" in md
+    assert "2 of 3 decided at every κ where they apply" in md and "2 inconclusive (2 of them set aside)" in md

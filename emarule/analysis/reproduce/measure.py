@@ -286,6 +286,8 @@ def judge(family: Family, claim: Claim, tables: dict, base: list, kappas: list, 
             out["target"] = {"metric": family.target_metric.name, "gap_with_rule": gt, "ci_with": ct,
                              "gap_without_rule": _stat(target, *kb, over), "baseline_spread": st}
             v, why = V.decide_target(gw, s, gt, st, ct)
+            if None not in (s, st, gt) and V.no_ema_gap(gw, s):
+                out["set_aside"] = ASIDE_NO_GAP
         elif claim.kind == "arm_closer":
             v, why = V.decide_arm_closer(gw, gwo, diff["ci"])
         else:
@@ -336,12 +338,18 @@ def judge(family: Family, claim: Claim, tables: dict, base: list, kappas: list, 
 # The kinds whose claim is about the EMA at one setting: meaningful only where the target model tracks.
 GATED = ("rule_needed", "rule_closer", "same_either_way", "arm_closer", "matches_or_better", "with_better")
 
+# Why a row is set aside: the claim does not apply at that κ, so the tally judges it at its other κ (issue 18
+# §2: an EMA claim is meaningful only where the optimizer rule holds; a claim that explains an EMA gap only
+# where there is one).
+ASIDE_STRAYS = "the target model strays"
+ASIDE_NO_GAP = "no EMA gap to explain"
+
 
 def gated(family: Family, claim: Claim, out: dict, gate: dict | None, keys: list) -> dict:
-    """A claim about the EMA where the target model strays (`track_table`) is inconclusive, with the
-    measured reason: the optimizer rule already fails there, so the EMA is judged on a broken run. The
-    verdict the rules gave is kept as `verdict_if_target_tracked`."""
-    if not gate or not gate["blind"] or claim.kind not in GATED or out["verdict"] == "inconclusive":
+    """A claim about the EMA where the target model strays (`track_table`) is inconclusive and set aside,
+    with the measured reason: the optimizer rule already fails there, so the EMA is judged on a broken run.
+    The verdict the rules gave, inconclusive or not, is kept as `verdict_if_target_tracked`."""
+    if not gate or not gate["blind"] or claim.kind not in GATED:
         return out
     # A metric blind to ρ is the target's own: a claim on it stands however far the target strays. The
     # pseudo-labeling student's WER is the gate's metric too, but only its pre-training part is blind: a
@@ -353,7 +361,7 @@ def gated(family: Family, claim: Claim, out: dict, gate: dict | None, keys: list
         return out
     why = "; ".join(f"{_label(*key)}: {r['metric']} gap {_f(r['gap'])} (95 % CI {_fci(r['ci'])}) against a spread of "
                     f"{_f(r['spread'])}" for key, r in bad)
-    return out | {"verdict_if_target_tracked": out["verdict"], "verdict": "inconclusive",
+    return out | {"verdict_if_target_tracked": out["verdict"], "verdict": "inconclusive", "set_aside": ASIDE_STRAYS,
                   "why": f"the target model strays ({why}): a claim about the EMA is not meaningful where the "
                          f"optimizer rule already fails. Measured: {out['why']}"}
 

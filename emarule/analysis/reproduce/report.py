@@ -162,7 +162,7 @@ def markdown(data: dict, family) -> str:
                          f"{_kappa(c['kappa'])} | {_cell(c['statistic'])} | "
                          f"{_gci(c['gap_with_rule'], c.get('ci_with'))} | "
                          f"{_gci(c['gap_without_rule'], c.get('ci_without'))} | {_gci(pd.get('mean'), pd.get('ci'))} | "
-                         f"{_g(c['baseline_spread'])} | **{c['verdict']}** |")
+                         f"{_g(c['baseline_spread'])} | **{c['verdict']}**{_aside(c)} |")
     if data.get("optimizer_check"):
         lines += [""] + optimizer_lines(data["optimizer_check"])
     if data.get("arms"):
@@ -193,6 +193,9 @@ def markdown(data: dict, family) -> str:
                   f"- **Verdict: {c['verdict']}.** {c['why']}."]
         if c.get("settings"):
             lines.append(f"- Settings compared: A = {c['settings']['A']}, B = {c['settings']['B']}.")
+        if c.get("set_aside"):
+            lines.append(f"- Set aside: {c['set_aside']}. The claim does not apply at this κ; the tally judges it "
+                         f"at the others.")
         if c.get("verdict_if_target_tracked"):
             lines.append(f"- Had the target model tracked, the rules would have said: "
                          f"{c['verdict_if_target_tracked']}.")
@@ -255,6 +258,10 @@ def write(out: Path, family, data: dict) -> None:
     atomic_write_text(Path(out) / REPORT, markdown(data, family))
 
 
+def _aside(claim: dict) -> str:
+    return " (set aside)" if claim.get("set_aside") else ""
+
+
 def print_verdicts(console, data: dict) -> None:
     from rich.markup import escape
     from rich.table import Table
@@ -267,7 +274,7 @@ def print_verdicts(console, data: dict) -> None:
         t.add_column(c, justify="right" if c in ("#", "κ", "with", "without", "spread") else "left")
     style = {"reproduced": "green", "contradicted": "red", "inconclusive": "yellow"}
     for i, c in enumerate(data["claims"], 1):
-        verdict = f"[{style[c['verdict']]}]{c['verdict']}[/]"
+        verdict = f"[{style[c['verdict']]}]{c['verdict']}[/]{_aside(c)}"
         if study:
             t.add_row(str(i), escape(_short(c["claim"], 50)), c["paper"], escape(_short(c["why"], 110)), verdict)
         else:

@@ -49,7 +49,9 @@ def _kappa(c: dict) -> str:
 def _verdict(c: dict) -> str:
     v, why = c.get("verdict", "—"), str(c.get("why") or "")
     text = "**contradicted**" if v == "contradicted" else v
-    if v == "inconclusive":  # the decision rule's last words say what was missing
+    if c.get("set_aside"):
+        text = f"inconclusive (set aside: {c['set_aside']})"
+    elif v == "inconclusive":  # the decision rule's last words say what was missing
         reason = why.split("post:", 1)[0].rstrip("; ").rsplit(": ", 1)[-1].strip().rstrip(".")
         if len(reason) > 70:
             reason = reason[:70].rsplit(" ", 1)[0] + " …"
@@ -174,10 +176,13 @@ def total_wall_s(loaded: list) -> float:
 
 def tally(root: Path, loaded: list | None = None) -> dict:
     """The count issue 18 asks for: the claims about neural networks (the sweep families'), decided or not.
-    A claim judged at several κ ("up to κ") is one claim with several rows; it counts as decided when
-    every row of it is. Headlines agree when the family's first claim gets the same verdict on both seed
-    sets (at the κ the headline check judged)."""
+    A claim judged at several κ ("up to κ") is one claim with several rows. It counts as decided when it
+    is decided at every κ where it applies: every row not set aside (`measure.gated`, and a
+    target_explains row with no EMA gap) is reproduced or contradicted, and at least one row is not set
+    aside. Headlines agree when the family's first claim gets the same verdict on both seed sets (at the
+    κ the headline check judged)."""
     rows_n = {"reproduced": 0, "contradicted": 0, "inconclusive": 0}
+    aside = 0
     by_claim: dict = {}
     agree, checked = 0, 0
     for name, family, main, new in loaded if loaded is not None else reproductions(root):
@@ -186,23 +191,28 @@ def tally(root: Path, loaded: list | None = None) -> dict:
         for c in main["claims"]:
             v = c.get("verdict")
             rows_n[v if v in rows_n else "inconclusive"] += 1
-            by_claim.setdefault((name, c.get("claim"), c.get("short")), []).append(v)
+            aside += bool(c.get("set_aside"))
+            applies = by_claim.setdefault((name, c.get("claim"), c.get("short")), [])
+            if not c.get("set_aside"):
+                applies.append(v)
         if new is not None and new.get("claims"):
             h = new["claims"][0]
             match = [c for c in main["claims"] if _same_claim(h, c)]
             if match:
                 checked += 1
                 agree += match[0].get("verdict") == h.get("verdict")
-    decided = sum(1 for vs in by_claim.values() if all(v in ("reproduced", "contradicted") for v in vs))
-    return {"rows": rows_n, "claims": len(by_claim), "decided": decided, "headlines": checked,
+    decided = sum(1 for vs in by_claim.values() if vs and all(v in ("reproduced", "contradicted") for v in vs))
+    return {"rows": rows_n, "set_aside": aside, "claims": len(by_claim), "decided": decided, "headlines": checked,
             "headlines_agree": agree}
 
 
 def tally_line(t: dict) -> str:
     r = t["rows"]
-    return (f"Claims about neural networks: {t['decided']} of {t['claims']} decided at every κ judged; by row, "
-            f"{r['reproduced']} reproduced, {r['contradicted']} contradicted, {r['inconclusive']} inconclusive. "
-            f"Headline claims with the same verdict on both seed sets: {t['headlines_agree']} of {t['headlines']}.")
+    aside = f" ({t['set_aside']} of them set aside)" if t["set_aside"] else ""
+    return (f"Claims about neural networks: {t['decided']} of {t['claims']} decided at every κ where they apply; by "
+            f"row, {r['reproduced']} reproduced, {r['contradicted']} contradicted, {r['inconclusive']} "
+            f"inconclusive{aside}. Headline claims with the same verdict on both seed sets: "
+            f"{t['headlines_agree']} of {t['headlines']}.")
 
 
 def markdown(root: Path, wall: float | None = None) -> str:

@@ -63,7 +63,10 @@ The target model STRAYS at a setting when its paired gap over the run is > 2·sp
 lies above 1·spread; it TRACKS when the gap is ≤ 1·spread. The optimizer-rule check lists this for every
 setting. A claim of kind rule_needed, rule_closer, same_either_way, arm_closer, matches_or_better or
 with_better on an EMA-dependent metric, at a setting where a target metric blind to the EMA strays, is
-"inconclusive", with the target's numbers as the reason (the verdict it would have had is kept).
+"inconclusive", with the target's numbers as the reason (the verdict it would have had is kept), and SET
+ASIDE: the claim does not apply at that setting. So is a target_explains row with no EMA gap to explain.
+The tally (`table.tally`) judges a claim at the κ where it applies: decided when every row not set
+aside is reproduced or contradicted, and at least one is not set aside.
 
 Anything else is "inconclusive"; so is every claim with fewer than 2 baseline seeds (no spread).
 """
@@ -337,6 +340,11 @@ def strays(g: float | None, s: float | None, ci: tuple | None = None) -> bool | 
     return g > FACTOR * s and (ci is None or ci[0] > s)
 
 
+def no_ema_gap(g_ema_with: float | None, s_ema: float | None) -> bool:
+    """target_explains has nothing to explain: the EMA's gap with the rule is within 2× its spread."""
+    return g_ema_with is not None and s_ema is not None and g_ema_with <= FACTOR * s_ema
+
+
 def decide_target(g_ema_with: float | None, s_ema: float | None, g_target_with: float | None,
                   s_target: float | None, target_ci: tuple | None = None) -> tuple[str, str]:
     """target_explains: an EMA gap with the rule is the optimizer rule's when the target strays too."""
@@ -346,7 +354,7 @@ def decide_target(g_ema_with: float | None, s_ema: float | None, g_target_with: 
         return "inconclusive", "a setting has no gap (not run, or a run never logged the metric)"
     r = (f"EMA metric: gap with {_n(g_ema_with)}, spread {_n(s_ema)}; target metric: gap with "
          f"{_n(g_target_with)}" + (f" (95 % CI {_ci(target_ci)})" if target_ci else "") + f", spread {_n(s_target)}")
-    if g_ema_with <= FACTOR * s_ema:
+    if no_ema_gap(g_ema_with, s_ema):
         return "inconclusive", f"{r}: no EMA gap with the rule to explain (≤ 2× spread)"
     if strays(g_target_with, s_target, target_ci):
         return "reproduced", f"{r}: the target model strays too (> 2× its spread, CI above 1×)"
