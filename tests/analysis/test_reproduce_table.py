@@ -44,8 +44,8 @@ def test_one_row_per_judged_claim_with_its_headline_check(root):
     # Families without a verdict.json say so rather than borrow a number.
     assert "not run: no " in lines[2] and lines[2].count("parabola") >= 1
     assert "| polyak | 30 | 10.0 min | 5.0 min (15 runs) | the target model's top1 strays first at κ=4 | — |" in md
-    assert md.rstrip().endswith("The reproductions took 15 min of wall time in all, each summed over the invocations "
-                                "that trained its runs (the family rows give the count where it was more than one). "
+    assert md.rstrip().endswith("The reproductions took 15 min of wall time in all, each summed over every invocation "
+                                "of its command (the family rows give the count where it was more than one). "
                                 "The `make repro` that wrote this table took 90 min.")
 
 

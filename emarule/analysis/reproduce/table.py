@@ -236,7 +236,7 @@ def markdown(root: Path, wall: float | None = None) -> str:
     out += ["| " + " | ".join(r) + " |" for r in runs]
     out += ["", tally_line(tally(root, loaded))]
     out += ["", f"The reproductions took {total_wall_s(loaded) / 60:.0f} min of wall time in all, each summed over "
-            f"the invocations that trained its runs (the family rows give the count where it was more than one)."
+            f"every invocation of its command (the family rows give the count where it was more than one)."
             + (f" The `make repro` that wrote this table took {float(wall) / 60:.0f} min." if wall is not None else "")]
     return "\n".join(out) + "\n"
 
