@@ -11,6 +11,7 @@ from emarule.analysis import compare as C
 from emarule.analysis.compare import load_runs
 from emarule.analysis.reproduce import claims as K
 from emarule.analysis.reproduce import measure as M
+from emarule.analysis.reproduce import report as R
 from emarule.analysis.reproduce import verdict as V
 from test_reproduce import T, polyak_runs, write_run
 
@@ -167,6 +168,14 @@ def test_the_optimizer_check_names_the_first_kappa_where_the_target_strays(tmp_p
     explains = by[("target_explains", 4.0, M.STATISTIC["run"])]
     assert explains["verdict"] == "inconclusive" and explains["set_aside"] == M.ASIDE_NO_GAP
     assert "verdict_if_target_tracked" not in explains
+    # The report marks both rows and says what setting aside does to the tally.
+    data = m | {"timing": {"wall_s": 1.0, "cpus": 2, "load_start": 0.0, "load_end": 0.0, "omp_threads": "1"},
+                "command": "emarule reproduce polyak", "figures": [], "decision_rule": "rules",
+                "not_judged_here": [], "settings": []}
+    report = R.markdown(data, K.POLYAK)
+    assert report.count("**inconclusive** (set aside)") == 2
+    assert report.count("- Set aside: the target model strays. The claim does not apply at this κ") == 1
+    assert report.count("- Set aside: no EMA gap to explain.") == 1
 
 
 def test_a_target_that_depends_on_the_ema_gates_nothing(tmp_path):

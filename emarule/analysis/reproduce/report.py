@@ -109,7 +109,7 @@ def optimizer_lines(oc: dict) -> list[str]:
              f"The target model's {oc['metric']} ({oc['statistic']}): each setting's paired gap (mean over seeds, "
              f"95 % bootstrap CI) against the baseline's pair spread {_g(oc['spread'])}. "
              f"{oc['rule'][:1].upper() + oc['rule'][1:]}. An EMA claim "
-             f"at a setting where the target strays is inconclusive.", "",
+             f"at a setting where the target strays is inconclusive and set aside.", "",
              "| setting | κ | gap [95 % CI] | × spread | target |", "|---|---:|---:|---:|---|"]
     for r in oc["rows"]:
         times = (r["gap"] / oc["spread"]) if r["gap"] is not None and oc["spread"] else None
@@ -194,8 +194,8 @@ def markdown(data: dict, family) -> str:
         if c.get("settings"):
             lines.append(f"- Settings compared: A = {c['settings']['A']}, B = {c['settings']['B']}.")
         if c.get("set_aside"):
-            lines.append(f"- Set aside: {c['set_aside']}. The claim does not apply at this κ; the tally judges it "
-                         f"at the others.")
+            lines.append(f"- Set aside: {c['set_aside']}. The claim does not apply at this κ, so the README's tally "
+                         f"leaves this row out (a claim set aside at every κ is not decided).")
         if c.get("verdict_if_target_tracked"):
             lines.append(f"- Had the target model tracked, the rules would have said: "
                          f"{c['verdict_if_target_tracked']}.")
