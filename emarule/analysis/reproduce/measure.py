@@ -338,9 +338,9 @@ def judge(family: Family, claim: Claim, tables: dict, base: list, kappas: list, 
 # The kinds whose claim is about the EMA at one setting: meaningful only where the target model tracks.
 GATED = ("rule_needed", "rule_closer", "same_either_way", "arm_closer", "matches_or_better", "with_better")
 
-# Why a row is set aside: the claim does not apply at that κ, so the tally judges it at its other κ (issue 18
-# §2: an EMA claim is meaningful only where the optimizer rule holds; a claim that explains an EMA gap only
-# where there is one).
+# Why a row is set aside: the claim does not apply at that κ, so the tally leaves the row out and decides the
+# claim on its other κ, if any (issue 18 §2: an EMA claim is meaningful only where the optimizer rule holds;
+# a claim that explains an EMA gap, only where there is one).
 ASIDE_STRAYS = "the target model strays"
 ASIDE_NO_GAP = "no EMA gap to explain"
 
