@@ -4,6 +4,7 @@ BYOL reproduction end to end (written, then reused)."""
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -351,7 +352,7 @@ def test_a_run_that_never_logged_the_metric_leaves_its_claims_unmeasured(tmp_pat
                               {"wer": both["wer"]} if s == 1 else both, "ctc-pseudo-label"))
         dirs.append(write_run(tmp_path, f"k4-norule-s{s}", 4.0, None, s,
                               {m: (lambda t, f=f: f(t) + 9) for m, f in both.items()}, "ctc-pseudo-label"))
-    m = M.measure(K.CTC_PL, load_runs(dirs))
+    m = M.measure(replace(K.CTC_PL, kappas=(1.0, 4.0), goal_kappa=4.0), load_runs(dirs))  # a κ=4 sweep
     pl = next(c for c in m["claims"] if c["metric"] == "pl_wer")
     assert pl["verdict"] == "inconclusive" and "1 run(s) of with the rule at κ=4" in pl["why"]
     assert "never logged" in pl["why"]
