@@ -107,6 +107,20 @@ def test_rule_needed_is_contradicted_when_pairing_shows_no_drop(g_with, g_withou
     assert V.decide("rule_needed", g_with, g_without, 1.0, ci)[0] == verdict
 
 
+@settings(max_examples=300, deadline=None)
+@given(gw=st.floats(0, 10), gwo=st.floats(0, 10), s=st.floats(0.01, 10), lo=st.floats(-10, 10),
+       width=st.floats(0, 10))
+def test_paired_rule_needed_is_the_written_rule(gw, gwo, s, lo, width):
+    """verdict.py's docstring, which every report prints as the rules applied: reproduced and contradicted
+    exactly where it says, and inconclusive everywhere else."""
+    ci = (lo, lo + width)
+    reproduced = gwo >= 2 * gw and gw <= 2 * s and ci[0] > 0
+    contradicted = (gw >= gwo and max(gw, gwo) > 2 * s) or (
+        gwo < 2 * gw and gwo <= 2 * s and -s < ci[0] and ci[1] < s)
+    expected = "reproduced" if reproduced else "contradicted" if contradicted else "inconclusive"
+    assert V.decide("rule_needed", gw, gwo, s, ci)[0] == expected
+
+
 def test_same_either_way_is_contradicted_only_on_a_real_difference():
     assert V.decide("same_either_way", 0.5, 3.0, 1.0, (1.0, 4.0))[0] == "contradicted"
     assert V.decide("same_either_way", 0.5, 3.0, 1.0, (-1.0, 4.0))[0] == "inconclusive"

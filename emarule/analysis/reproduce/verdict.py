@@ -26,7 +26,9 @@ difference g_B − g_A's interval; "with" is A and "without" B):
 
     rule_needed      reproduced   g_B ≥ 2·g_A and g_A ≤ 2·spread and CI(D) above 0
                      contradicted g_A ≥ g_B and max(g_A, g_B) > 2·spread,
-                                  or g_B ≤ 2·spread and CI(D) inside (−spread, +spread): no drop to prevent
+                                  or g_B < 2·g_A, g_B ≤ 2·spread and CI(D) inside (−spread, +spread): no
+                                  drop to prevent (where g_B ≥ 2·g_A the predicted ratio is there, and a
+                                  CI(D) that reaches 0 leaves the claim inconclusive)
     rule_closer      paired (a CI(D) exists):
                      reproduced   g_B ≥ 2·g_A and CI(D) above 0
                      contradicted g_A ≥ g_B, and max(g_A, g_B) > 2·spread or CI(D) below 0
