@@ -286,7 +286,7 @@ def judge(family: Family, claim: Claim, tables: dict, base: list, kappas: list, 
             out["target"] = {"metric": family.target_metric.name, "gap_with_rule": gt, "ci_with": ct,
                              "gap_without_rule": _stat(target, *kb, over), "baseline_spread": st}
             v, why = V.decide_target(gw, s, gt, st, ct)
-            if None not in (s, st, gt) and V.no_ema_gap(gw, s):
+            if V.nothing_to_explain(gw, s, gt, st):
                 out["set_aside"] = ASIDE_NO_GAP
         elif claim.kind == "arm_closer":
             v, why = V.decide_arm_closer(gw, gwo, diff["ci"])

@@ -342,9 +342,11 @@ def strays(g: float | None, s: float | None, ci: tuple | None = None) -> bool | 
     return g > FACTOR * s and (ci is None or ci[0] > s)
 
 
-def no_ema_gap(g_ema_with: float | None, s_ema: float | None) -> bool:
-    """target_explains has nothing to explain: the EMA's gap with the rule is within 2× its spread."""
-    return g_ema_with is not None and s_ema is not None and g_ema_with <= FACTOR * s_ema
+def nothing_to_explain(g_ema_with: float | None, s_ema: float | None, g_target_with: float | None,
+                       s_target: float | None) -> bool:
+    """target_explains has nothing to explain: every number is measured, and the EMA's gap with the rule
+    is within 2× its spread. `decide_target`'s verdict and the row's set-aside both read this."""
+    return None not in (g_ema_with, s_ema, g_target_with, s_target) and g_ema_with <= FACTOR * s_ema
 
 
 def decide_target(g_ema_with: float | None, s_ema: float | None, g_target_with: float | None,
@@ -356,7 +358,7 @@ def decide_target(g_ema_with: float | None, s_ema: float | None, g_target_with: 
         return "inconclusive", "a setting has no gap (not run, or a run never logged the metric)"
     r = (f"EMA metric: gap with {_n(g_ema_with)}, spread {_n(s_ema)}; target metric: gap with "
          f"{_n(g_target_with)}" + (f" (95 % CI {_ci(target_ci)})" if target_ci else "") + f", spread {_n(s_target)}")
-    if no_ema_gap(g_ema_with, s_ema):
+    if nothing_to_explain(g_ema_with, s_ema, g_target_with, s_target):
         return "inconclusive", f"{r}: no EMA gap with the rule to explain (≤ 2× spread)"
     if strays(g_target_with, s_target, target_ci):
         return "reproduced", f"{r}: the target model strays too (> 2× its spread, CI above 1×)"
