@@ -55,6 +55,7 @@ bench: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/loop_overhead.py $(BENCH_ARGS)
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/parabola_speed.py $(BENCH_ARGS)
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/augment_speed.py $(BENCH_ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/memory_format.py $(BENCH_ARGS)
 	$(BIN)/python benchmarks/startup.py $(BENCH_ARGS)
 
 lint: $(STAMP)

@@ -106,8 +106,10 @@ def run_bare(ctx, warmup: int, steps: int) -> tuple:
     from emarule.engine.interface import Now
 
     spec, plan = ctx.spec, ctx.plan
+    from emarule.engine.loop import memory_format
+
     parts = build(ctx)
-    model = parts.model.train()
+    model = parts.model.to(memory_format=memory_format(ctx.cfg)).train()  # the layout emarule's loop trains in
     source = parts.ema_source if parts.ema_source is not None else model
     opt = optimizers.build(spec, model, parts.no_decay, plan, frozenset(parts.aux_params), parts.aux_lr_ratio)
     ema = copy.deepcopy(source)

@@ -105,6 +105,9 @@ COMMON: dict[str, Any] = {
     "dataset": text("data set of the full-size recipe"),
     "paper_result": text("the paper's reported result for this recipe"),
     "precision": text(choices=("fp32", "tf32", "bf16")),
+    "memory_format": text("layout of the model's 4-D weights, and so of its convolutions' activations: "
+                          "contiguous (NCHW) or channels_last (NHWC, faster convolutions on CPU and tensor cores)",
+                          choices=("contiguous", "channels_last")),
     "batch": {
         "size": num("reference batch B at which every base value is written", **POSITIVE),
         "unit": text("what a batch is measured in", choices=("samples", "seconds")),
@@ -163,7 +166,7 @@ COMMON: dict[str, Any] = {
     "presets": Field((dict,), doc="named overrides {preset: {dotted.key: value}}"),
 }
 COMMON = with_defaults(COMMON, {
-    "precision": "fp32", "batch.unit": "samples", "batch.sort_window": 1024,
+    "precision": "fp32", "memory_format": "contiguous", "batch.unit": "samples", "batch.sort_window": 1024,
     "optimizer.name": "sgd", "optimizer.nesterov": False, "optimizer.trust_coefficient": 0.001,
     "optimizer.weight_decay_skip_bias": False,
     "schedule.kind": "constant", "schedule.milestones_epochs": [], "schedule.gamma": 0.1,

@@ -162,6 +162,12 @@ def set_bn_momentum(model: nn.Module, plan) -> None:
             mod.momentum = m
 
 
+def memory_format(cfg: Config) -> torch.memory_format:
+    """The layout `memory_format` names. Set before the EMAs copy the model, so they share it (an EMA in
+    another layout would average correctly, but its evaluations would run the slower kernels)."""
+    return torch.channels_last if cfg.memory_format == "channels_last" else torch.contiguous_format
+
+
 def build_emas(cfg: Config | dict, source: nn.Module, plan) -> dict:
     """The main EMA (`ema.momentum`) and one per `ema.also` momentum, each scaled by the plan."""
     ema = config_of(cfg).ema
@@ -205,7 +211,8 @@ def setup(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> Run:
     set_precision(precision)
     seed_everything(ctx.seed, d.rank)
     sync_bn = distributed.sync_batchnorm_possible(bool(cfg.norm.sync_bn))
-    model = distributed.maybe_sync_batchnorm(parts.model.to(d.device), bool(cfg.norm.sync_bn))
+    model = distributed.maybe_sync_batchnorm(parts.model.to(d.device, memory_format=memory_format(cfg)),
+                                             bool(cfg.norm.sync_bn))
     parts.model = model
     distributed.broadcast_module_(model)
     model.train()

@@ -18,7 +18,7 @@ def load(name: str):
     return module
 
 
-@pytest.mark.parametrize("script", ["loop_overhead", "parabola_speed", "startup", "augment_speed"])
+@pytest.mark.parametrize("script", ["loop_overhead", "parabola_speed", "startup", "augment_speed", "memory_format"])
 def test_quick_mode_prints_a_ratio(script, capsys):
     threads = torch.get_num_threads()
     try:
