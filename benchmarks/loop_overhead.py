@@ -105,9 +105,9 @@ def run_bare(ctx, warmup: int, steps: int) -> tuple:
     from emarule.engine import optimizers
     from emarule.engine.interface import Now
 
-    spec, plan = ctx.spec, ctx.plan
     from emarule.engine.loop import memory_format
 
+    spec, plan = ctx.spec, ctx.plan
     parts = build(ctx)
     model = parts.model.to(memory_format=memory_format(ctx.cfg)).train()  # the layout emarule's loop trains in
     source = parts.ema_source if parts.ema_source is not None else model
@@ -179,11 +179,17 @@ def report(family: str, results: dict, threads: int, steps: int) -> None:
     preset = PRESET.get(family, preset)
     print(f"{experiment} --preset {preset}: {steps} steps per run, {len(results['emarule'])} rounds (emarule, bare "
           f"in turn), {threads} torch thread(s)")
+    print_ratios(results, "emarule", "bare", "emarule/bare")
+
+
+def print_ratios(results: dict, a: str, b: str, ratio: str) -> None:
+    """Two lines, by wall time and by this process's CPU time: the median samples/s of `a` and of `b`, and
+    the per-round ratios of a's samples/s to b's (named `ratio`) as median, min and max."""
     for i, clock in enumerate(("wall", "cpu")):
-        ours, bare = [r[i] for r in results["emarule"]], [r[i] for r in results["bare"]]
-        ratios = [a / b for a, b in zip(ours, bare, strict=True)]
-        print(f"  samples/s of {clock} time: emarule {statistics.median(ours):.1f}, bare {statistics.median(bare):.1f} "
-              f"(medians); ratio emarule/bare ({clock}): median {statistics.median(ratios):.3f}x  "
+        xs, ys = [r[i] for r in results[a]], [r[i] for r in results[b]]
+        ratios = [x / y for x, y in zip(xs, ys, strict=True)]
+        print(f"  samples/s of {clock} time: {a} {statistics.median(xs):.1f}, {b} {statistics.median(ys):.1f} "
+              f"(medians); ratio {ratio} ({clock}): median {statistics.median(ratios):.3f}x  "
               f"min {min(ratios):.3f}x  max {max(ratios):.3f}x")
 
 

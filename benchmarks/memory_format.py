@@ -12,7 +12,6 @@ time, by wall time and by this process's CPU time.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -21,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from loop_overhead import context, run_emarule  # noqa: E402
+from loop_overhead import context, print_ratios, run_emarule  # noqa: E402
 
 PRESETS = {"polyak": ("polyak-r50", "cpu"), "byol-r50-lars": ("byol-r50-lars", "cpu")}
 LAYOUTS = ("channels_last", "contiguous")
@@ -41,12 +40,8 @@ def measure(experiment: str, preset: str, rounds: int, warmup: int, steps: int, 
 def report(experiment: str, preset: str, results: dict, steps: int, kappa: float) -> None:
     print(f"{experiment} --preset {preset} --kappa {kappa:g}: {steps} steps per run, "
           f"{len(results['contiguous'])} rounds (each layout first in every other round), 1 torch thread")
-    for i, clock in enumerate(("wall", "cpu")):
-        nhwc, nchw = [r[i] for r in results["channels_last"]], [r[i] for r in results["contiguous"]]
-        ratios = [a / b for a, b in zip(nhwc, nchw, strict=True)]  # samples/s ratio = time ratio inverted
-        print(f"  samples/s of {clock} time: channels_last {statistics.median(nhwc):.1f}, contiguous "
-              f"{statistics.median(nchw):.1f} (medians); ratio contiguous/channels_last time ({clock}): "
-              f"median {statistics.median(ratios):.3f}x  min {min(ratios):.3f}x  max {max(ratios):.3f}x")
+    # channels_last's samples/s over contiguous's is contiguous's time over channels_last's
+    print_ratios(results, "channels_last", "contiguous", "contiguous/channels_last time")
 
 
 def main(argv=None) -> None:

@@ -12,8 +12,7 @@ import torch
 from emarule.config.load import load_spec
 from emarule.engine.context import RunContext
 from emarule.scaling import plan
-from emarule.tasks import build_parts
-from emarule.tasks import run_task
+from emarule.tasks import build_parts, run_task
 from engine_util import load_checkpoint, tensors_equal
 
 
