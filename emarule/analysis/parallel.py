@@ -6,6 +6,10 @@ of the same runs one after another. Each run is the same `run_task(ctx)` as in t
 in a spawned worker with `cores // jobs` torch threads; its own output is held and printed when it
 ends, so that the console reads run by run. While runs train, a line every `every_s` seconds says how
 far each training run has come (the epoch of its last logged row) and how many are still to go.
+
+Runs that others wait for (each seed's baseline) start first, so that a worker never idles while the only
+runs left wait on one baseline. A finished run may bring follow-up work (a reproduction's offline probes
+of its teacher); the workers take it whenever no run is ready to train, so it fills the last run's tail.
 """
 
 from __future__ import annotations
@@ -112,6 +116,27 @@ def _train(ctx, task_spec, threads: int) -> tuple[str, dict, float, str]:
     return "done", result or {}, time.monotonic() - t0, buf.getvalue()
 
 
+def _follow(fn, args: tuple) -> str | None:
+    """In a worker: one piece of follow-up work; its error as text, or None. The caller does the same
+    work again in its own process wherever this left nothing behind, and raises the error there."""
+    if _stopping:
+        return "skipped: a stop signal came first"
+    try:
+        fn(*args)
+    except Exception as e:  # noqa: BLE001 (recomputed and raised by the caller, see above)
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def start_order(after: list | None, n: int) -> list[int]:
+    """The order runs are offered to the workers: first every run another waits for, then the rest, each
+    group in plan order."""
+    if after is None:
+        return list(range(n))
+    awaited = {a for a in after if a is not None}
+    return [i for i in range(n) if i in awaited] + [i for i in range(n) if i not in awaited]
+
+
 def _epoch_reached(out: Path) -> float | None:
     """The epoch of the run's last logged row (the last line of metrics.jsonl), None before the first."""
     try:
@@ -132,11 +157,14 @@ def _total_epochs(ctx) -> float | None:
 
 
 def run_side_by_side(console, labels: list[str], ctxs: list, jobs: int, on_done, every_s: float = 30.0,
-                     after: list | None = None) -> None:
+                     after: list | None = None, follow_up=None) -> None:
     """Train `ctxs` `jobs` at a time; `on_done(i, result, wall_s, output)` in the parent as each ends, in
     the order they end. `after[i]`, when given and not None, is the index of a run that must have finished
     before run i starts: a run may read another's record (ctc-pseudo-label's κ > 2 runs take their start
-    threshold from the same seed's κ=1 run), and one after another that order came for free.
+    threshold from the same seed's κ=1 run), and one after another that order came for free. Runs that
+    others wait for are offered first (`start_order`). `follow_up(i)`, when given, is called in the parent
+    as run i ends and returns [(label, fn, args), ...]: picklable work a worker does when no run is ready
+    to train, all of it before this returns. Its errors are not raised here (see `_follow`).
 
     Ctrl-C or SIGTERM to this process goes on to every worker once: each run in progress writes its
     checkpoint and stops, no further run starts, and this process exits as a stopped run does (130 or 143)
@@ -169,17 +197,22 @@ def run_side_by_side(console, labels: list[str], ctxs: list, jobs: int, on_done,
             raise KeyboardInterrupt
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    stopped, finished_ok, waiting = [], set(), list(range(len(ctxs)))
-    in_flight: dict = {}
+    stopped, finished_ok, waiting = [], set(), start_order(after, len(ctxs))
+    in_flight: dict = {}  # future → a run's index, or a follow-up's label
+    extra: list = []  # follow-up work not started yet
 
     def start_ready() -> None:
         # At most `jobs` submitted at a time, so that every submitted run has a worker of its own.
         while len(in_flight) < jobs and stop["signal"] is None:
             i = next((i for i in waiting if after is None or after[i] is None or after[i] in finished_ok), None)
-            if i is None:
+            if i is not None:
+                waiting.remove(i)
+                in_flight[pool.submit(_train, ctxs[i], registry.lookup(ctxs[i].spec.get("task")), threads)] = i
+            elif extra:
+                label, fn, args = extra.pop(0)
+                in_flight[pool.submit(_follow, fn, args)] = label
+            else:
                 return
-            waiting.remove(i)
-            in_flight[pool.submit(_train, ctxs[i], registry.lookup(ctxs[i].spec.get("task")), threads)] = i
 
     try:
         t_start = time.time()
@@ -189,6 +222,11 @@ def run_side_by_side(console, labels: list[str], ctxs: list, jobs: int, on_done,
                                return_when=FIRST_COMPLETED)
             for f in finished:
                 i = in_flight.pop(f)
+                if isinstance(i, str):  # follow-up work: its caller redoes what it did not leave behind
+                    err = f.result()
+                    if err is not None and stop["signal"] is None:
+                        console.print(f"  {i}: {err}; it is done again after the runs", highlight=False)
+                    continue
                 try:
                     status, result, wall, output = f.result()
                 except BaseException:
@@ -199,15 +237,19 @@ def run_side_by_side(console, labels: list[str], ctxs: list, jobs: int, on_done,
                 if status == "done":
                     finished_ok.add(i)
                     on_done(i, result, wall, output)
+                    if follow_up is not None:
+                        extra.extend(follow_up(i))
                 elif status == "stopped":
                     stopped.append(i)
                     if output.strip():
                         console.print(output.rstrip(), markup=False, highlight=False)
             start_ready()
             if not finished and stop["signal"] is None:
-                now = [_progress(labels[i], ctxs[i], t_start) for i in in_flight.values()]
+                now = [i if isinstance(i, str) else _progress(labels[i], ctxs[i], t_start)
+                       for i in in_flight.values()]
                 console.print("  training: " + "; ".join(p for p in now if p) + (", " if any(now) else "")
-                              + f"{len(waiting)} to go", highlight=False)
+                              + f"{len(waiting)} to go" + (f", {len(extra)} follow-ups" if extra else ""),
+                              highlight=False)
         if waiting and stop["signal"] is None:  # only a dependency that never finished leaves runs here
             raise UserError(f"{len(waiting)} runs could not start: the runs they read did not finish")
     except BaseException:

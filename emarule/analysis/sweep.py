@@ -98,12 +98,14 @@ def plan_runs(kappas: list[float], rules: list[str | None], seeds, arms=()) -> l
 
 def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, tasks, *, data: Path | None = None,
             max_device_batch: int | None = None, wandb: str = "off", metric: str | None = None,
-            jobs: int | None = 1) -> list[dict]:
+            jobs: int | None = 1, follow_up: Callable | None = None) -> list[dict]:
     """Resolve and check every run first (a bad κ, rule, batch, --data or --metric fails before any
     training and before anything is written), run them in turn, compare.
 
     `resolve_run(kappa, rule, baseline)` → (spec, κ, rule, progressive, plan), as the CLI's `resolve`.
     `tasks` is `emarule.tasks` (RUNNABLE_TASKS, run_task, build_parts), passed in: the engine imports no task.
+    `follow_up(i, run_dir)`: work for idle workers once run i has finished (`parallel.run_side_by_side`);
+    runs one after another leave it to the caller.
     """
     from emarule.engine.context import RunContext, default_run_name
 
@@ -125,10 +127,11 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, ta
     from emarule.engine.runlock import lock_dir
 
     with lock_dir(ctxs[0].out.parent, "sweep"):  # ROOT/<experiment>: its runs and compare figures
-        return _run_all(console, runs, ctxs, metric, tasks, jobs)
+        return _run_all(console, runs, ctxs, metric, tasks, jobs, follow_up)
 
 
-def _run_all(console, runs: list[SweepRun], ctxs: list, metric: str | None, tasks, jobs: int | None = 1) -> list[dict]:
+def _run_all(console, runs: list[SweepRun], ctxs: list, metric: str | None, tasks, jobs: int | None = 1,
+             follow_up: Callable | None = None) -> list[dict]:
     from emarule.engine import distributed
     from emarule.analysis import parallel
     from emarule.analysis.run_report import print_report, report
@@ -168,7 +171,8 @@ def _run_all(console, runs: list[SweepRun], ctxs: list, metric: str | None, task
         after = [None if r.baseline else base_of.get(r.seed) for r in runs]
         t0 = time.monotonic()
         parallel.run_side_by_side(console, [Path(c.out).name for c in ctxs], ctxs, jobs, side_by_side_done,
-                                  after=after)
+                                  after=after, follow_up=None if follow_up is None else
+                                  (lambda i: follow_up(i, Path(ctxs[i].out))))
         side_by_side_s = time.monotonic() - t0
     else:
         for i, ctx in enumerate(ctxs):

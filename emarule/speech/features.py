@@ -46,6 +46,7 @@ class LogMel:
         self.n_fft = self.win
         self.window = torch.hann_window(self.win, periodic=True)
         self.fbank = mel_filterbank(self.n_fft // 2 + 1, n_mels, sample_rate)
+        self.key = ("logmel", sample_rate, self.win, self.hop, n_mels)  # what the features depend on
 
     def power_mel(self, wave: torch.Tensor) -> torch.Tensor:
         """(n_mels, frames) mel power, as torchaudio.transforms.MelSpectrogram computes it."""

@@ -22,6 +22,28 @@ from emarule.speech.features import LogMel
 
 LAYOUT = "<split>/<speaker>/<chapter>/<speaker>-<chapter>-<utt>.flac with <speaker>-<chapter>.trans.txt"
 
+# A sweep's worker trains run after run on the same corpus; what a file yields (its header, its features)
+# is kept for the process, keyed on the file's identity, so that a file written again is read again.
+_HEADERS: dict[tuple, tuple[int, int]] = {}  # identity → (sample rate, frames)
+_FEATURES: dict[tuple, torch.Tensor] = {}  # (identity, featurizer) → features
+_FEATURES_SECONDS = [0.0]  # the audio behind _FEATURES
+MEMO_HOURS = 4.0  # past this much audio the memo starts again, so that one process never holds two corpora
+
+
+def identity(path: Path) -> tuple:
+    st = path.stat()
+    return str(path), st.st_size, st.st_mtime_ns
+
+
+def _header(path: Path) -> tuple[int, int]:
+    import soundfile
+
+    key = identity(path)
+    if key not in _HEADERS:
+        info = soundfile.info(str(path))
+        _HEADERS[key] = (info.samplerate, info.frames)
+    return _HEADERS[key]
+
 
 @dataclass(frozen=True)
 class Utterance:
@@ -42,8 +64,6 @@ def split_dir(root: Path, split: str) -> Path:
 
 def list_split(root: Path, split: str, sample_rate: int = 16000, limit: int | None = None) -> list[Utterance]:
     """Every utterance of a split with its transcript and duration, in id order."""
-    import soundfile
-
     d = split_dir(Path(root), split)
     out = []
     for trans in sorted(d.glob("*/*/*.trans.txt")):
@@ -62,18 +82,18 @@ def list_split(root: Path, split: str, sample_rate: int = 16000, limit: int | No
             if not path.is_file():
                 raise UserError(f"{trans}: {uid} has no audio file {path.name}; expected {LAYOUT}")
             try:
-                info = soundfile.info(str(path))
+                rate, frames = _header(path)
             except (RuntimeError, OSError, ValueError) as e:  # soundfile's LibsndfileError is a RuntimeError
                 raise UserError(f"{path}: cannot read its audio header ({' '.join(str(e).split())}); the file "
                                 f"is corrupt: extract it again or remove its line from {trans.name}") from None
-            if info.samplerate != sample_rate:
-                raise UserError(f"{path}: sampled at {info.samplerate} Hz, expected {sample_rate} Hz "
+            if rate != sample_rate:
+                raise UserError(f"{path}: sampled at {rate} Hz, expected {sample_rate} Hz "
                                 f"(LibriSpeech's rate)")
             try:
                 tokens.encode(text)
             except ValueError as e:
                 raise UserError(f"{trans}: {uid}: {e}") from None
-            out.append(Utterance(uid, path, tokens.normalize(text), info.frames / info.samplerate))
+            out.append(Utterance(uid, path, tokens.normalize(text), frames / rate))
             if limit is not None and len(out) >= limit:
                 return out
     if not out:
@@ -99,7 +119,8 @@ def read_audio(path: Path, seconds: float | None = None, sample_rate: int = 1600
 
 
 class SpeechSet:
-    """Utterances → (features, token ids) on demand; small sets keep their features in memory."""
+    """Utterances → (features, token ids) on demand; small sets keep their features in memory, for the
+    process (`_FEATURES`): the next run of a sweep's worker reads them from there."""
 
     def __init__(self, utterances: list[Utterance], featurizer: LogMel, cache: bool):
         self.utts = utterances
@@ -116,7 +137,21 @@ class SpeechSet:
     def features(self, i: int) -> torch.Tensor:
         if self.cache is not None and i in self.cache:
             return self.cache[i]
-        f = self.featurizer(read_audio(self.utts[i].path, self.utts[i].seconds))
-        if self.cache is not None:
-            self.cache[i] = f
+        u = self.utts[i]
+        if self.cache is None:
+            return self.featurizer(read_audio(u.path, u.seconds))
+        try:
+            key = (identity(u.path), self.featurizer.key)
+        except OSError:  # gone since it was listed: read_audio says so
+            key = None
+        f = _FEATURES.get(key) if key is not None else None
+        if f is None:
+            f = self.featurizer(read_audio(u.path, u.seconds))
+            if key is not None:
+                if _FEATURES_SECONDS[0] + u.seconds > MEMO_HOURS * 3600:
+                    _FEATURES.clear()
+                    _FEATURES_SECONDS[0] = 0.0
+                _FEATURES[key] = f
+                _FEATURES_SECONDS[0] += u.seconds
+        self.cache[i] = f
         return f

@@ -144,3 +144,40 @@ def test_a_run_that_reads_its_seeds_baseline_waits_for_it(tmp_path):
     assert thresholds == [0, 0]  # a threshold was read, not the step-count fallback
     for n in ("tiny-k1-rule-s0", "tiny-k4-rule-s0"):
         assert _rows(tmp_path / "one" / exp / n) == _rows(tmp_path / "two" / exp / n), n
+
+
+def test_runs_others_wait_for_are_offered_first():
+    assert P.start_order(None, 3) == [0, 1, 2]
+    # two seeds: baseline 0 with runs 1-2, baseline 3 with runs 4-5; both baselines before any other run
+    assert P.start_order([None, 0, 0, None, 3, 3], 6) == [0, 3, 1, 2, 4, 5]
+
+
+def test_follow_up_work_is_done_by_the_workers_and_its_errors_are_reported(tmp_path):
+    """Each finished run's follow-up work runs in a worker before the sweep returns; an error in it is
+    a line of output, not a failed sweep (the caller does that work again itself)."""
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from emarule.analysis import sweep
+    from emarule import tasks
+    from emarule.cli.main import EmaRule, resolve
+
+    _one_thread()
+    runs = sweep.plan_runs([1.0, 2.0], ["exponential"], 2)
+
+    def follow_up(i, run_dir):
+        return [(f"mark {run_dir.name}", Path.touch, (run_dir / "followed",)),
+                (f"fail {run_dir.name}", Path.mkdir, (run_dir / "no" / "such",))]
+
+    console = Console(record=True, width=1000)
+    def resolve_run(k, ema, baseline):
+        return resolve("byol-r18", None, "tiny", [], repr(k), None, ema is None, ema and EmaRule(ema),
+                       "constant" if baseline else None)
+
+    done = sweep.execute(console, runs, resolve_run, tmp_path, tasks, jobs=2, follow_up=follow_up)
+    out = console.export_text()
+    assert len(done) == 4
+    for d in done:
+        assert (Path(d["run"]) / "followed").is_file()
+    assert out.count("it is done again after the runs") == 4 and "FileNotFoundError" in out

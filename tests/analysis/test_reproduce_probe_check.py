@@ -106,3 +106,39 @@ def test_probe_fits_with_one_blas_thread_whatever_the_caller_allows(monkeypatch)
         top1 = PC.fit_and_score(x, y, x, y)
     assert seen and set(seen) == {1}
     assert 0.0 <= top1 <= 100.0
+
+
+def test_follow_up_gives_each_finished_run_its_fits_once(tmp_path):
+    """The fits a sweep's idle workers do as runs finish: the final teacher of every run that is not an
+    arm, the initial teacher of each baseline, the pixels on the first baseline only; none already cached."""
+    from emarule.analysis.sweep import SweepRun
+
+    runs = [SweepRun(1.0, "exponential", 0, True), SweepRun(4.0, None, 0, False),
+            SweepRun(4.0, "exponential", 0, False, arm=object()), SweepRun(1.0, "exponential", 1, True)]
+    work = PC.follow_up(runs)
+
+    def kinds(i):
+        d = tmp_path / str(i)
+        d.mkdir(exist_ok=True)
+        got = work(i, d)
+        assert all(fn is PC._warm and args[0] == d for _, fn, args in got)
+        return [args[1] for _, _, args in got]
+
+    assert [kinds(i) for i in range(4)] == [["final", "init", "pixels"], ["final"], [], ["final", "init"]]
+    (tmp_path / "0" / PC.CACHE).write_text("{}")
+    assert kinds(0) == ["init", "pixels"]
+
+
+def test_warm_caches_starts_no_worker_when_every_fit_is_cached(tmp_path, monkeypatch):
+    import concurrent.futures
+
+    def no_pool(*a, **k):
+        raise AssertionError("a worker pool was started with nothing to fit")
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", no_pool)
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        for c in (PC.CACHE, PC.CACHE_INIT, PC.CACHE_PIXELS):
+            (tmp_path / name / c).write_text("{}")
+    runs = [type("Run", (), {"is_baseline": True, "path": tmp_path / n})() for n in ("a", "b")]
+    PC.warm_caches(runs, jobs=2)

@@ -28,6 +28,37 @@ def test_loader_reads_librispeech_layout(tmp_path):
     assert s.targets[2][:3] == [3 + 8, 3 + 19, 2]  # i, t, apostrophe
 
 
+def test_a_process_reads_each_file_once_until_it_is_written_again(tmp_path, monkeypatch):
+    """A sweep's worker builds the corpus for each of its runs: the second build takes the headers and the
+    features the first computed, equal to computing them afresh, and a file written since is read again."""
+    import os
+
+    from emarule.speech import librispeech as L
+
+    monkeypatch.setattr(L, "_HEADERS", {})
+    monkeypatch.setattr(L, "_FEATURES", {})
+    monkeypatch.setattr(L, "_FEATURES_SECONDS", [0.0])
+    write_tree(tmp_path, "dev-clean", {(1, 2): [(0.5, "A"), (0.75, "B")]})
+    first = SpeechSet(list_split(tmp_path, "dev-clean"), LogMel(), cache=True)
+    f0 = first.features(0)
+    reads = []
+    monkeypatch.setattr(L, "read_audio", lambda *a, **k: reads.append(a) or read_audio(*a, **k))
+    second = SpeechSet(list_split(tmp_path, "dev-clean"), LogMel(), cache=True)
+    assert second.features(0) is f0 and not reads  # from the process's memo
+    assert torch.equal(f0, LogMel()(read_audio(first.utts[0].path)))  # what computing afresh gives
+    assert torch.equal(second.features(1), first.features(1)) and len(reads) == 1
+    path = first.utts[0].path
+    write_tree(tmp_path, "dev-clean", {(1, 2): [(0.25, "A"), (0.75, "B")]})  # the same names, new audio
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # a new identity even within the clock's tick
+    third = SpeechSet(list_split(tmp_path, "dev-clean"), LogMel(), cache=True)
+    assert third.utts[0].seconds == pytest.approx(0.25) and third.features(0).shape[0] < f0.shape[0]
+    unkept = SpeechSet(third.utts, LogMel(), cache=False)  # a large set keeps nothing, here or in the memo
+    n = len(L._FEATURES)
+    unkept.features(1)
+    assert len(L._FEATURES) == n and unkept.cache is None
+
+
 def test_loader_errors_are_one_line(tmp_path):
     with pytest.raises(UserError, match="split 'test-other' not found.*nothing is downloaded") as e:
         list_split(tmp_path, "test-other")

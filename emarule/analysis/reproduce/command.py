@@ -139,8 +139,11 @@ def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, r
     runs = sweep.plan_runs(args["kappas"], ["exponential", None], args["seeds"], family.arms)
     # The sweep's own comparison on the target model's metric, which every run logs from its first
     # evaluation (a teacher's `pl_wer` exists only once pseudo-labeling starts, at κ=4 sometimes never).
+    probes = family.ema_metric.name == "probe_top1"  # does the tracking probe measure the teacher?
+    from emarule.analysis.reproduce import probe_check as P
+
     done = sweep.execute(console, runs, resolve_run, root, tasks, data=data, metric=family.target_metric.name,
-                         jobs=jobs)
+                         jobs=jobs, follow_up=P.follow_up(runs) if probes else None)
     from emarule.engine import distributed
 
     if not distributed.is_main():
@@ -152,16 +155,14 @@ def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, r
     loaded = load_runs([Path(d["run"]) for d in done])
     arms = {str(Path(d["run"])): d["arm"] for d in done if d.get("arm")}
     measured = measure.measure(family, loaded, arms)
-    if family.ema_metric.name == "probe_top1":  # does the tracking probe measure the teacher?
-        from emarule.analysis.reproduce.probe_check import probe_check
-
+    if probes:
         # The probe check groups by κ and rule, so the arms (which share them) are left out of it.
         probed = [r for r in loaded if str(r.path) not in arms]
         console.print(f"offline probe of {len(probed)} final teachers, the baselines' teachers at initialization "
                       f"and the raw pixels (cached in each run directory)", highlight=False)
         from emarule.analysis.parallel import jobs_for
 
-        measured["probe_check"] = check_probe = probe_check(
+        measured["probe_check"] = check_probe = P.probe_check(
             probed, jobs_for(jobs, len(probed), distributed.world_size()))
         for c in measured["claims"]:
             if c["metric"] == "probe_top1" and check_probe:

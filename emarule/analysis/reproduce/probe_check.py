@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -182,15 +183,43 @@ def _warm(run_dir: Path, kind: str) -> None:
         offline_probe(run_dir, at_init=kind == "init")
 
 
+_CACHE_OF = {"final": CACHE, "init": CACHE_INIT, "pixels": CACHE_PIXELS}
+
+
+def _work(path: Path, is_baseline: bool, first_baseline: bool) -> list[tuple[Path, str]]:
+    """The fits `probe_check` reads for one run (the pixels once, on the first baseline: the others share
+    its data and so its fit)."""
+    return ([(path, "final")] + ([(path, "init")] if is_baseline else [])
+            + ([(path, "pixels")] if first_baseline else []))
+
+
+def follow_up(runs: list) -> Callable[[int, Path], list]:
+    """For a sweep's workers (`emarule.analysis.sweep.execute`): the fits of sweep run i, once it has
+    finished, as picklable work. Arms are not probed (`probe_check` groups by κ and rule)."""
+    first = next((i for i, r in enumerate(runs) if r.baseline and r.arm is None), None)
+
+    def work(i: int, run_dir: Path) -> list:
+        if runs[i].arm is not None:
+            return []
+        return [(f"probe {run_dir.name} ({kind})", _warm, (run_dir, kind))
+                for p, kind in _work(run_dir, runs[i].baseline, i == first)
+                if not (p / _CACHE_OF[kind]).is_file()]
+    return work
+
+
 def warm_caches(runs: list, jobs: int) -> None:
     """Fit the probes `probe_check` reads `jobs` at a time, each in a single-threaded spawned worker (the
     fits are independent; one after another they were a third of a self-supervised reproduction's wall
-    time). The pixels are fitted once, on the first baseline: the others share its data and so its fit."""
+    time). A fit whose cache is there (a sweep's workers fitted it) is left to `offline_probe`, which
+    checks the cache's step."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    baselines = [r.path for r in runs if r.is_baseline]
-    work = [(r.path, "final") for r in runs] + [(p, "init") for p in baselines] + [(p, "pixels") for p in baselines[:1]]
+    first = next((r for r in runs if r.is_baseline), None)
+    work = [w for r in runs for w in _work(Path(r.path), r.is_baseline, r is first)
+            if not (w[0] / _CACHE_OF[w[1]]).is_file()]
+    if not work:
+        return
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         for f in [pool.submit(_warm, Path(p), kind) for p, kind in work]:
             f.result()
