@@ -148,22 +148,32 @@ def to_float(img: torch.Tensor) -> torch.Tensor:
 
 
 def resize(img: torch.Tensor, size: int) -> torch.Tensor:
-    """Bilinear resize of a C×H×W float tensor to C×size×size (antialiased when shrinking)."""
+    """Bilinear resize of a C×H×W (or N×C×H×W) float tensor to size×size (antialiased when shrinking)."""
     if img.shape[-2:] == (size, size):
         return img
     shrink = img.shape[-1] > size or img.shape[-2] > size
-    return F.interpolate(img[None], size=(size, size), mode="bilinear", align_corners=False,
-                         antialias=shrink)[0]
+    batch = img if img.dim() == 4 else img[None]
+    out = F.interpolate(batch, size=(size, size), mode="bilinear", align_corners=False, antialias=shrink)
+    return out if img.dim() == 4 else out[0]
 
 
-# A batch's views are made together. Each item's crop and resize run in torch, one image at a time (every
-# crop has its own size); the colour operations then run on the whole batch in numpy, each on the items
-# whose draws chose it, with each item's factor as a float32 scalar. On the 8–32 px views of the CPU
-# presets a call costs far more than its arithmetic, so this is several times faster than one image at a
-# time (`make bench`). Every colour operation is elementwise and correctly rounded in float32, as torch's
-# is, so a view is bitwise the one the same operations give in torch on one image
-# (tests/augment_reference.py keeps that torch version, the tests' oracle); the contrast's mean and the blur's
-# convolution stay in torch, one image at a time, whose summation order numpy does not share.
+def _floats(images: list) -> list:
+    """`to_float` of each image as a numpy array (a numpy slice costs far less than a torch one), in one call
+    for a batch of one shape and dtype (`to_float` is elementwise)."""
+    if len({(img.shape, img.dtype) for img in images}) == 1:
+        return list(to_float(torch.stack(images)).numpy())
+    return [to_float(img).numpy() for img in images]
+
+
+# A batch's views are made together. The crops are cut from one float conversion of the batch and resized in
+# torch, those of one shape in one call (the kernel resizes each image on its own, so a stack changes no bit);
+# the colour operations then run on the whole batch in numpy, each on the items whose draws chose it, with each
+# item's factor as a float32 scalar. On the 8–32 px views of the CPU presets a call costs far more than its
+# arithmetic, so this is several times faster than one image at a time (`make bench`). Every colour operation
+# is elementwise and correctly rounded in float32, as torch's is, so a view is bitwise the one the same
+# operations give in torch on one image (tests/augment_reference.py keeps that torch version, the tests'
+# oracle); the contrast's mean and the blur's convolution stay in torch, whose summation order numpy does not
+# share.
 _F = np.float32
 _ONE, _ZERO = _F(1.0), _F(0.0)
 # For HSV sector 0..5, which of (v, q, p, t) gives the red, green and blue channel (torchvision's table).
@@ -191,6 +201,9 @@ def _blend(a: np.ndarray, b, f: np.ndarray) -> np.ndarray:
 
 def _contrast_mean(x: np.ndarray) -> np.ndarray:
     luma = torch.from_numpy(gray(x))
+    # Per item, torch sums 16..32767 floats in one vectorized loop on any thread count: batching changes no bit.
+    if 16 <= luma[0].numel() < 32768:
+        return luma.mean(dim=(1, 2, 3)).numpy()[:, None, None, None]
     return np.array([luma[k].mean().item() for k in range(len(x))], np.float32)[:, None, None, None]
 
 
@@ -248,21 +261,29 @@ def views(images: list, aug: ViewAug, size: int, draws: list) -> np.ndarray:
     N×3×size×size float32 array in [0, 1]."""
     n = len(images)
     x = np.empty((n, 3, size, size), np.float32)
-    mono = np.zeros(n, bool)  # a gray image: saturation and hue are no-ops, skipped
-    u = np.empty((n, 14))  # per item: flip, jitter, gray, blur, blur σ, solarize, 4 jitter factors, 4 order keys
-    for k, (img, d) in enumerate(zip(images, draws, strict=True)):
+    mono = np.array([img.shape[0] == 1 for img in images], bool)  # a gray image: saturation and hue are no-ops
+    u = []  # per item: flip, jitter, gray, blur, blur σ, solarize, 4 jitter factors, 4 order keys
+    crops = {}  # crops of one shape are resized together: item indices, crops
+    for k, (img, d) in enumerate(zip(_floats(images), draws, strict=True)):
         if aug.crop:
             h, w = img.shape[-2:]
             i, j, ch, cw = crop_box(h, w, aug.crop_scale, aug.crop_ratio, d)
             img = img[:, i:i + ch, j:j + cw]
         else:
             d.i += 40
-        x[k] = resize(to_float(img), size).numpy()  # a gray image's one channel fills all three
-        mono[k] = img.shape[0] == 1
+        ks, imgs = crops.setdefault(img.shape, ([], []))
+        ks.append(k)
+        imgs.append(img)
         # Every draw below is taken whether or not its op applies, so that one op's probability
         # never shifts the randomness of the others.
-        u[k] = d.values[d.i:d.i + 14]
+        u.append(d.values[d.i:d.i + 14])
         d.i += 14
+    u = np.array(u, np.float64).reshape(n, 14)
+    for ks, imgs in crops.values():  # a gray image's one channel fills all three
+        if len(ks) == 1:  # most crops have a size of their own: no copy, no fancy indexing
+            x[ks[0]] = resize(torch.from_numpy(imgs[0]), size).numpy()
+        else:
+            x[ks] = resize(torch.from_numpy(np.stack(imgs)), size).numpy()
     flip, jitter, to_gray = u[:, 0] < aug.flip_p, u[:, 1] < aug.jitter_p, u[:, 2] < aug.gray_p
     blur, sol = u[:, 3] < aug.blur_p, u[:, 5] < aug.solarize_p
     sigma = aug.blur_sigma[0] + u[:, 4] * (aug.blur_sigma[1] - aug.blur_sigma[0])
