@@ -57,11 +57,12 @@ def _blur(img, sigma):
     return F.conv2d(out, w.view(1, 1, k, 1).expand(c, 1, k, 1), groups=c)[0]
 
 
-def reference_view(img, aug, size, g, applied=None):
+def reference_view(img, aug, size, g, applied=None, draws=None):
     """apply_view with every operation in torch (the implementation before the numpy one); the names of
-    the operations it applied are added to `applied`."""
+    the operations it applied are added to `applied`. `draws`: the `_Draws` to take from instead of a new
+    one on `g`, so that a caller can see where they end."""
     applied = set() if applied is None else applied
-    d = A._Draws(g)
+    d = A._Draws(g) if draws is None else draws
     if aug.crop:
         h, w = img.shape[-2:]
         i, j, ch, cw = A.crop_box(h, w, aug.crop_scale, aug.crop_ratio, d)

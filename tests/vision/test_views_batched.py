@@ -1,7 +1,7 @@
-"""`augment.views` makes a batch's crops and colour operations in batches; its output and its draws must be
-bitwise those of the one-image-at-a-time implementation it replaced, frozen below as `reference_views`, on
-the sources, sizes and view augmentations of the presets (experiments/*.yaml, `cpu` and `tiny`), on gray,
-RGB and mixed batches, on 1 and 2 torch threads."""
+"""`augment.views` converts, crops, resizes and takes contrast means in batches; its output and where each
+item's draws end must be bitwise the one-image torch oracle's (`augment_reference.reference_view`), on the
+sources, sizes and view augmentations of the presets (experiments/*.yaml, `cpu` and `tiny`), on gray, RGB
+and mixed batches, on 1 and 2 torch threads."""
 
 from __future__ import annotations
 
@@ -10,86 +10,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from emarule.vision import augment as A
 from emarule.vision import multicrop as MC
+from augment_reference import reference_view
 from emarule.vision.data import TensorSource, digits
-
-# --- The implementation before batching, verbatim (crop_box, gray, _blend, _hue and gaussian_blur are shared:
-# the change left them as they were).
-
-
-def _to_float(img: torch.Tensor) -> torch.Tensor:
-    return img.float().div_(255.0) if img.dtype == torch.uint8 else img.float()
-
-
-def _resize(img: torch.Tensor, size: int) -> torch.Tensor:
-    if img.shape[-2:] == (size, size):
-        return img
-    shrink = img.shape[-1] > size or img.shape[-2] > size
-    return F.interpolate(img[None], size=(size, size), mode="bilinear", align_corners=False,
-                         antialias=shrink)[0]
-
-
-def _contrast_mean(x: np.ndarray) -> np.ndarray:
-    luma = torch.from_numpy(A.gray(x))
-    return np.array([luma[k].mean().item() for k in range(len(x))], np.float32)[:, None, None, None]
-
-
-def reference_views(images: list, aug: A.ViewAug, size: int, draws: list) -> np.ndarray:
-    _F, _ONE = np.float32, np.float32(1.0)
-    n = len(images)
-    x = np.empty((n, 3, size, size), np.float32)
-    mono = np.zeros(n, bool)
-    u = np.empty((n, 14))
-    for k, (img, d) in enumerate(zip(images, draws, strict=True)):
-        if aug.crop:
-            h, w = img.shape[-2:]
-            i, j, ch, cw = A.crop_box(h, w, aug.crop_scale, aug.crop_ratio, d)
-            img = img[:, i:i + ch, j:j + cw]
-        else:
-            d.i += 40
-        x[k] = _resize(_to_float(img), size).numpy()
-        mono[k] = img.shape[0] == 1
-        u[k] = d.values[d.i:d.i + 14]
-        d.i += 14
-    flip, jitter, to_gray = u[:, 0] < aug.flip_p, u[:, 1] < aug.jitter_p, u[:, 2] < aug.gray_p
-    blur, sol = u[:, 3] < aug.blur_p, u[:, 5] < aug.solarize_p
-    sigma = aug.blur_sigma[0] + u[:, 4] * (aug.blur_sigma[1] - aug.blur_sigma[0])
-    factor = [lo + (hi - lo) * u[:, 6 + c] for c, (lo, hi) in enumerate((
-        (1 - aug.brightness, 1 + aug.brightness), (1 - aug.contrast, 1 + aug.contrast),
-        (1 - aug.saturation, 1 + aug.saturation), (-aug.hue, aug.hue)))]
-    order = np.argsort(u[:, 10:14], axis=1, kind="stable")
-    x[flip] = x[flip][..., ::-1]
-    strength = (aug.brightness, aug.contrast, aug.saturation, aug.hue)
-    for position in range(4):
-        for op in range(4):
-            sel = jitter & (order[:, position] == op)
-            if op >= 2:
-                sel &= ~mono
-            if strength[op] <= 0 or not sel.any():
-                continue
-            v, f = x[sel], factor[op][sel]
-            if op == 0:
-                x[sel] = A._clip(v * A._per_item(f))
-            elif op == 1:
-                x[sel] = A._blend(v, _contrast_mean(v), f)
-            elif op == 2:
-                x[sel] = A._blend(v, A.gray(v), f)
-            else:
-                x[sel] = A._hue(v, f)
-    if to_gray.any():
-        x[to_gray] = A.gray(x[to_gray])
-    for k in np.flatnonzero(blur):
-        x[k] = A.gaussian_blur(torch.from_numpy(x[k]), float(sigma[k])).numpy()
-    if sol.any():
-        v = x[sol]
-        x[sol] = np.where(v >= _F(0.5), _ONE - v, v)
-    return x
-
-
-# --- The checks.
 
 
 @pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
@@ -116,7 +41,8 @@ def _dino_augs(global_scale, local_scale) -> list:
 def _same(images: list, aug: A.ViewAug, size: int, seed: int, epoch: int, where) -> None:
     d_ref = [A._Draws(A.generator_for(seed, epoch, i)) for i in range(len(images))]
     d_new = [A._Draws(A.generator_for(seed, epoch, i)) for i in range(len(images))]
-    want = reference_views(images, aug, size, d_ref)
+    want = np.stack([reference_view(img, aug, size, None, draws=d).numpy()
+                     for img, d in zip(images, d_ref, strict=True)])
     got = A.views(images, aug, size, d_new)
     assert got.dtype == np.float32 and got.shape == want.shape, where
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (where, np.abs(got - want).max())
@@ -180,4 +106,4 @@ def test_views_are_bitwise_the_reference_at_full_size(threads):
 
 
 def test_views_of_an_empty_batch():
-    assert reference_views([], A.STACKS["byol"][0], 8, []).shape == A.views([], A.STACKS["byol"][0], 8, []).shape
+    assert A.views([], A.STACKS["byol"][0], 8, []).shape == (0, 3, 8, 8)
