@@ -262,7 +262,7 @@ def views(images: list, aug: ViewAug, size: int, draws: list) -> np.ndarray:
     n = len(images)
     x = np.empty((n, 3, size, size), np.float32)
     mono = np.array([img.shape[0] == 1 for img in images], bool)  # a gray image: saturation and hue are no-ops
-    u = []  # per item: flip, jitter, gray, blur, blur σ, solarize, 4 jitter factors, 4 order keys
+    u = np.empty((n, 14))  # per item: flip, jitter, gray, blur, blur σ, solarize, 4 jitter factors, 4 order keys
     crops = {}  # crops of one shape are resized together: item indices, crops
     for k, (img, d) in enumerate(zip(_floats(images), draws, strict=True)):
         if aug.crop:
@@ -276,9 +276,8 @@ def views(images: list, aug: ViewAug, size: int, draws: list) -> np.ndarray:
         imgs.append(img)
         # Every draw below is taken whether or not its op applies, so that one op's probability
         # never shifts the randomness of the others.
-        u.append(d.values[d.i:d.i + 14])
+        u[k] = d.values[d.i:d.i + 14]
         d.i += 14
-    u = np.array(u, np.float64).reshape(n, 14)
     for ks, imgs in crops.values():  # a gray image's one channel fills all three
         if len(ks) == 1:  # most crops have a size of their own: no copy, no fancy indexing
             x[ks[0]] = resize(torch.from_numpy(imgs[0]), size).numpy()

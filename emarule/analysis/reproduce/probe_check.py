@@ -187,10 +187,11 @@ _CACHE_OF = {"final": CACHE, "init": CACHE_INIT, "pixels": CACHE_PIXELS}
 
 
 def _work(path: Path, is_baseline: bool, first_baseline: bool) -> list[tuple[Path, str]]:
-    """The fits `probe_check` reads for one run (the pixels once, on the first baseline: the others share
-    its data and so its fit)."""
-    return ([(path, "final")] + ([(path, "init")] if is_baseline else [])
-            + ([(path, "pixels")] if first_baseline else []))
+    """The fits `probe_check` reads for one run that are not cached yet (the pixels once, on the first
+    baseline: the others share its data and so its fit). A cache of another step is left to `offline_probe`,
+    which checks it."""
+    kinds = ["final"] + (["init"] if is_baseline else []) + (["pixels"] if first_baseline else [])
+    return [(path, k) for k in kinds if not (path / _CACHE_OF[k]).is_file()]
 
 
 def follow_up(runs: list) -> Callable[[int, Path], list]:
@@ -202,22 +203,19 @@ def follow_up(runs: list) -> Callable[[int, Path], list]:
         if runs[i].arm is not None:
             return []
         return [(f"probe {run_dir.name} ({kind})", _warm, (run_dir, kind))
-                for p, kind in _work(run_dir, runs[i].baseline, i == first)
-                if not (p / _CACHE_OF[kind]).is_file()]
+                for _, kind in _work(run_dir, runs[i].baseline, i == first)]
     return work
 
 
 def warm_caches(runs: list, jobs: int) -> None:
     """Fit the probes `probe_check` reads `jobs` at a time, each in a single-threaded spawned worker (the
     fits are independent; one after another they were a third of a self-supervised reproduction's wall
-    time). A fit whose cache is there (a sweep's workers fitted it) is left to `offline_probe`, which
-    checks the cache's step."""
+    time). A fit whose cache is there (a sweep's workers fitted it) is not started again."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     first = next((r for r in runs if r.is_baseline), None)
-    work = [w for r in runs for w in _work(Path(r.path), r.is_baseline, r is first)
-            if not (w[0] / _CACHE_OF[w[1]]).is_file()]
+    work = [w for r in runs for w in _work(Path(r.path), r.is_baseline, r is first)]
     if not work:
         return
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
