@@ -60,13 +60,32 @@ class TensorSource(Source):
         return TensorSource(self.images[:n], self.labels[:n], self.name, self.mean, self.std, self.num_classes)
 
 
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """The 1,797 digits as (images 1797×8×8 float64, labels), the arrays sklearn's load_digits returns.
+
+    Read from the CSV inside the installed scikit-learn without importing it: `sklearn.datasets` imports
+    scipy and half of scikit-learn, 2–3 s of every process that trains on the digits."""
+    import gzip
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    csv = next((Path(d) / "datasets" / "data" / "digits.csv.gz" for d in (spec.submodule_search_locations or [])
+                if (Path(d) / "datasets" / "data" / "digits.csv.gz").is_file()), None) if spec else None
+    if csv is None:  # another packaging of scikit-learn: its own loader finds the file
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        return d.images, d.target
+    with gzip.open(csv, mode="rt", encoding="utf-8") as f:
+        data = np.loadtxt(f, delimiter=",")
+    return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int, copy=False)
+
+
 def digits(train: bool) -> TensorSource:
     """scikit-learn's 1,797 8×8 digits as 1×8×8 floats in [0, 1]; a fixed 1,437 / 360 split."""
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x = torch.tensor(d.images, dtype=torch.float32).div_(16.0)[:, None]
-    y = torch.tensor(d.target, dtype=torch.int64)
+    images, target = digits_arrays()
+    x = torch.tensor(images, dtype=torch.float32).div_(16.0)[:, None]
+    y = torch.tensor(target, dtype=torch.int64)
     perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(1797))
     idx = perm[DIGITS_TEST:] if train else perm[:DIGITS_TEST]
     return TensorSource(x[idx].contiguous(), y[idx].contiguous(), "digits", DIGITS_MEAN, DIGITS_STD, 10)

@@ -545,15 +545,33 @@ def test_precision_study_reproduction_writes_and_reuses(tmp_path):
                   resolver=resolver)
 
 
-def test_tiny_byol_reproduction_end_to_end_then_reused(tmp_path):
-    """CI smoke: a tiny κ sweep writes report.md, the figure and verdict.json in the issue's shape;
-    the second invocation reuses every finished run."""
+TINY_BYOL = ["reproduce", "byol", "--preset", "tiny", "--seeds", "2", "--kappas", "1,2", "--out"]
+
+
+@pytest.fixture(scope="module")
+def tiny_byol(tmp_path_factory):
+    """One tiny byol reproduction (10 runs) for the tests that read it or invoke it again, each on its own
+    copy: (the root, the first invocation's output)."""
     import torch
 
     torch.set_num_threads(1)
-    args = ["reproduce", "byol", "--preset", "tiny", "--seeds", "2", "--kappas", "1,2", "--out", str(tmp_path)]
-    res = runner.invoke(app, args)
+    root = tmp_path_factory.mktemp("tiny-byol")
+    res = runner.invoke(app, [*TINY_BYOL, str(root)])
     assert res.exit_code == 0, res.output
+    return root, res.output
+
+
+def copy_of(root: Path, to: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(root, to / "root"))
+
+
+def test_tiny_byol_reproduction_end_to_end_then_reused(tiny_byol, tmp_path):
+    """CI smoke: a tiny κ sweep writes report.md, the figure and verdict.json in the issue's shape;
+    the second invocation reuses every finished run."""
+    tmp_path = copy_of(tiny_byol[0], tmp_path)
+    args = [*TINY_BYOL, str(tmp_path)]
     v = json.loads((tmp_path / "verdict.json").read_text())
     assert v["family"] == "byol" and v["seeds"] == [0, 1] and v["kappas"] == [1.0, 2.0]
     # "until 4096", judged at the only κ run: 2, over the run and at the end; Fig. 5 (right) on its two arms,
@@ -581,7 +599,7 @@ def test_tiny_byol_reproduction_end_to_end_then_reused(tmp_path):
     assert set(check) == {"baseline", "κ=2 with", "κ=2 without"}
     assert all(0 <= x <= 100 for row in check.values() for x in row["offline"]["values"])
     assert len(check["baseline"]["init"]["values"]) == 2 and "Does the tracking probe measure" in report
-    assert "verdict" in res.output and "report:" in res.output
+    assert "verdict" in tiny_byol[1] and "report:" in tiny_byol[1]
 
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
@@ -622,12 +640,9 @@ def test_headline_on_a_study_is_refused(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_tiny_headline_reuses_the_full_reproductions_runs(tmp_path):
-    import torch
-
-    torch.set_num_threads(1)
-    args = ["reproduce", "byol", "--preset", "tiny", "--seeds", "2", "--kappas", "1,2", "--out", str(tmp_path)]
-    assert runner.invoke(app, args).exit_code == 0
+def test_tiny_headline_reuses_the_full_reproductions_runs(tiny_byol, tmp_path):
+    tmp_path = copy_of(tiny_byol[0], tmp_path)
+    args = [*TINY_BYOL, str(tmp_path)]
     full = json.loads((tmp_path / "verdict.json").read_text())
     res = runner.invoke(app, [*args[:2], "--headline", *args[2:]])
     assert res.exit_code == 0, res.output
