@@ -8,6 +8,7 @@ The digits (1,797 8×8 images shipped inside scikit-learn) and the generated sha
 
 from __future__ import annotations
 
+import functools
 import pickle
 from pathlib import Path
 
@@ -60,8 +61,10 @@ class TensorSource(Source):
         return TensorSource(self.images[:n], self.labels[:n], self.name, self.mean, self.std, self.num_classes)
 
 
+@functools.lru_cache(maxsize=1)
 def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
-    """The 1,797 digits as (images 1797×8×8 float64, labels), the arrays sklearn's load_digits returns.
+    """The 1,797 digits as (images 1797×8×8 float64, labels), the arrays sklearn's load_digits returns;
+    read once per process (a run reads its train and test split). Callers copy, never write, them.
 
     Read from the CSV inside the installed scikit-learn without importing it: `sklearn.datasets` imports
     scipy and half of scikit-learn, 2–3 s of every process that trains on the digits."""
@@ -69,16 +72,16 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     import importlib.util
 
     spec = importlib.util.find_spec("sklearn")
-    csv = next((Path(d) / "datasets" / "data" / "digits.csv.gz" for d in (spec.submodule_search_locations or [])
-                if (Path(d) / "datasets" / "data" / "digits.csv.gz").is_file()), None) if spec else None
-    if csv is None:  # another packaging of scikit-learn: its own loader finds the file
-        from sklearn.datasets import load_digits
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        csv = Path(folder) / "datasets" / "data" / "digits.csv.gz"
+        if csv.is_file():
+            with gzip.open(csv, mode="rt", encoding="utf-8") as f:
+                data = np.loadtxt(f, delimiter=",")
+            return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int, copy=False)
+    from sklearn.datasets import load_digits  # another packaging of scikit-learn: its own loader finds the file
 
-        d = load_digits()
-        return d.images, d.target
-    with gzip.open(csv, mode="rt", encoding="utf-8") as f:
-        data = np.loadtxt(f, delimiter=",")
-    return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int, copy=False)
+    d = load_digits()
+    return d.images, d.target
 
 
 def digits(train: bool) -> TensorSource:
