@@ -520,6 +520,31 @@ def compare_cmd(
     run_compare(console, run_dirs, metric, out, format.value)
 
 
+@app.command("probe", cls=Help)
+@friendly
+def probe_cmd(
+    run_dirs: List[Path] = typer.Argument(..., metavar="RUN_DIR",
+                                          help="finished byol or dino run directories, or a folder holding them"),
+    jobs: Optional[str] = typer.Option(None, "--jobs", metavar="N|auto",
+                                       help="probes fitted at once, each in its own single-threaded process "
+                                            "(default auto: one per CPU core)"),
+    format: CompareFmt = typer.Option(CompareFmt.table, "--format", "-f"),
+) -> None:
+    """Does the teacher learn what a linear probe can see? Its converged probe against its initialization and the
+    pixels."""
+    import json
+
+    from emarule.analysis.parallel import cores, parse_jobs
+    from emarule.analysis.teacher_probe import checked, measure, show
+
+    n_jobs = parse_jobs(jobs) or cores()
+    result = measure(checked(run_dirs), n_jobs)
+    if format.value == "json":
+        print(json.dumps(result, indent=2))
+    else:
+        show(console, result)
+
+
 @app.command(cls=Help)
 @friendly
 def reproduce(
