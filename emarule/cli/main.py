@@ -537,8 +537,13 @@ def probe_cmd(
     from emarule.analysis.parallel import cores, parse_jobs
     from emarule.analysis.teacher_probe import checked, measure, show
 
-    n_jobs = parse_jobs(jobs) or cores()
-    result = measure(checked(run_dirs), n_jobs)
+    asked = parse_jobs(jobs)
+    runs = checked(run_dirs)
+    n_jobs = min(asked or cores(), len(runs))
+    if format.value == "table":
+        console.print(f"probing the teachers of {len(runs)} run{'s' if len(runs) > 1 else ''}, {n_jobs} at a time "
+                      f"(a fit not yet cached in its run directory takes seconds to a minute)", highlight=False)
+    result = measure(runs, n_jobs)
     if format.value == "json":
         print(json.dumps(result, indent=2))
     else:
