@@ -38,11 +38,21 @@ def checked(paths: list[Path]) -> list[tuple[Path, dict]]:
             raise UserError(f"{p} is a {task} run; emarule probe reads self-supervised runs ({', '.join(TASKS)}), "
                             f"whose teacher it probes")
         if not (p / CHECKPOINT).is_file():
-            raise UserError(f"{p} has no {CHECKPOINT} (it never saved one); finish it with emarule run ... --resume")
+            raise UserError(f"{p} has no {CHECKPOINT}: the run never saved its teacher; run it again to its end")
+        readable(p / CHECKPOINT)
         runs.append((p, h))
     if not runs:
         raise UserError("no run directories found; pass a run's --out, or a folder of runs")
     return runs
+
+
+def readable(checkpoint: Path) -> None:
+    import torch
+
+    try:
+        torch.load(checkpoint, map_location="cpu", weights_only=False)
+    except Exception as e:  # a truncated or foreign file: torch raises several kinds
+        raise UserError(f"cannot read {checkpoint} ({type(e).__name__}); run it again to its end") from None
 
 
 def measure(runs: list[tuple[Path, dict]], jobs: int = 1) -> dict:

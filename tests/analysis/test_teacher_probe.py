@@ -79,13 +79,19 @@ def test_bad_runs_are_one_line_each_before_any_fit(byol_run, tmp_path):
     unsaved = tmp_path / "unsaved"
     unsaved.mkdir()
     shutil.copy(byol_run / "hparams.json", unsaved)
-    one_line_error(probe(unsaved), "no checkpoint.pt")
+    one_line_error(probe(unsaved), "no checkpoint.pt", "run it again")
     # the good run given first is not probed either: every path is checked before any fit
     fresh = tmp_path / "fresh"
     shutil.copytree(byol_run, fresh)
     for cache in (PC.CACHE, PC.CACHE_INIT, PC.CACHE_PIXELS):
         (fresh / cache).unlink(missing_ok=True)
     one_line_error(probe(fresh, unsaved), "no checkpoint.pt")
+    assert not any((fresh / c).exists() for c in (PC.CACHE, PC.CACHE_INIT, PC.CACHE_PIXELS))
+    truncated = tmp_path / "truncated"
+    shutil.copytree(fresh, truncated)
+    ck = truncated / "checkpoint.pt"
+    ck.write_bytes(ck.read_bytes()[:1000])
+    one_line_error(probe(fresh, truncated), "cannot read", "checkpoint.pt")
     assert not any((fresh / c).exists() for c in (PC.CACHE, PC.CACHE_INIT, PC.CACHE_PIXELS))
     damaged = tmp_path / "damaged"
     shutil.copytree(fresh, damaged)
