@@ -41,16 +41,16 @@ def checked(paths: list[Path]) -> list[tuple[Path, dict]]:
             raise UserError(f"{p} has no {CHECKPOINT}: the run never saved its teacher; run it again to its end")
         readable(p / CHECKPOINT)
         runs.append((p, h))
-    if not runs:
-        raise UserError("no run directories found; pass a run's --out, or a folder of runs")
     return runs
 
 
 def readable(checkpoint: Path) -> None:
+    """Mapped, not read: the probes load the checkpoint again, and a full-size one is gigabytes. A truncated
+    file has lost the archive's directory, which mapping reads."""
     import torch
 
     try:
-        torch.load(checkpoint, map_location="cpu", weights_only=False)
+        torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)
     except Exception as e:  # a truncated or foreign file: torch raises several kinds
         raise UserError(f"cannot read {checkpoint} ({type(e).__name__}); run it again to its end") from None
 
