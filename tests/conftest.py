@@ -4,6 +4,10 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 # Tiny runs take less time than a spawned worker takes to import torch: the suite trains them one after
 # another, and tests/analysis/test_parallel.py asks for --jobs itself.
 os.environ.setdefault("EMARULE_JOBS", "1")
+# The suite's exactness checks (bitwise resume, golden metrics, fp32 references) are CPU checks: on a GPU
+# machine cuDNN's kernels are not deterministic and TF32 rounds matmuls. Tests with a CUDA variant ask for
+# the GPU themselves (tests/engine/test_cuda.py); subprocesses inherit this.
+os.environ.setdefault("EMARULE_DEVICE", "cpu")
 
 # Hypothesis's default 200 ms deadline per example measures the machine, not the maths: on 2 loaded cores
 # a first example that imports numpy can take longer, and the test then fails for no fault of the code.

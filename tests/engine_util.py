@@ -73,6 +73,7 @@ def env() -> dict:
     e = dict(os.environ)
     e["WANDB_MODE"] = "disabled"
     e["OMP_NUM_THREADS"] = "1"
+    e["CUDA_VISIBLE_DEVICES"] = ""  # two-process tests are gloo tests: one GPU has no room for rank 1
     e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
     return e
 

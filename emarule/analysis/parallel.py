@@ -65,9 +65,9 @@ def jobs_for(asked: int | None, n_runs: int, world_size: int) -> int:
                             f"leave --jobs out")
         return 1
     if asked is None:
-        import torch
+        from emarule.engine.distributed import device_type
 
-        asked = 1 if torch.cuda.is_available() else cores()
+        asked = 1 if device_type() == "cuda" else cores()
     return max(1, min(asked, n_runs))
 
 

@@ -54,6 +54,25 @@ def _env_int(name: str, default: int) -> int:
                         f"unset it or run under torchrun") from None
 
 
+DEVICE_ENV = "EMARULE_DEVICE"  # auto (the default), cpu or cuda
+
+
+def device_type() -> str:
+    """"cuda" or "cpu": $EMARULE_DEVICE, or a GPU when torch sees one. `cpu` keeps a GPU machine's runs on the
+    CPU (the test suite's bit-exact checks are CPU checks; cuDNN's kernels are not deterministic)."""
+    asked = os.environ.get(DEVICE_ENV, "").strip().lower() or "auto"
+    if asked not in ("auto", "cpu", "cuda"):
+        raise UserError(f"{DEVICE_ENV}={asked!r}: use auto, cpu or cuda")
+    if asked == "cpu":
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    if asked == "cuda":
+        raise UserError(f"{DEVICE_ENV}=cuda, but torch {torch.__version__} sees no CUDA GPU; unset it to train on "
+                        f"the CPU")
+    return "cpu"
+
+
 def setup() -> Dist:
     """Join the process group when launched by torchrun; a single process otherwise. Idempotent."""
     global _STATE
@@ -62,8 +81,12 @@ def setup() -> Dist:
     world = _env_int("WORLD_SIZE", 1)
     rank = _env_int("RANK", 0)
     local = _env_int("LOCAL_RANK", 0)
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local % max(1, torch.cuda.device_count()))
+    if device_type() == "cuda":
+        gpus, here = torch.cuda.device_count(), _env_int("LOCAL_WORLD_SIZE", 1)
+        if world > 1 and here > gpus:  # two ranks on one GPU: nccl refuses it only at the first collective
+            raise UserError(f"torchrun started {here} processes on this node, which has {gpus} GPU(s); use "
+                            f"--nproc-per-node {gpus}, or CUDA_VISIBLE_DEVICES= to train on the CPU with gloo")
+        device = torch.device("cuda", local % gpus)
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")

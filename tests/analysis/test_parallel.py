@@ -30,6 +30,7 @@ def test_jobs_for(monkeypatch):
     import torch
 
     monkeypatch.setattr(P, "cores", lambda: 6)
+    monkeypatch.setenv("EMARULE_DEVICE", "auto")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert P.jobs_for(None, 25, 1) == 6
     assert P.jobs_for(None, 4, 1) == 4  # never more workers than runs
@@ -39,6 +40,8 @@ def test_jobs_for(monkeypatch):
         P.jobs_for(2, 25, 4)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert P.jobs_for(None, 25, 1) == 1 and P.jobs_for(2, 25, 1) == 2
+    monkeypatch.setenv("EMARULE_DEVICE", "cpu")  # a GPU machine's runs kept on the CPU share its cores
+    assert P.jobs_for(None, 25, 1) == 6
 
 
 def test_bad_jobs_writes_nothing(tmp_path):

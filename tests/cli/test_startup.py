@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV = {"OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PATH": "/usr/bin:/bin"}
+# PYTHONPATH: the package is found without an install (a GPU machine that only has the checkout)
+ENV = {"OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
 
 
 def modules_after(code: str, tmp_path) -> list[str]:

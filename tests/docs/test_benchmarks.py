@@ -34,3 +34,30 @@ def test_ema_update_benchmark_quick_mode_prints_each_method_relative_to_emarule(
     out = capsys.readouterr().out
     assert re.search(r"emarule\s+[\d.]+ ms\s+[\d.]+ ms\s+1\.00x\s+1\.00x", out), out
     assert "naive per-tensor loop" in out
+
+
+def test_recipe_steps_quick_mode_times_the_engines_own_steps(capsys):
+    load("recipe_steps").main(["--quick", "polyak-r50", "ctc-polyak", "--warmup", "1", "--steps", "2"])
+    out = capsys.readouterr().out
+    assert re.search(r"polyak-r50: [\d.]+ samples/s \(compute [\d.]+\), [\d.]+ s/step, peak nan GiB, batch 32 as "
+                     r"1 × micro 32, 0 workers, cpu", out), out
+    assert re.search(r"ctc-polyak: [\d.]+ audio s/s \(compute [\d.]+\)", out), out
+
+
+class Serial:
+    def map(self, fn, jobs, chunksize=1):
+        return [fn(j) for j in jobs]
+
+
+def test_recipe_steps_generated_trees_are_what_the_real_loaders_read(tmp_path):
+    from emarule.speech.librispeech import list_split, read_audio
+    from emarule.vision.data import load_sources
+
+    rs = load("recipe_steps")
+    train, val = load_sources("imagenet", rs.imagenet_tree(tmp_path / "in", 3, 2, Serial()), 224, None, None, 1000)
+    assert (len(train), len(val)) == (6, 3)
+    root = rs.librispeech_tree(tmp_path / "LibriSpeech", 30.0, Serial())
+    utts = list_split(root, "train-clean-100")
+    assert sum(u.seconds for u in utts) >= 30 and all(10 <= u.seconds <= 16 for u in utts)
+    assert read_audio(utts[0].path).shape == (round(utts[0].seconds * 16000),)
+    assert [len(list_split(root, s)) for s in ("dev-clean", "dev-other", "test-clean", "test-other")] == [1] * 4

@@ -133,3 +133,38 @@ def test_a_sweep_under_torchrun_trains_run_after_run_in_one_process_group(tmp_pa
     assert len(runs) == 3, runs
     for run in runs:
         assert world_of(run) == 2 and load_checkpoint(run)["finished"]
+
+
+def test_more_processes_on_a_node_than_gpus_is_one_line_before_the_group(monkeypatch):
+    """Two ranks on one GPU: nccl would fail only at the first collective, with a long trace."""
+    from emarule.engine import distributed as D
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: pytest.fail("a device was chosen"))
+    for k, v in {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                 "EMARULE_DEVICE": "auto"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(D, "_STATE", None)
+    with pytest.raises(UserError, match=r"started 2 processes on this node, which has 1 GPU\(s\); use "
+                                        r"--nproc-per-node 1, or CUDA_VISIBLE_DEVICES= to train on the CPU"):
+        D.setup()
+    assert D._STATE is None
+
+
+def test_emarule_device_chooses_the_device_and_names_a_bad_value(monkeypatch):
+    from emarule.engine import distributed as D
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for asked, got in (("", "cuda"), ("auto", "cuda"), ("CUDA", "cuda"), ("cpu", "cpu")):
+        monkeypatch.setenv("EMARULE_DEVICE", asked)
+        assert D.device_type() == got
+    monkeypatch.setenv("EMARULE_DEVICE", "gpu")
+    with pytest.raises(UserError, match="EMARULE_DEVICE='gpu': use auto, cpu or cuda"):
+        D.device_type()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("EMARULE_DEVICE", "cuda")
+    with pytest.raises(UserError, match="sees no CUDA GPU; unset it to train on the CPU"):
+        D.device_type()
+    monkeypatch.setenv("EMARULE_DEVICE", "auto")
+    assert D.device_type() == "cpu"

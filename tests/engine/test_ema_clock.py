@@ -144,7 +144,8 @@ def test_two_ddp_ranks_and_two_fsdp2_shards_give_the_one_process_ema(tmp_path):
         sys.path.remove(str(TESTS))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(TESTS / "ema_worker.py"), str(tmp_path)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    gloo = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}  # FSDP2 would take a GPU
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=gloo)
     assert r.returncode == 0, r.stderr[-3000:]
     one = ema_worker.train("one")
     for mode in ("ddp", "fsdp"):
