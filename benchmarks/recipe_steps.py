@@ -191,17 +191,21 @@ def fits(recipe: str, preset, data, work: Path, warmup: int, steps: int, first: 
             got["oom_tries"] = tries
             return got
         except torch.cuda.OutOfMemoryError:
-            import gc
+            pass
+        # Out of the except block, the traceback is gone, and with it the failed run's model, optimizer and
+        # DataLoader: collected now, its GPU memory and its workers' shared-memory batches are freed before
+        # the next try starts its own.
+        import gc
 
-            gc.collect()
-            torch.cuda.empty_cache()
-            from emarule.engine import batching, distributed
+        from emarule.engine import batching, distributed
 
-            distributed.teardown()
-            full = batching.layout(ctx.plan["batch_size"], 1, micro, ctx.cfg.batch.unit)
-            now = micro or math.ceil(full.global_batch)
-            micro, tries = max(1, now // 2), tries + 1
-            print(f"  {recipe}: out of memory at a micro-batch of {now:g}; trying {micro}", flush=True)
+        gc.collect()
+        torch.cuda.empty_cache()
+        distributed.teardown()
+        full = batching.layout(ctx.plan["batch_size"], 1, micro, ctx.cfg.batch.unit)
+        now = micro or math.ceil(full.global_batch)
+        micro, tries = max(1, now // 2), tries + 1
+        print(f"  {recipe}: out of memory at a micro-batch of {now:g}; trying {micro}", flush=True)
 
 
 def main(argv=None) -> None:

@@ -61,3 +61,19 @@ def test_recipe_steps_generated_trees_are_what_the_real_loaders_read(tmp_path):
     assert sum(u.seconds for u in utts) >= 30 and all(10 <= u.seconds <= 16 for u in utts)
     assert read_audio(utts[0].path).shape == (round(utts[0].seconds * 16000),)
     assert [len(list_split(root, s)) for s in ("dev-clean", "dev-other", "test-clean", "test-other")] == [1] * 4
+
+
+def test_recipe_steps_halves_the_micro_batch_after_each_out_of_memory_error(tmp_path, monkeypatch, capsys):
+    rs = load("recipe_steps")
+    tried = []
+
+    def measure(ctx, warmup, steps):
+        tried.append(ctx.max_device_batch)
+        if len(tried) < 3:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return {"micro": ctx.max_device_batch}
+
+    monkeypatch.setattr(rs, "measure", measure)
+    got = rs.fits("polyak-r50", "tiny", None, tmp_path, 1, 1, None, None)  # the tiny preset's batch: 32
+    assert tried == [None, 16, 8] and got == {"micro": 8, "oom_tries": 2}
+    assert "out of memory at a micro-batch of 32; trying 16" in capsys.readouterr().out
