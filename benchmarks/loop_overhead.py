@@ -47,17 +47,18 @@ class Done(Exception):
     """Raised by the timed loss once the measured steps are over."""
 
 
-def context(experiment: str, preset: str, out: Path, sets: tuple = (), kappa: float | None = None):
+def context(experiment: str, preset: str | None, out: Path, sets: tuple = (), kappa: float | None = None, **engine):
     """The RunContext `emarule run EXPERIMENT --preset PRESET [--set ...] [--kappa K]` builds (κ = 1 unless
     given, with the EMA rule), with the evaluations and checkpoints put past the run's end: the bare loop
-    has neither, and an epoch of byol-r18's cpu preset is 22 steps."""
+    has neither, and an epoch of byol-r18's cpu preset is 22 steps. `engine`: more RunContext fields
+    (data, max_device_batch, num_workers)."""
     from emarule.cli.main import resolve
     from emarule.engine.context import RunContext
 
     s, k, rule, pr, p = resolve(experiment, None, preset, [f"eval.every_epochs={NEVER}", *sets],
                                 None if kappa is None else str(kappa), None, False, None, None)
     return RunContext(spec=s, kappa=k, ema_rule=rule, plan=p, out=out, progressive=pr, preset=preset, quiet=True,
-                      checkpoint_every_epochs=NEVER)
+                      checkpoint_every_epochs=NEVER, **engine)
 
 
 def build(ctx):

@@ -31,14 +31,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # loop_overhead, beside this file
+
+from loop_overhead import Done, context  # noqa: E402  (the RunContext `emarule run` builds; puts the root on sys.path)
 
 RECIPES = ("polyak-r50", "byol-r18", "byol-vit", "byol-r50-lars", "dino-vit", "ctc-polyak")
-NEVER = 10**6  # epochs: an evaluation or checkpoint cadence that no measured run reaches
-
-
-class Done(Exception):
-    """Raised by the timed step once the measured steps are over."""
 
 
 def _jpeg(job) -> None:
@@ -123,18 +120,6 @@ def prepare(recipe: str, work: Path, steps: int, pool) -> tuple:
     raise SystemExit(f"{recipe}: not a full-size training recipe; choose from {', '.join(RECIPES)}")
 
 
-def context(recipe: str, preset: str | None, data: Path | None, out: Path, max_device_batch: int | None,
-            workers: int | None, sets: tuple = ()):
-    from emarule.cli.main import resolve
-    from emarule.engine.context import RunContext
-
-    s, k, rule, pr, p = resolve(recipe, None, preset, [f"eval.every_epochs={NEVER}", *sets], None, None, False, None,
-                                None)
-    return RunContext(spec=s, kappa=k, ema_rule=rule, plan=p, out=out, progressive=pr, preset=preset, data=data,
-                      quiet=True, checkpoint_every_epochs=NEVER, max_device_batch=max_device_batch,
-                      num_workers=workers)
-
-
 def measure(ctx, warmup: int, steps: int) -> dict:
     """Runs the engine's loop until warmup + steps optimizer steps are done; times each step."""
     from emarule.engine import loop
@@ -185,7 +170,7 @@ def fits(recipe: str, preset, data, work: Path, warmup: int, steps: int, first: 
     micro, tries = first, 0
     while True:
         out = work / f"{recipe}-{tries}"
-        ctx = context(recipe, preset, data, out, micro, workers, sets)
+        ctx = context(recipe, preset, out, sets, data=data, max_device_batch=micro, num_workers=workers)
         try:
             got = measure(ctx, warmup, steps)
             got["oom_tries"] = tries
@@ -225,10 +210,8 @@ def main(argv=None) -> None:
         work = Path(tmp)
         for recipe in args.recipes:
             t0 = time.perf_counter()
-            preset, data, first = ("tiny", None, None) if args.quick else (None, None, None)
-            if args.data:
-                data = args.data
-            elif not args.quick:
+            preset, data, first = ("tiny" if args.quick else None), args.data, None
+            if data is None and not args.quick:
                 data, first = prepare(recipe, work, args.warmup + args.steps + 1, pool)
             made = time.perf_counter() - t0
             try:
