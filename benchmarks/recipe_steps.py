@@ -204,7 +204,15 @@ def main(argv=None) -> None:
                     help="override a spec value, as `emarule run --set` does")
     ap.add_argument("--data", type=Path, default=None, help="a data root of your own instead of generated data")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument("--micro", action="append", default=[], metavar="RECIPE=N",
+                    help="the first micro-batch to try for RECIPE, instead of its full per-device batch")
     args = ap.parse_args(argv)
+    micros = {}
+    for item in args.micro:
+        name, _, n = item.partition("=")
+        if name not in RECIPES or not n.isdigit() or int(n) < 1:
+            ap.error(f"--micro {item!r}: use RECIPE=N with a positive N and one of {', '.join(RECIPES)}")
+        micros[name] = int(n)
     results = {}
     with tempfile.TemporaryDirectory() as tmp, multiprocessing.Pool() as pool:
         work = Path(tmp)
@@ -213,6 +221,7 @@ def main(argv=None) -> None:
             preset, data, first = ("tiny" if args.quick else None), args.data, None
             if data is None and not args.quick:
                 data, first = prepare(recipe, work, args.warmup + args.steps + 1, pool)
+            first = micros.get(recipe, first)
             made = time.perf_counter() - t0
             try:
                 r = fits(recipe, preset, data, work, args.warmup, args.steps, first, args.workers, tuple(args.sets))

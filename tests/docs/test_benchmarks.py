@@ -77,3 +77,15 @@ def test_recipe_steps_halves_the_micro_batch_after_each_out_of_memory_error(tmp_
     got = rs.fits("polyak-r50", "tiny", None, tmp_path, 1, 1, None, None)  # the tiny preset's batch: 32
     assert tried == [None, 16, 8] and got == {"micro": 8, "oom_tries": 2}
     assert "out of memory at a micro-batch of 32; trying 16" in capsys.readouterr().out
+
+
+def test_recipe_steps_starts_at_the_micro_batch_it_is_given(capsys):
+    load("recipe_steps").main(["--quick", "polyak-r50", "--micro", "polyak-r50=8", "--warmup", "1", "--steps", "1"])
+    assert "batch 32 as 4 × micro 8" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bad", ["polyak-r50", "polyak-r50=0", "resnet=8"])
+def test_recipe_steps_refuses_a_micro_batch_it_cannot_read(bad, capsys):
+    with pytest.raises(SystemExit) as e:
+        load("recipe_steps").main(["--quick", "--micro", bad])
+    assert e.value.code == 2 and f"--micro {bad!r}: use RECIPE=N" in capsys.readouterr().err
