@@ -56,16 +56,18 @@ def _rows(run_dir):
             for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def _one_thread():
-    # A worker trains with cores // jobs torch threads (1 here); the in-process run must use as many for its
-    # floating-point sums to come out in the same order.
+def _one_thread(monkeypatch):
+    # A worker trains with cores // jobs torch threads; the in-process run must use as many for its
+    # floating-point sums to come out in the same order. Two cores make that 1 for 2 jobs on any machine
+    # (with 16, a worker took 8 threads and its rows differed from the in-process run's).
     import torch
 
     torch.set_num_threads(1)
+    monkeypatch.setattr(P, "cores", lambda: 2)
 
 
-def test_side_by_side_rows_match_one_after_another(tmp_path):
-    _one_thread()
+def test_side_by_side_rows_match_one_after_another(tmp_path, monkeypatch):
+    _one_thread(monkeypatch)
     args = ["sweep", "byol-r18", "--preset", "tiny", "--kappas", "1,2"]
     one = runner.invoke(app, [*args, "--jobs", "1", "--out", str(tmp_path / "one")])
     two = runner.invoke(app, [*args, "--jobs", "2", "--out", str(tmp_path / "two")])
@@ -130,10 +132,10 @@ def test_ctrl_c_stops_every_run_at_a_checkpoint_and_says_so(tmp_path):
     assert not list((out / "byol-r18").glob("cpu-k2-*"))  # no further run started
 
 
-def test_a_run_that_reads_its_seeds_baseline_waits_for_it(tmp_path):
+def test_a_run_that_reads_its_seeds_baseline_waits_for_it(tmp_path, monkeypatch):
     """ctc-pseudo-label at κ > 2 takes its start threshold from the same seed's κ=1 run: side by side, it
     starts only once that run has finished, and reads what it reads one after another."""
-    _one_thread()
+    _one_thread(monkeypatch)
     args = ["sweep", "ctc-pseudo-label", "--preset", "tiny", "--kappas", "1,4", "--rule", "with"]
     one = runner.invoke(app, [*args, "--jobs", "1", "--out", str(tmp_path / "one")])
     two = runner.invoke(app, [*args, "--jobs", "2", "--out", str(tmp_path / "two")])
@@ -155,7 +157,7 @@ def test_runs_others_wait_for_are_offered_first():
     assert P.start_order([None, 0, 0, None, 3, 3], 6) == [0, 3, 1, 2, 4, 5]
 
 
-def test_follow_up_work_is_done_by_the_workers_and_its_errors_are_reported(tmp_path):
+def test_follow_up_work_is_done_by_the_workers_and_its_errors_are_reported(tmp_path, monkeypatch):
     """Each finished run's follow-up work runs in a worker before the sweep returns; an error in it is
     a line of output, not a failed sweep (the caller does that work again itself)."""
     from pathlib import Path
@@ -166,7 +168,7 @@ def test_follow_up_work_is_done_by_the_workers_and_its_errors_are_reported(tmp_p
     from emarule import tasks
     from emarule.cli.main import EmaRule, resolve
 
-    _one_thread()
+    _one_thread(monkeypatch)
     runs = sweep.plan_runs([1.0, 2.0], ["exponential"], 2)
 
     def follow_up(i, run_dir):
