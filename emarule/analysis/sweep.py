@@ -98,7 +98,8 @@ def plan_runs(kappas: list[float], rules: list[str | None], seeds, arms=()) -> l
 
 def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, tasks, *, data: Path | None = None,
             max_device_batch: int | None = None, wandb: str = "off", metric: str | None = None,
-            jobs: int | None = 1, follow_up: Callable | None = None) -> list[dict]:
+            jobs: int | None = 1, follow_up: Callable | None = None,
+            num_workers: int | None = None) -> list[dict]:
     """Resolve and check every run first (a bad κ, rule, batch, --data or --metric fails before any
     training and before anything is written), run them in turn, compare.
 
@@ -122,7 +123,7 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, ta
         out = checks.out_dir(root / s["name"] / default_run_name(k, rule, r.seed, pr, s.get("preset"), arm))
         ctxs.append(RunContext(spec=s, kappa=k, ema_rule=rule, plan=p, out=out, progressive=pr,
                                preset=s.get("preset"), data=data, seed=r.seed, wandb=wandb,
-                               max_device_batch=max_device_batch))
+                               max_device_batch=max_device_batch, num_workers=num_workers))
     check_before_training(ctxs, tasks.build_parts)
     from emarule.engine.runlock import lock_dir
 

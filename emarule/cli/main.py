@@ -170,11 +170,14 @@ def check_seeds(seeds: str | None) -> tuple[int, ...] | None:
     return None if seeds is None else parse_seeds(seeds)
 
 
-def check_run_options(wandb: str, max_device_batch: int | None, seed: int | None = None) -> None:
+def check_run_options(wandb: str, max_device_batch: int | None, seed: int | None = None,
+                      num_workers: int | None = None) -> None:
     if wandb not in ("off", "offline", "online", "disabled"):
         raise UserError(f"--wandb must be off, offline or online, got {wandb!r}")
     if max_device_batch is not None and max_device_batch < 1:
         raise UserError(f"--max-device-batch must be ≥ 1, got {max_device_batch}")
+    if num_workers is not None and num_workers < 0:
+        raise UserError(f"--num-workers must be ≥ 0 (0 loads in the training process), got {num_workers}")
     check_seed(seed)
 
 
@@ -229,6 +232,9 @@ DataOpt = typer.Option(None, "--data", metavar="DIR", help="local data set direc
 WandbOpt = typer.Option("off", "--wandb", metavar="MODE", help="mirror metrics to wandb: off, offline or online")
 MaxDevOpt = typer.Option(None, "--max-device-batch", metavar="INT",
                          help="largest per-device micro-batch; the rest is accumulated")
+WorkersOpt = typer.Option(None, "--num-workers", metavar="N",
+                          help="DataLoader worker processes per rank (default: 0 on a CPU; on a GPU, the cores "
+                               "per rank less one, at most 8)")
 JobsOpt = typer.Option(None, "--jobs", metavar="N|auto",
                        help="runs trained at once, each in its own process (default auto: one per CPU core, "
                             "one on a GPU machine or under torchrun; $EMARULE_JOBS sets the default)")
@@ -412,6 +418,7 @@ def run(
     seed: int = typer.Option(0, "--seed", metavar="INT", help=f"seed of every random stream, 0 to {MAX_SEED}"),
     wandb: str = WandbOpt,
     max_device_batch: Optional[int] = MaxDevOpt,
+    num_workers: Optional[int] = WorkersOpt,
 ) -> None:
     """Run an experiment at κ, with or without the EMA rule (alone or under torchrun); print what it did."""
     import time
@@ -420,7 +427,7 @@ def run(
     from emarule.engine.context import RunContext, default_run_name
     from emarule.tasks import RUNNABLE_TASKS
 
-    check_run_options(wandb, max_device_batch, seed)
+    check_run_options(wandb, max_device_batch, seed, num_workers)
     s, k, rule, pr, p = resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule, ema_rule,
                                 progressive)
     checks.runnable(s, RUNNABLE_TASKS)
@@ -431,7 +438,7 @@ def run(
     checks.run_dir(run_dir, resume)
     ctx = RunContext(spec=s, kappa=k, ema_rule=rule, plan=p, out=run_dir, progressive=pr, preset=preset,
                      data=data, resume=resume, seed=seed, wandb="off" if wandb == "disabled" else wandb,
-                     max_device_batch=max_device_batch)
+                     max_device_batch=max_device_batch, num_workers=num_workers)
     from emarule.analysis.run_report import print_report, report
     from emarule.tasks import registry, run_task
 
@@ -477,6 +484,7 @@ def sweep(
                                          "probe_top1, ema_top1 or ema_wer; else loss)"),
     wandb: str = WandbOpt,
     max_device_batch: Optional[int] = MaxDevOpt,
+    num_workers: Optional[int] = WorkersOpt,
     jobs: Optional[str] = JobsOpt,
 ) -> None:
     """The κ=1 baseline and each κ with and without the EMA Scaling Rule; then compare."""
@@ -484,7 +492,7 @@ def sweep(
     from emarule.analysis import sweep as sw
     from emarule.analysis.parallel import parse_jobs
 
-    check_run_options(wandb, max_device_batch)
+    check_run_options(wandb, max_device_batch, num_workers=num_workers)
     n_jobs = parse_jobs(jobs)
     seed_list = check_seeds(seeds)
     runs = sw.plan_runs(sw.distinct_kappas(numbers(kappas, "--kappas"), kappas), sw.parse_rules(rule),
@@ -498,7 +506,7 @@ def sweep(
 
     sw.execute(console, runs, resolve_run, Path("runs") if out is None else out_dir(out), tasks, data=data,
                max_device_batch=max_device_batch, wandb="off" if wandb == "disabled" else wandb, metric=metric,
-               jobs=n_jobs)
+               jobs=n_jobs, num_workers=num_workers)
 
 
 @app.command("compare", cls=Help)

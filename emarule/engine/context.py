@@ -28,7 +28,8 @@ class RunContext:
     max_device_batch: int | None = None
     quiet: bool = False
     resume_hint: str | None = None  # how to continue the run when it is not `--resume` (a sweep's)
-    # Engine settings that are not part of a recipe (tests and benchmarks set them; a task may set the first):
+    # Engine settings that are not part of a recipe (tests and benchmarks set them, `--num-workers` the last;
+    # a task may set the first):
     checkpoint_every_epochs: float = 1.0
     checkpoint_every_minutes: float = 30.0
     log_every_steps: int = 0  # 0: about 50 rows per epoch

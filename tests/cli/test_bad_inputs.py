@@ -138,6 +138,8 @@ CASES = [
     ("run-seed-past-the-bound", ["run", *TINY, "--seed", str(2**32)], "got 4294967296"),
     ("run-bad-wandb", ["run", *TINY, "--wandb", "maybe"], "--wandb must be off, offline or online"),
     ("run-zero-device-batch", ["run", *TINY, "--max-device-batch", "0"], "--max-device-batch must be ≥ 1"),
+    ("run-negative-workers", ["run", *TINY, "--num-workers", "-1"], "--num-workers must be ≥ 0"),
+    ("sweep-negative-workers", ["sweep", *TINY, "--num-workers", "-2"], "--num-workers must be ≥ 0"),
     ("table-optimizer-without-lr", ["table", "lr", "--optimizer", "adam"], "give --lr too"),
     # nothing resolved silently: a repeated --set key, a duplicate YAML key, a repeated sweep setting
     ("set-twice", ["plan", "byol-r18", "--kappa", "2", "--set", "optimizer.lr=0.1", "--set", "optimizer.lr=0.2"],

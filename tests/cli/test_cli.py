@@ -243,3 +243,18 @@ def test_every_experiment_has_a_tiny_preset():
 
     for name in experiment_names():
         assert load_spec(name, preset="tiny")["preset"] == "tiny", name  # `--preset tiny` works everywhere
+
+
+def test_num_workers_loads_the_same_batches_in_worker_processes(tmp_path):
+    """--num-workers moves the loading into DataLoader workers; the batches, and so the rows, stay the same."""
+    def rows(run_dir):
+        return [{k: v for k, v in json.loads(line).items() if k not in ("wall_s", "samples_per_s")}
+                for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+    base = ["run", "byol-r18", "--preset", "tiny", "--out"]
+    r0 = runner.invoke(app, [*base, str(tmp_path / "w0")])
+    r2 = runner.invoke(app, [*base, str(tmp_path / "w2"), "--num-workers", "2"])
+    assert r0.exit_code == 0 and r2.exit_code == 0, r0.output + r2.output
+    hp = {d: json.loads((tmp_path / d / "hparams.json").read_text()) for d in ("w0", "w2")}
+    assert (hp["w0"]["num_workers"], hp["w2"]["num_workers"]) == (0, 2)
+    assert len(rows(tmp_path / "w2")) > 2 and rows(tmp_path / "w0") == rows(tmp_path / "w2")
