@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -63,6 +64,15 @@ def run_toy(tmp: Path, spec: dict, kappa: float = 1.0, out: str = "run", **kw) -
     torch.set_num_threads(1)
     ctx = make_ctx(tmp, spec, kappa, out, **kw)
     return run_task(ctx), ctx
+
+
+WALL_CLOCK = frozenset({"samples_per_s", "wall_s"})  # metrics.jsonl keys that time the machine, not the run
+
+
+def rows_without_wall_clock(run_dir: Path) -> list[dict]:
+    """A run's metrics.jsonl rows without the keys that differ between two identical runs."""
+    return [{k: v for k, v in json.loads(line).items() if k not in WALL_CLOCK}
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def load_checkpoint(run_dir: Path) -> dict:

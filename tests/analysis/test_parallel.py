@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 from emarule.analysis import parallel as P
 from emarule.cli.main import app
 from emarule.errors import UserError
+from engine_util import rows_without_wall_clock
 
 runner = CliRunner()
 
@@ -50,12 +51,6 @@ def test_bad_jobs_writes_nothing(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def _rows(run_dir):
-    drop = ("wall_s", "samples_per_s")
-    return [{k: v for k, v in json.loads(line).items() if k not in drop}
-            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def _one_thread(monkeypatch):
     # A worker trains with cores // jobs torch threads; the in-process run must use as many for its
     # floating-point sums to come out in the same order. Two cores make that 1 for 2 jobs on any machine
@@ -77,7 +72,7 @@ def test_side_by_side_rows_match_one_after_another(tmp_path, monkeypatch):
     names = sorted(p.name for p in (tmp_path / "one" / "byol-r18").iterdir() if p.is_dir())
     assert names == ["tiny-k1-rule-s0", "tiny-k2-norule-s0", "tiny-k2-rule-s0"]
     for n in names:
-        a, b = _rows(tmp_path / "one" / "byol-r18" / n), _rows(tmp_path / "two" / "byol-r18" / n)
+        a, b = (rows_without_wall_clock(tmp_path / root / "byol-r18" / n) for root in ("one", "two"))
         assert len(a) > 3 and a == b, n
     # A second call reuses every finished run instead of training it again.
     again = runner.invoke(app, [*args, "--jobs", "2", "--out", str(tmp_path / "two")])
@@ -148,7 +143,8 @@ def test_a_run_that_reads_its_seeds_baseline_waits_for_it(tmp_path, monkeypatch)
         thresholds.append(json.dumps(hp, sort_keys=True).count('"start_wer_threshold": null'))
     assert thresholds == [0, 0]  # a threshold was read, not the step-count fallback
     for n in ("tiny-k1-rule-s0", "tiny-k4-rule-s0"):
-        assert _rows(tmp_path / "one" / exp / n) == _rows(tmp_path / "two" / exp / n), n
+        a, b = (rows_without_wall_clock(tmp_path / root / exp / n) for root in ("one", "two"))
+        assert a == b, n
 
 
 def test_runs_others_wait_for_are_offered_first():

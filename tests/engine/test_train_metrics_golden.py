@@ -18,9 +18,9 @@ import torch
 from typer.testing import CliRunner
 
 from emarule.cli.main import app
+from engine_util import WALL_CLOCK
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
-WALL_CLOCK = {"samples_per_s", "wall_s"}
 
 
 def without_wall_clock(lines: list[str]) -> list[dict]:
