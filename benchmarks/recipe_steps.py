@@ -122,10 +122,12 @@ def prepare(recipe: str, work: Path, steps: int, pool) -> tuple:
 
 def measure(ctx, warmup: int, steps: int) -> dict:
     """Runs the engine's loop until warmup + steps optimizer steps are done; times each step."""
-    from emarule.engine import loop
+    from emarule.engine import distributed, loop
     from emarule.tasks import build_parts
 
-    cuda = torch.cuda.is_available()
+    # The engine's choice, not torch's: $EMARULE_DEVICE=cpu keeps a GPU machine's run on the CPU, and a CPU
+    # run has no peak GPU memory to report (it printed 0.0 GiB on the H100 under the test suite).
+    cuda = distributed.device_type() == "cuda"
     stamps: list = []  # (start, end, global measure) per optimizer step
     layout: dict = {}
     inner = loop.optimizer_step

@@ -44,6 +44,18 @@ def test_recipe_steps_quick_mode_times_the_engines_own_steps(capsys):
     assert re.search(r"ctc-polyak: [\d.]+ audio s/s \(compute [\d.]+\)", out), out
 
 
+def test_recipe_steps_on_a_gpu_machine_held_on_the_cpu_reports_no_gpu_memory(capsys, monkeypatch):
+    # On the H100, with EMARULE_DEVICE=cpu (as the suite sets it), the run trained on the CPU but the script
+    # asked torch whether CUDA existed, synchronised a GPU it did not use and printed a peak of 0.0 GiB.
+    import torch
+
+    monkeypatch.setenv("EMARULE_DEVICE", "cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    load("recipe_steps").main(["--quick", "polyak-r50", "--warmup", "1", "--steps", "1"])
+    out = capsys.readouterr().out
+    assert re.search(r"polyak-r50: .* peak nan GiB, .* cpu", out), out
+
+
 class Serial:
     def map(self, fn, jobs, chunksize=1):
         return [fn(j) for j in jobs]

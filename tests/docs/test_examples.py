@@ -8,8 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+NUMBER = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 RESULTS = re.compile(r"κ=4 .*?(?:accuracy|probe accuracy) ([\d.]+) .*?(?:distance|gap) ([\d.]+)")
 
 
@@ -28,7 +30,15 @@ def test_example_runs_and_the_rule_tracks_kappa_one(name, lines):
     (_, without), (_, with_rule) = [tuple(map(float, m)) for m in RESULTS.findall(out)]
     assert with_rule < 0.5 * without, out  # the ported EMA at κ=4 stays closer to κ=1 than the peer's
     assert out.count("κ=1") >= 2
-    # The header quotes this output: numbers in docs come from the code as it is.
-    measured = (EXAMPLES / name).read_text().split('"""')[1].split("Measured here (that command):")[1]
+    # The header quotes this output: numbers in docs come from the code as it is. They were measured with the
+    # Makefile's torch; another release rounds differently (torch 2.11 on the H100 machine printed a probe
+    # accuracy of 0.788 for lightly's 0.793), so there only the words and the layout must match.
+    header = (EXAMPLES / name).read_text().split('"""')[1]
+    pinned, measured = re.search(r"Measured here \(that command, with the Makefile's torch ([\d.]+);.*?\):\n(.*)",
+                                 header, re.S).groups()
+    assert f"torch=={pinned} " in (EXAMPLES.parent / "Makefile").read_text()
     quoted = [line.strip() for line in measured.strip().splitlines()]
-    assert quoted and quoted == [line.strip() for line in out.strip().splitlines()], (quoted, out)
+    printed = [line.strip() for line in out.strip().splitlines()]
+    if torch.__version__.split("+")[0] != pinned:
+        quoted, printed = ([NUMBER.sub("#", line) for line in lines] for lines in (quoted, printed))
+    assert quoted and quoted == printed, (quoted, out)
