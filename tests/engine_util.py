@@ -66,7 +66,8 @@ def run_toy(tmp: Path, spec: dict, kappa: float = 1.0, out: str = "run", **kw) -
     return run_task(ctx), ctx
 
 
-WALL_CLOCK = frozenset({"samples_per_s", "wall_s"})  # metrics.jsonl keys that time the machine, not the run
+# metrics.jsonl keys that time the machine, not the run
+WALL_CLOCK = frozenset({"samples_per_s", "wall_s", "data_wait_s"})
 
 
 def rows_without_wall_clock(run_dir: Path) -> list[dict]:

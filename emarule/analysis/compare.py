@@ -32,7 +32,7 @@ from emarule.tasks.registry import preferred_metrics
 
 # Row keys that are clocks or settings, not metrics (also with a `/suffix`: `ema_momentum/0.9999`).
 NOT_METRICS = {"kind", "samples_seen", "seconds_seen", "epoch", "step", "kappa", "batch_size", "accumulation", "lr",
-               "ema_momentum", "samples_per_s", "wall_s", "stage", "world_size"}
+               "ema_momentum", "samples_per_s", "wall_s", "data_wait_s", "stage", "world_size"}
 
 
 def is_metric(key: str) -> bool:

@@ -39,6 +39,7 @@ class Report:
     wall_s: float | None = None
     headline: str = ""
     skipped: int | None = None  # training items skipped for failing to decode (data.skip_bad_items)
+    data_wait: str = ""  # how long training waited for its batches, and a hint where the loader held it back
 
     def text(self) -> str:
         lines = [f"run finished: {self.run}" + (f" ({self.headline})" if self.headline else "")]
@@ -52,6 +53,8 @@ class Report:
                          f"(data.skip_bad_items)")
         if self.wall_s is not None:
             lines.append(f"  wall time: {self.wall_s:.1f} s")
+        if self.data_wait:
+            lines.append(f"  {self.data_wait}")
         lines.append("  figures: " + (", ".join(str(f) for f in self.figures) or "none (nothing logged to plot)"))
         return "\n".join(lines)
 
@@ -202,12 +205,40 @@ def write_figures(run: Path, rows: list[dict], name: str) -> list[Path]:
 # --- the report ---------------------------------------------------------------------------------
 
 
-def _headline(run: Path, last: dict) -> str:
-    parts = []
+# Where the loader took this share of the training time on a GPU, it held the steps back: on one H100,
+# dino-vit's full recipe waited 56 % of its time with 8 workers and 16 % with 15, at 1.9x the rate (docs/gpu.md).
+LOADER_BOUND = 0.25
+
+
+def data_wait(train: list[dict], h: dict | None) -> str:
+    """One line: the time the last train row says the loop waited for batches, as a share of its wall time."""
+    rows = [r for r in train if finite_number(r.get("data_wait_s")) is not None and finite_number(r.get("wall_s"))]
+    if not rows or not rows[-1]["wall_s"] > 0:
+        return ""
+    wait, wall = float(rows[-1]["data_wait_s"]), float(rows[-1]["wall_s"])
+    line = f"waiting for training batches: {_s(wait)} s of the loop's {_s(wall)} s ({100 * wait / wall:.0f} %)"
+    h = h or {}
+    if wait / wall >= LOADER_BOUND and str(h.get("device", "")).startswith("cuda"):
+        line += (f"; the DataLoader held the GPU back: more workers may help (--num-workers; this run had "
+                 f"{h.get('num_workers', '?')})")
+    return line
+
+
+def _s(seconds: float) -> str:
+    return f"{seconds:.1f}" if seconds >= 1 else f"{seconds:.2f}"
+
+
+def _hparams(run: Path) -> dict | None:
     try:
         h = json.loads((run / HPARAMS).read_text())
     except (OSError, ValueError):
-        h = None
+        return None
+    return h if isinstance(h, dict) else None
+
+
+def _headline(run: Path, last: dict) -> str:
+    parts = []
+    h = _hparams(run)
     if isinstance(h, dict):
         if finite_number(h.get("kappa")) is not None:
             parts.append(f"κ={h['kappa']:g}")
@@ -234,6 +265,7 @@ def report(run: Path | str, wall_s: float | None = None, figures: bool = True) -
                  headline=_headline(run, last))
     skipped = [r["skipped_items"] for r in train if isinstance(r.get("skipped_items"), int)]
     rep.skipped = skipped[-1] if skipped else None
+    rep.data_wait = data_wait(train, _hparams(run))
     if figures:
         rep.figures = write_figures(run, rows, run.name)
     return rep

@@ -114,6 +114,7 @@ class Run:
     record: dict = field(default_factory=dict)  # what hparams.json holds; every checkpoint keeps a copy
     skip_bad: bool = False  # data.skip_bad_items
     new_skipped: int = 0  # this rank's skipped items not yet added to clock.skipped
+    data_wait_s: float = 0.0  # time this invocation spent getting training batches (logged as data_wait_s)
 
     @property
     def epoch_measure(self) -> float:
@@ -407,7 +408,17 @@ def open_segment(run: Run) -> Segment:
 
 def next_batch(run: Run):
     """(micro-batches, their measures, global measure, item count, data seen after the step, whether some
-    rank has no item in it), or None at an epoch's end."""
+    rank has no item in it), or None at an epoch's end. The time spent here, starting the loader's workers
+    included, is the time the loop waited for data. On a GPU the previous step's optimizer and EMA kernels may
+    still run meanwhile (the loop syncs once a step, after backward), so it can overstate the stall slightly."""
+    t0 = time.perf_counter()
+    try:
+        return _next_batch(run)
+    finally:
+        run.data_wait_s += time.perf_counter() - t0
+
+
+def _next_batch(run: Run):
     seg = run.segment
     if seg is None or seg.epoch != run.clock.epoch or seg.size != run.lay.global_batch:
         seg = run.segment = open_segment(run)
@@ -594,7 +605,8 @@ def log_train(run: Run, log: MetricsLog, lr: float, window: Window, progress: Pr
     skipped = {"skipped_items": run.clock.skipped} if run.skip_bad else {}
     log.log({"kind": "train", **time_fields(run), "batch_size": run.lay.global_batch,
              "accumulation": run.lay.accumulation, "lr": lr, **(run.momenta or {"ema_momentum": None}),
-             **window.mean(), **skipped, "samples_per_s": progress.rate(), "wall_s": progress.elapsed()})
+             **window.mean(), **skipped, "samples_per_s": progress.rate(), "wall_s": progress.elapsed(),
+             "data_wait_s": run.data_wait_s})
 
 
 def evaluate_due(run: Run, log: MetricsLog, at_end: bool) -> None:

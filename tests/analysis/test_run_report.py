@@ -83,3 +83,20 @@ def test_no_torch(tmp_path):
             f"from emarule.analysis.run_report import report\nprint(report({str(run)!r}).text())")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "run finished" in p.stdout, p.stderr
+
+
+def test_the_summary_says_how_long_training_waited_for_batches(tmp_path):
+    """The last train row's data_wait_s against its wall_s; on a GPU a loader-bound run gets a hint."""
+    train = [{"kind": "train", "epoch": e, "step": e, "loss": 1.0, "wall_s": 10.0 * e, "data_wait_s": 3.0 * e}
+             for e in (1, 2)]
+    cpu = {"kappa": 1, "seed": 0, "device": "cpu", "num_workers": 0}
+    text = R.report(write_run(tmp_path / "cpu", train, cpu), figures=False).text()
+    assert "  waiting for training batches: 6.0 s of the loop's 20.0 s (30 %)\n" in text + "\n"
+    assert "--num-workers" not in text  # on the CPU workers would share the cores the steps use
+    gpu = cpu | {"device": "cuda:0", "num_workers": 8}
+    text = R.report(write_run(tmp_path / "gpu", train, gpu), figures=False).text()
+    assert "(30 %); the DataLoader held the GPU back: more workers may help (--num-workers; this run had 8)" in text
+    fast = [r | {"data_wait_s": 0.2 * r["epoch"]} for r in train]
+    text = R.report(write_run(tmp_path / "fast", fast, gpu), figures=False).text()
+    assert "(2 %)" in text and "--num-workers" not in text
+    assert "waiting for" not in R.report(write_run(tmp_path / "old", rows()), figures=False).text()

@@ -23,6 +23,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROO
 BLOCK = re.compile(r"^(?:<!-- setup: (.*?) -->\n)?```console\n(.*?)^```", re.S | re.M)
 DURATION = re.compile(r"\b\d+(?:\.\d+)? s\b")
 BYTES_NEEDED = re.compile(r"\b\d[\d,]* bytes needed\b")
+TIME_SHARE = re.compile(r"(?<=s of the loop's N s )\(\d+ %\)")  # the share of a run's time spent waiting for data
 
 
 def console_blocks(page: Path) -> list[tuple[str, str, list[tuple[str, list[str]]]]]:
@@ -47,7 +48,8 @@ ALL = [block for page in PAGES for block in console_blocks(page)]
 
 
 def normalise(lines: list[str], scratch: Path) -> list[str]:
-    out = [BYTES_NEEDED.sub("N bytes needed", DURATION.sub("N s", x.replace(str(scratch), "<scratch>"))).rstrip()
+    out = [TIME_SHARE.sub("(N %)", BYTES_NEEDED.sub("N bytes needed",
+                                                    DURATION.sub("N s", x.replace(str(scratch), "<scratch>")))).rstrip()
            for x in lines]
     while out and not out[-1]:
         out.pop()
