@@ -208,17 +208,19 @@ def write_figures(run: Path, rows: list[dict], name: str) -> list[Path]:
 # Where the loader took this share of the training time on a GPU, it held the steps back: on one H100,
 # dino-vit's full recipe waited 56 % of its time with 8 workers and 16 % with 15, at 1.9x the rate (docs/gpu.md).
 LOADER_BOUND = 0.25
+HINT_AFTER_S = 60.0  # a shorter loop's share is mostly its workers' start, which more workers would lengthen
 
 
 def data_wait(train: list[dict], h: dict | None) -> str:
     """One line: the time the last train row says the loop waited for batches, as a share of its wall time."""
-    rows = [r for r in train if finite_number(r.get("data_wait_s")) is not None and finite_number(r.get("wall_s"))]
-    if not rows or not rows[-1]["wall_s"] > 0:
+    rows = [r for r in train if finite_number(r.get("data_wait_s")) is not None
+            and (finite_number(r.get("wall_s")) or 0.0) > 0]
+    if not rows:
         return ""
     wait, wall = float(rows[-1]["data_wait_s"]), float(rows[-1]["wall_s"])
     line = f"waiting for training batches: {_s(wait)} s of the loop's {_s(wall)} s ({100 * wait / wall:.0f} %)"
     h = h or {}
-    if wait / wall >= LOADER_BOUND and str(h.get("device", "")).startswith("cuda"):
+    if wait / wall >= LOADER_BOUND and wall >= HINT_AFTER_S and str(h.get("device", "")).startswith("cuda"):
         line += (f"; the DataLoader held the GPU back: more workers may help (--num-workers; this run had "
                  f"{h.get('num_workers', '?')})")
     return line
@@ -236,9 +238,8 @@ def _hparams(run: Path) -> dict | None:
     return h if isinstance(h, dict) else None
 
 
-def _headline(run: Path, last: dict) -> str:
+def _headline(h: dict | None, last: dict) -> str:
     parts = []
-    h = _hparams(run)
     if isinstance(h, dict):
         if finite_number(h.get("kappa")) is not None:
             parts.append(f"κ={h['kappa']:g}")
@@ -261,11 +262,11 @@ def report(run: Path | str, wall_s: float | None = None, figures: bool = True) -
     rows = read_metrics(run / METRICS)  # lenient: the log of the run that just ended
     train, evals = _rows(rows, "train"), _rows(rows, "eval")
     last = max(train + evals, key=lambda r: float(r["epoch"])) if train or evals else {}
-    rep = Report(run=run, final=final_metrics(train, evals), where=last, wall_s=wall_s,
-                 headline=_headline(run, last))
+    h = _hparams(run)
+    rep = Report(run=run, final=final_metrics(train, evals), where=last, wall_s=wall_s, headline=_headline(h, last))
     skipped = [r["skipped_items"] for r in train if isinstance(r.get("skipped_items"), int)]
     rep.skipped = skipped[-1] if skipped else None
-    rep.data_wait = data_wait(train, _hparams(run))
+    rep.data_wait = data_wait(train, h)
     if figures:
         rep.figures = write_figures(run, rows, run.name)
     return rep

@@ -411,11 +411,11 @@ def next_batch(run: Run):
     rank has no item in it), or None at an epoch's end. The time spent here, starting the loader's workers
     included, is the time the loop waited for data. On a GPU the previous step's optimizer and EMA kernels may
     still run meanwhile (the loop syncs once a step, after backward), so it can overstate the stall slightly."""
-    t0 = time.perf_counter()
+    t0 = time.monotonic()  # the clock of Progress, which gives the row's wall_s
     try:
         return _next_batch(run)
     finally:
-        run.data_wait_s += time.perf_counter() - t0
+        run.data_wait_s += time.monotonic() - t0
 
 
 def _next_batch(run: Run):

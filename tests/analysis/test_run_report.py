@@ -86,17 +86,21 @@ def test_no_torch(tmp_path):
 
 
 def test_the_summary_says_how_long_training_waited_for_batches(tmp_path):
-    """The last train row's data_wait_s against its wall_s; on a GPU a loader-bound run gets a hint."""
-    train = [{"kind": "train", "epoch": e, "step": e, "loss": 1.0, "wall_s": 10.0 * e, "data_wait_s": 3.0 * e}
+    """The last train row's data_wait_s against its wall_s; on a GPU, a loader-bound loop of a minute or more
+    gets a hint."""
+    train = [{"kind": "train", "epoch": e, "step": e, "loss": 1.0, "wall_s": 50.0 * e, "data_wait_s": 15.0 * e}
              for e in (1, 2)]
     cpu = {"kappa": 1, "seed": 0, "device": "cpu", "num_workers": 0}
     text = R.report(write_run(tmp_path / "cpu", train, cpu), figures=False).text()
-    assert "  waiting for training batches: 6.0 s of the loop's 20.0 s (30 %)\n" in text + "\n"
+    assert "  waiting for training batches: 30.0 s of the loop's 100.0 s (30 %)\n" in text + "\n"
     assert "--num-workers" not in text  # on the CPU workers would share the cores the steps use
     gpu = cpu | {"device": "cuda:0", "num_workers": 8}
     text = R.report(write_run(tmp_path / "gpu", train, gpu), figures=False).text()
     assert "(30 %); the DataLoader held the GPU back: more workers may help (--num-workers; this run had 8)" in text
-    fast = [r | {"data_wait_s": 0.2 * r["epoch"]} for r in train]
+    fast = [r | {"data_wait_s": 1.0 * r["epoch"]} for r in train]
     text = R.report(write_run(tmp_path / "fast", fast, gpu), figures=False).text()
     assert "(2 %)" in text and "--num-workers" not in text
+    short = [r | {"wall_s": r["wall_s"] / 10, "data_wait_s": r["data_wait_s"] / 10} for r in train]
+    text = R.report(write_run(tmp_path / "short", short, gpu), figures=False).text()
+    assert "3.0 s of the loop's 10.0 s (30 %)" in text and "--num-workers" not in text  # mostly workers' start
     assert "waiting for" not in R.report(write_run(tmp_path / "old", rows()), figures=False).text()

@@ -34,11 +34,12 @@ def test_example_runs_and_the_rule_tracks_kappa_one(name, lines):
     # Makefile's torch; another release rounds differently (torch 2.11 on the H100 machine printed a probe
     # accuracy of 0.788 for lightly's 0.793), so there only the words and the layout must match.
     header = (EXAMPLES / name).read_text().split('"""')[1]
-    pinned, measured = re.search(r"Measured here \(that command, with the Makefile's torch ([\d.]+);.*?\):\n(.*)",
-                                 header, re.S).groups()
+    found = re.search(r"Measured here \(that command, with the Makefile's torch ([\d.]+);.*?\):\n(.*)", header, re.S)
+    assert found, f"{name}: its header must say 'Measured here (that command, with the Makefile's torch X; ...):'"
+    pinned, measured = found.groups()
     assert f"torch=={pinned} " in (EXAMPLES.parent / "Makefile").read_text()
     quoted = [line.strip() for line in measured.strip().splitlines()]
     printed = [line.strip() for line in out.strip().splitlines()]
     if torch.__version__.split("+")[0] != pinned:
-        quoted, printed = ([NUMBER.sub("#", line) for line in lines] for lines in (quoted, printed))
+        quoted, printed = ([NUMBER.sub("#", line) for line in text] for text in (quoted, printed))
     assert quoted and quoted == printed, (quoted, out)

@@ -79,7 +79,6 @@ def linear_parts(seen: list):
     return TaskParts(model=model, ema_source=model, train_set=list(zip(x, y, strict=True)), loss=loss)
 
 
-
 class SlowItems(torch.utils.data.Dataset):
     """linear_parts' items, each taking 20 ms to make: a loader far slower than the step."""
 
@@ -98,7 +97,7 @@ class SlowItems(torch.utils.data.Dataset):
 
 def test_each_train_row_logs_the_time_spent_waiting_for_batches(tmp_path):
     spec = toy_spec(**{"optimizer": {"name": "sgd", "lr": 0.1}, "schedule": {"kind": "constant", "epochs": 2},
-                       "batch.size": 8})  # 4 steps an epoch, each logged (about 50 rows an epoch)
+                       "batch.size": 8})  # 4 steps an epoch: with 50 or fewer, every step is logged
     ctx = make_ctx(tmp_path, spec)
     parts = linear_parts([])
     parts.train_set = SlowItems(parts.train_set)
@@ -109,6 +108,7 @@ def test_each_train_row_logs_the_time_spent_waiting_for_batches(tmp_path):
     assert waits == sorted(waits) and waits[0] >= 8 * 0.02  # cumulative; the first batch alone is 8 items
     assert waits[-1] >= 32 * 2 * 0.02 and all(w <= wall for w, wall in got)
     assert waits[-1] > 0.8 * got[-1][1]  # the sleeps are nearly all of this loop's time
+
 
 @pytest.mark.parametrize("update_from", ["pre", "post"])
 def test_ema_averages_theta_t_for_pre_and_theta_t_plus_1_for_post(tmp_path, update_from):

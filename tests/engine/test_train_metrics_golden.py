@@ -2,8 +2,8 @@
 
 tests/data/golden/<experiment>-tiny-kappa2-seed0.jsonl holds metrics.jsonl of
 `OMP_NUM_THREADS=1 emarule run <experiment> --preset tiny --kappa 2 --seed 0` without its wall-clock fields
-(samples_per_s, wall_s). On the machine that recorded them the runs match bit for bit; another CPU may round
-convolutions differently. The loop's own bookkeeping (the clock, the lr, the momenta: the values no model
+(samples_per_s, wall_s, data_wait_s). On the machine that recorded them the runs match bit for bit; another
+CPU may round convolutions differently. The loop's own bookkeeping (the clock, the lr, the momenta: the values no model
 computes) must match exactly on any CPU, which is what a change to the loop would break. The model's values
 are compared to 1e-4 relative while the trajectory is the recorded one. byol-r18's tiny run is chaotic: on
 an AMD EPYC its values agree to 2e-7 at step 1 and 2 and then part, its gradient norm 13 % apart by step 4
