@@ -70,10 +70,14 @@ def run_toy(tmp: Path, spec: dict, kappa: float = 1.0, out: str = "run", **kw) -
 WALL_CLOCK = frozenset({"samples_per_s", "wall_s", "data_wait_s"})
 
 
-def rows_without_wall_clock(run_dir: Path) -> list[dict]:
-    """A run's metrics.jsonl rows without the keys that differ between two identical runs."""
+def without_wall_clock(jsonl: Path) -> list[dict]:
+    """The rows of a metrics file without the keys that differ between two identical runs."""
     return [{k: v for k, v in json.loads(line).items() if k not in WALL_CLOCK}
-            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+            for line in jsonl.read_text().splitlines()]
+
+
+def rows_without_wall_clock(run_dir: Path) -> list[dict]:
+    return without_wall_clock(run_dir / "metrics.jsonl")
 
 
 def load_checkpoint(run_dir: Path) -> dict:

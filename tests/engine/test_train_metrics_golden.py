@@ -10,7 +10,6 @@ an AMD EPYC its values agree to 2e-7 at step 1 and 2 and then part, its gradient
 (deterministically on each machine), so past step 2 its model values are only held to 25 %.
 """
 
-import json
 from pathlib import Path
 
 import pytest
@@ -18,13 +17,9 @@ import torch
 from typer.testing import CliRunner
 
 from emarule.cli.main import app
-from engine_util import WALL_CLOCK
+from engine_util import rows_without_wall_clock, without_wall_clock
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
-
-
-def without_wall_clock(lines: list[str]) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if k not in WALL_CLOCK} for line in lines]
 
 
 # Keys the loop computes without the model: equal on every CPU.
@@ -44,8 +39,8 @@ def test_tiny_run_logs_the_recorded_metrics_row_for_row(tmp_path, experiment, ti
     finally:
         torch.set_num_threads(threads)
     assert res.exit_code == 0, res.output
-    got = without_wall_clock((out / "metrics.jsonl").read_text().splitlines())
-    want = without_wall_clock((GOLDEN / f"{experiment}-tiny-kappa2-seed0.jsonl").read_text().splitlines())
+    got = rows_without_wall_clock(out)
+    want = without_wall_clock(GOLDEN / f"{experiment}-tiny-kappa2-seed0.jsonl")
     assert [sorted(r) for r in got] == [sorted(r) for r in want]  # the same rows, with the same keys
     for g, w in zip(got, want, strict=True):
         tight = tight_until_step is None or w["step"] <= tight_until_step
