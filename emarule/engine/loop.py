@@ -19,7 +19,8 @@ epoch's remainder that cannot fill a batch is dropped and the clock jumps to the
 
 Recipe values come from the typed config `ctx.cfg` (emarule/config/typed.py); engine settings that are not
 part of a recipe are RunContext fields: checkpoint_every_epochs (1), checkpoint_every_minutes (30),
-log_every_steps (≈50 rows/epoch), num_workers (TaskParts.num_workers, else 0 on CPU and min(8, cores) on GPU).
+log_every_steps (≈50 rows/epoch), num_workers (TaskParts.num_workers, else 0 on CPU and, on GPU, the cores
+per rank less one, at most 8).
 """
 
 from __future__ import annotations
