@@ -4,6 +4,7 @@ BYOL reproduction end to end (written, then reused)."""
 
 import json
 import math
+import types
 from dataclasses import replace
 from pathlib import Path
 
@@ -452,6 +453,75 @@ def test_precision_checks_come_out_each_way():
     assert S.precision_bf16_stable(precision_results(bf16=0.3))["verdict"] == "contradicted"
     assert S.precision_fp32_stable(precision_results())["verdict"] == "reproduced"
     assert S.precision_fp32_range()["verdict"] == "reproduced"
+    r = S.precision_fp32_range()["measured"]
+    assert r["batch_min"] < 1 and 1e6 <= r["batch_max"] == pytest.approx(r["kappa_max"] * 4096)
+
+
+@pytest.mark.parametrize("kappa_update,kappa_max,verdict", [
+    (1e-5, 4000.0, "reproduced"),  # batches 0.04 … 16M
+    (1e-3, 4000.0, "contradicted"),  # the smallest meaningful batch is 4 samples
+    (1e-5, 100.0, "contradicted"),  # the largest is 409,600
+])
+def test_precision_fp32_range_each_way(kappa_update, kappa_max, verdict):
+    lim = types.SimpleNamespace(kappa_update=kappa_update, kappa_max=kappa_max)
+    assert S.precision_fp32_range(lim=lim)["verdict"] == verdict
+
+
+def with_rule_error(records, err_of, rho=0.9999, dim=1, convention="pre"):
+    """The records with Err_rule of (ρ_B, D, convention) replaced by err_of(κ) for κ ≥ 2."""
+    out = []
+    for r in records:
+        r = dict(r)
+        if r["rho_base"] == rho and r["dim"] == dim and r["convention"] == convention and r["kappa"] >= 2:
+            r["err_rule"] = err_of(r["kappa"])
+        out.append(r)
+    return out
+
+
+def err_with_slopes(slopes):
+    """Err_rule(κ) for κ = 2, 4, …, whose log–log slope over [2^j, 2^(j+1)] is slopes[j − 1]."""
+    def err(k):
+        j = round(math.log2(k))
+        return 1e-5 * math.prod(2.0 ** s for s in slopes[:j - 1])
+    return err
+
+
+@pytest.mark.parametrize("slopes,verdict", [
+    ([1.1] * 5 + [1.0] + [1.05] * 3, "reproduced"),  # the minimum over κ 64→128, then up by 0.05
+    ([1.1] * 5 + [1.0] + [1.01] * 3, "inconclusive"),  # up by 0.01 only
+    ([1.1, 1.0] + [1.05] * 7, "inconclusive"),  # the minimum at κ 4→8, far below 32
+    ([1.5 - 0.05 * j for j in range(9)], "contradicted"),  # falling to the last interval
+])
+def test_parabola_inflection_each_way(slopes, verdict):
+    records = with_rule_error(parabola_records(), err_with_slopes(slopes))
+    got = S.parabola_inflection(records)
+    assert got["verdict"] == verdict, got["why"]
+    assert got["measured"]["slopes_pre"]["64→128"] == pytest.approx(slopes[5])
+
+
+def in_dimension(records, dim, err_factor=1.0, one_minus_rho_star_factor=1.0):
+    """The D = 1 records at ρ_B = 0.9999 copied to D = dim, Err_rule and 1 − ρ* scaled by the factors."""
+    out = []
+    for r in records:
+        if r["dim"] == 1 and r["rho_base"] == 0.9999:
+            out.append(dict(r, dim=dim, err_rule=r["err_rule"] * err_factor,
+                            rho_star=1 - one_minus_rho_star_factor * (1 - r["rho_star"])))
+    return records + out
+
+
+@pytest.mark.parametrize("err_factor,rho_factor,verdict", [
+    (1.03, 0.98, "reproduced"),  # within 5 %
+    (1.10, 1.0, "inconclusive"),  # between 5 % and 25 %
+    (1.0, 1.10, "inconclusive"),  # 1 − ρ* counts too
+    (1.40, 1.0, "contradicted"),  # beyond 25 %
+    (1.0, 0.70, "contradicted"),
+])
+def test_parabola_dimensions_each_way(err_factor, rho_factor, verdict):
+    records = in_dimension(parabola_records(), 16, err_factor, rho_factor)
+    got = S.parabola_dimensions(records)
+    assert got["verdict"] == verdict, got["why"]
+    assert got["measured"]["dims"] == [16]
+    assert got["measured"]["max_relative_err_rule_difference"] == pytest.approx(abs(err_factor - 1))
 
 
 # --- the registry -------------------------------------------------------------------------------

@@ -134,16 +134,26 @@ def test_teacher_is_the_ema_copy_in_the_loss(tmp_path):
     from emarule.tasks import toy
 
     parts = toy.make_parts(ctx)
-    inner, teachers = parts.loss, []
+    inner, teachers, weights = parts.loss, [], []
 
     def loss(model, teacher, batch, now=None):
         teachers.append(teacher)
+        weights.append([p.detach().clone() for p in teacher.parameters()])
         assert teacher is not model and not any(p.requires_grad for p in teacher.parameters())
         return inner(model, teacher, batch, now)
 
     parts.loss = loss
+    initial = [p.detach().clone() for p in parts.model.parameters()]
     train(ctx, parts)
-    assert len({id(t) for t in teachers}) == 1
+    assert len({id(t) for t in teachers}) == 1 and len(weights) >= 3
+    # the live EMA: it starts as the model's copy, moves at every step, and ends as the saved EMA
+    for got, want in zip(weights[0], initial, strict=True):
+        torch.testing.assert_close(got, want)
+    assert all(any(not torch.equal(a, b) for a, b in zip(w0, w1, strict=True))
+               for w0, w1 in zip(weights, weights[1:], strict=False))
+    saved = list(load_checkpoint(ctx.out)["emas"][parts.teacher]["module"].values())
+    for got, want in zip(teachers[0].parameters(), saved, strict=True):
+        torch.testing.assert_close(got.detach(), want)
 
 
 @pytest.mark.parametrize("name,extra", [

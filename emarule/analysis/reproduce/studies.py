@@ -294,12 +294,13 @@ def precision_fp32_stable(results: dict) -> dict:
     return _result("inconclusive", why, measured)
 
 
-def precision_fp32_range(results: dict | None = None) -> dict:
+def precision_fp32_range(results: dict | None = None, lim=None) -> dict:
     """`emarule limits --momentum 0.996 --batch-size 4096`: the smallest meaningful batch below one
-    sample and the largest at a million or more (reproduced); otherwise contradicted."""
+    sample and the largest at a million or more (reproduced); otherwise contradicted. `lim` stands in
+    for those limits (their `kappa_update` and `kappa_max`) where a test needs other ones."""
     from emarule.scaling.limits import limits
 
-    lim = limits(0.996, 4096, "float32")
+    lim = lim if lim is not None else limits(0.996, 4096, "float32")
     lo, hi = lim.kappa_update * 4096, lim.kappa_max * 4096
     measured = {"kappa_update": lim.kappa_update, "kappa_max": lim.kappa_max, "batch_min": lo, "batch_max": hi,
                 "paper": {"kappa_max": "≈ 4K", "batch_max": "≈ 8M"}}
