@@ -2,8 +2,10 @@
 
 Reference with examples: docs/model-ema.md.
 
-- Shadow weights are kept in float32 (`dtype`) even when the model holds bfloat16 weights:
-  1 − ρ̂ is far below bfloat16's resolution for the momenta the paper uses.
+- Shadow weights and floating buffers are kept in float32 (`dtype`) even when the model holds
+  bfloat16 weights: 1 − ρ̂ is far below bfloat16's resolution for the momenta the paper uses. A
+  float64 model keeps a float64 shadow unless `dtype` says otherwise: the default never lowers
+  precision.
 - The update is one `torch._foreach_lerp_` per (device, dtype) group: ζ.lerp_(θ, 1 − ρ).
   lerp keeps ζ's rounding error proportional to the step (1 − ρ)(θ − ζ), whereas
   ζ·ρ + θ·(1 − ρ) adds an error of order eps·|ζ| at every update, which with ρ near 1 is
@@ -58,9 +60,12 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def _number(name: str, value, *, low: float = 0.0, strict: bool = True, optional: bool = False) -> float | None:
-    """A finite real > low (≥ low unless strict); a bool or a string is refused, not converted."""
+    """A finite real > low (≥ low unless strict); a bool or a string is refused, not converted. A
+    one-element tensor counts as its value (a clock summed with all_reduce is one)."""
     if value is None and optional:
         return None
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and value.dtype != torch.bool:
+        value = value.item()
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
     v = float(value) if ok else math.nan
     if not (math.isfinite(v) and (v > low if strict else v >= low)):
@@ -99,16 +104,33 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if _is_dtensor(t) else t
 
 
+class _Names:
+    """Whether a tensor's name is one of `names` or inside one of them (a module's name covers its
+    tensors). A class, not a closure, so that an EMA can be pickled (`torch.save(ema)`)."""
+
+    def __init__(self, names: tuple):
+        self.names = names
+
+    def __call__(self, name: str) -> bool:
+        return any(name == n or name.startswith(n + ".") for n in self.names)
+
+
 def _excluder(exclude) -> tuple[Callable[[str], bool], tuple]:
     """The test for a tensor's name, and the names given (each must match something)."""
     if exclude is None:
-        return (lambda name: False), ()
+        return _Names(()), ()
     if callable(exclude):
         return exclude, ()
     if isinstance(exclude, str) or not isinstance(exclude, Iterable):
         raise ValueError(f"exclude must be a list of names or a function of the name, got {exclude!r}")
     names = tuple(exclude)
-    return (lambda name: any(name == n or name.startswith(n + ".") for n in names)), names
+    return _Names(names), names
+
+
+def _default_dtype(model: nn.Module) -> torch.dtype:
+    """float32, or float64 for a model that holds float64 parameters: never below the model's precision."""
+    wide = any(p.dtype == torch.float64 for p in model.parameters())
+    return torch.float64 if wide else torch.float32
 
 
 class ModelEma(nn.Module):
@@ -122,9 +144,18 @@ class ModelEma(nn.Module):
                  buffers: str = "copy", start_samples: float = 0, start_steps: float | None = None,
                  warmup_power: float | None = None, warmup_gamma: float = 1.0, schedule: str = "constant",
                  total_samples: float | None = None, every: int = 1, samples_seen: float = 0,
-                 dtype: torch.dtype | str = torch.float32, device: torch.device | str | None = None,
+                 dtype: torch.dtype | str | None = None, device: torch.device | str | None = None,
                  exclude: Iterable[str] | Callable[[str], bool] | None = None):
         super().__init__()
+        if start_steps is not None and start_samples != 0:
+            raise ValueError("give start_steps (steps at the base batch) or start_samples, not both")
+        if warmup_gamma != 1.0 and warmup_power is None:
+            raise ValueError("warmup_gamma shapes timm's warm-up: give warmup_power too, or leave warmup_gamma out")
+        if total_samples is not None and schedule == "constant":
+            raise ValueError("total_samples is the length of the cosine ramp: give schedule='cosine' too, or leave "
+                             "total_samples out")
+        if dtype is None:
+            dtype = _default_dtype(unwrap(model))
         settings = {"momentum": momentum, "base_batch_size": base_batch_size, "buffers": buffers,
                     "dtype": dtype, "start_samples": start_samples, "warmup_power": warmup_power,
                     "warmup_gamma": warmup_gamma, "schedule": schedule, "total_samples": total_samples,
@@ -159,6 +190,7 @@ class ModelEma(nn.Module):
         self._pending, self._calls, self.updates = 0.0, 0, 0
         self._sig: tuple | None = None
         self._mods: list = []
+        self._shadow_mods: list = []
         self._groups: list = []
         self._copies: list = []
         self.eval()
@@ -209,10 +241,13 @@ class ModelEma(nn.Module):
         self._sig = None
 
     def load_state_dict(self, state_dict: Mapping, strict: bool = True, assign: bool = False):
-        """Also reads the engine's checkpoint form {"module": weights, settings...} and older dicts
-        (no dtype or clock; an `updates` counter)."""
+        """Also reads the engine's checkpoint form {"module": weights, settings...}, older dicts (no
+        dtype or clock; an `updates` counter) and timm's ModelEma/V2/V3 state_dict (the same
+        `module.` keys, no settings: this EMA's own are kept, with no clock)."""
         if isinstance(state_dict.get("module"), Mapping):
             state_dict = self._flat(state_dict)
+        elif "_extra_state" not in state_dict and any(k.startswith("module.") for k in state_dict):
+            state_dict = {**state_dict, "_extra_state": {"samples_seen": None}}
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def _flat(self, nested: Mapping) -> dict:
@@ -231,22 +266,24 @@ class ModelEma(nn.Module):
         return {"module": self.module.state_dict(), **self.get_extra_state()}
 
     def _cast(self) -> None:
-        """Floating parameters (and averaged buffers) in self.dtype; integer buffers untouched."""
-        for _, t, is_param in self._shadow():
-            if t.is_floating_point() and (is_param or self.buffers == "average") and t.dtype != self.dtype:
+        """Floating parameters and buffers in self.dtype (copied buffers too: BatchNorm's statistics must
+        have its weights' dtype for the averaged model to run); integer buffers untouched."""
+        for _, t, _ in self._shadow():
+            if t.is_floating_point() and t.dtype != self.dtype:
                 t.data = t.data.to(self.dtype)
 
     def _apply(self, fn, recurse: bool = True):
         out = super()._apply(fn, recurse)
         self._sig = None  # `.to()` moved or cast the shadow: pair again
-        dtypes = [t.dtype for _, t, p in self._shadow() if p and t.is_floating_point()]
-        if dtypes and dtypes[0] in DTYPES.values():
-            object.__setattr__(self, "dtype", dtypes[0])
+        self._sync_dtype()
         return out
 
     def train(self, mode: bool = True):
-        """A parent's train() leaves the averaged model in eval mode; use ema.module.train() to change it."""
+        """A parent's train() leaves the averaged model in eval mode (use ema.module.train() to change
+        it); eval() puts it back in eval mode, as it does every submodule."""
         self.training = mode
+        if not mode and not self.__dict__.get("_sharded"):
+            self.module.eval()
         return self
 
     # -- the averaged model ------------------------------------------------------------------------
@@ -345,20 +382,27 @@ class ModelEma(nn.Module):
         if self.base_batch_size is None:
             return (self.momentum if m is None else m), s, True
         if delta is None:
+            if s is not None:  # self._last is None: a dict without a clock was loaded
+                raise ValueError("this EMA has no clock to measure samples_seen from (it was loaded from a dict "
+                                 "without one): pass this update's global batch_size=B with samples_seen=S once; "
+                                 "later updates need only samples_seen")
             raise ValueError(f"this EMA scales ρ with the batch (base_batch_size={self.base_batch_size:g}): pass "
                              f"update(model, samples_seen=S) with S the global samples seen, or batch_size=B")
         if m is None:
             if s is None and (self.schedule != "constant" or self.warmup_power is not None):
-                raise ValueError("a momentum schedule needs the clock: pass samples_seen=S")
+                raise ValueError("a momentum schedule needs the clock (the global samples seen): pass "
+                                 "samples_seen=S, with batch_size=B too while this EMA has no clock yet")
             m = self.momentum if s is None else self.scheduled(s)
         return m ** (delta / self.base_batch_size), s, True
 
     # -- the update --------------------------------------------------------------------------------
 
     def _pair(self, source: nn.Module) -> None:
-        """Pair shadow and model tensors by name, once per set of model tensors; group by (device, dtype)."""
-        if self._sig is not None and self._signature(source) == self._sig:
+        """Pair shadow and model tensors by name, once per set of tensors on either side; group by
+        (device, dtype)."""
+        if self._sig is not None and self._signature(source) == self._sig and self._groups_hold():
             return
+        self._sync_dtype()
         params, bufs = list(source.named_parameters()), list(source.named_buffers())
         src = {**{n: (t, True) for n, t in params}, **{n: (t, False) for n, t in bufs}}
         groups: dict = {}
@@ -386,13 +430,25 @@ class ModelEma(nn.Module):
         self._groups = [(key, es, ss) for key, (es, ss) in groups.items()]
         self._copies = copies
         self._mods = list(source.modules())
+        self._shadow_mods = list((self.shards if self._sharded else self.module).modules())
         self._sig = self._signature(source)
 
     def _signature(self, source: nn.Module) -> tuple:
-        """Which tensors and submodules the model holds now (assign=True or a new submodule changes it).
-        Read from the modules' own dicts: ten times cheaper than source.parameters() on a ResNet-50."""
-        return (id(source), *(id(v) for m in self._mods for d in (m._parameters, m._buffers, m._modules)
-                              for v in d.values()))
+        """Which tensors and submodules the model and the shadow hold now (assign=True or a new
+        submodule on either side changes it). Read from the modules' own dicts: ten times cheaper
+        than source.parameters() on a ResNet-50."""
+        return (id(source), *(id(v) for m in (*self._mods, *self._shadow_mods)
+                              for d in (m._parameters, m._buffers, m._modules) for v in d.values()))
+
+    def _groups_hold(self) -> bool:
+        """Each group's shadow tensors still have its device and dtype (`ema.module.double()` casts
+        in place, keeping the Parameter objects the signature reads)."""
+        return all(es[0].device == dev and es[0].dtype == dt for (dev, dt), es, _ in self._groups)
+
+    def _sync_dtype(self) -> None:
+        dtypes = [t.dtype for _, t, p in self._shadow() if p and t.is_floating_point()]
+        if dtypes and dtypes[0] in DTYPES.values():
+            object.__setattr__(self, "dtype", dtypes[0])
 
     @torch.no_grad()
     def update(self, model: nn.Module, *args, samples_seen: float | None = None, batch_size: float | None = None,
@@ -425,7 +481,7 @@ class ModelEma(nn.Module):
                 ss = [x if x.device == dev and x.dtype == dt else x.to(dev, dt) for x in ss]
                 torch._foreach_lerp_(es, ss, 1.0 - rho)
             for e, x in self._copies:
-                e.copy_(x)
+                e.copy_(_local(x))
         if s is not None:
             self._last = s
         self._pending, self.updates = 0.0, self.updates + 1
@@ -442,12 +498,12 @@ class ModelEma(nn.Module):
             for e, s in zip(es, ss, strict=True):
                 e.copy_(_local(s))
         for e, s in self._copies:
-            e.copy_(s)
+            e.copy_(_local(s))
 
     def __getstate__(self) -> dict:
         """A deep copy or pickle of the EMA must not carry the model's tensors along: pair again after."""
         state = self.__dict__.copy()
-        state.update(_sig=None, _mods=[], _groups=[], _copies=[])
+        state.update(_sig=None, _mods=[], _shadow_mods=[], _groups=[], _copies=[])
         return state
 
     def extra_repr(self) -> str:

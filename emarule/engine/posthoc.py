@@ -62,7 +62,7 @@ class PowerEma(nn.Module):
 
     def __init__(self, model: nn.Module, sigma_rels: Sequence[float] = (0.05, 0.10), *, snapshot_every: float,
                  snapshot_dir: str | os.PathLike | None = None, samples_seen: float = 0,
-                 dtype: torch.dtype | str = torch.float32, device: torch.device | str | None = None):
+                 dtype: torch.dtype | str | None = None, device: torch.device | str | None = None):
         super().__init__()
         if isinstance(sigma_rels, str | bytes) or not isinstance(sigma_rels, Iterable):
             raise ValueError(f"sigma_rels must be a list of relative widths, got {sigma_rels!r}")

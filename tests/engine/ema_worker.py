@@ -42,6 +42,7 @@ def train(mode: str) -> dict:
         fully_shard(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     ema = ModelEma(model, 0.9, base_batch_size=BASE)
+    partial = ModelEma(model, 0.9, base_batch_size=BASE, exclude=["2"])  # the head copied, not averaged
     x, y = data()
     local = BATCH // world
     for step in range(STEPS):
@@ -51,6 +52,8 @@ def train(mode: str) -> dict:
         loss.backward()
         opt.step()
         ema.update(model, samples_seen=(step + 1) * BATCH)
+        partial.update(model, samples_seen=(step + 1) * BATCH)
+    check_partial(model, ema, partial)
     if mode != "fsdp":
         return {k: v.clone() for k, v in ema.module.state_dict().items()}
     assert not hasattr(ema, "module")  # a rank holds shards only: evaluate with swap_into
@@ -61,6 +64,27 @@ def train(mode: str) -> dict:
     assert again.base_batch_size == BASE and all(torch.equal(a, b) for a, b in pairs if torch.is_tensor(a))
     with ema.swap_into(model):
         return {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
+
+
+def full(model: nn.Module) -> dict:
+    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).clone() for k, v in model.state_dict().items()}
+
+
+def check_partial(model: nn.Module, ema: ModelEma, partial: ModelEma) -> None:
+    """The EMA with the head excluded: its head is the model's, the rest is the full EMA's."""
+    own = full(model)
+    with ema.swap_into(model):
+        averaged = full(model)
+    with partial.swap_into(model):
+        got = full(model)
+    inner = getattr(model, "module", model)
+    for k, v in got.items():
+        want = own[k] if k.removeprefix("module.").startswith("2.") else averaged[k]
+        assert torch.equal(v, want), k
+    head = dict(partial.shards.named_buffers() if partial._sharded else partial.module.named_parameters())
+    for name, p in inner[2].named_parameters():
+        shadow = head[f"2/{name}" if partial._sharded else f"2.{name}"]
+        assert torch.equal(shadow, p.to_local() if hasattr(p, "to_local") else p), name
 
 
 if __name__ == "__main__":

@@ -1,0 +1,145 @@
+"""ModelEma at the edges a library EMA meets: low- and high-precision models, a shadow changed by hand,
+dicts without a clock, timm's state_dict, pickling, modes and tensor clocks."""
+
+import io
+
+import pytest
+import torch
+from timm.utils.model_ema import ModelEmaV3
+from torch import nn
+
+from emarule.engine.ema import ModelEma
+
+
+def bn_net(dtype=torch.float32) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2)).to(dtype)
+
+
+def test_a_bf16_model_with_batchnorm_gives_a_float32_average_that_runs():
+    model = bn_net(torch.bfloat16)
+    ema = ModelEma(model, 0.999)
+    assert {t.dtype for t in ema.module.state_dict().values() if t.is_floating_point()} == {torch.float32}
+    model.train()
+    model(torch.randn(16, 4, dtype=torch.bfloat16))  # moves the running statistics
+    ema.update(model)
+    torch.testing.assert_close(ema.module[1].running_mean, model[1].running_mean.float())
+    x = torch.randn(3, 4)
+    assert ema(x).dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert ema(x).shape == (3, 2)
+
+
+def test_the_default_dtype_never_lowers_a_float64_model():
+    model = nn.Linear(4, 3).double()
+    ema = ModelEma(model, 0.0)
+    assert ema.dtype == torch.float64 and ema.settings()["dtype"] == "float64"
+    with torch.no_grad():
+        model.weight.add_(1e-12)
+    ema.update(model)
+    assert torch.equal(ema.module.weight, model.weight)  # ρ = 0 copies exactly
+    assert ModelEma(model, 0.9, dtype="float32").module.weight.dtype == torch.float32
+    assert ModelEma(nn.Linear(2, 2).half(), 0.9).dtype == torch.float32
+
+
+def test_a_shadow_loaded_with_assign_is_paired_again():
+    model = nn.Linear(2, 2)
+    ema = ModelEma(model, 0.5)
+    ema.update(model)
+    zeros = {k: torch.zeros_like(v) for k, v in ema.module.state_dict().items()}
+    ema.module.load_state_dict(zeros, assign=True)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    ema.update(model)
+    torch.testing.assert_close(ema.module.weight, torch.full((2, 2), 0.5))
+
+
+def test_a_shadow_cast_in_place_is_paired_again():
+    model = nn.Linear(2, 2)
+    ema = ModelEma(model, 0.5)
+    ema.update(model)
+    ema.module.double()  # keeps the Parameter objects, changes their dtype
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    before = ema.module.weight.clone()
+    ema.update(model)
+    assert ema.dtype == torch.float64 and ema.updates == 2
+    torch.testing.assert_close(ema.module.weight, 0.5 * before + 0.5)
+
+
+def test_a_dict_without_a_clock_names_the_one_way_on():
+    model = nn.Linear(2, 2)
+    ema = ModelEma(model, 0.999, base_batch_size=32, warmup_power=0.75)
+    ema.load_state_dict({"module": model.state_dict(), "momentum": 0.999})
+    with pytest.raises(ValueError, match="with batch_size=B too"):
+        ema.update(model, batch_size=32)
+    with pytest.raises(ValueError, match="pass this update's global batch_size=B with samples_seen=S once"):
+        ema.update(model, samples_seen=6400)
+    assert ema.updates == 0
+    ema.update(model, samples_seen=6400, batch_size=32)
+    rho = ema.update(model, samples_seen=6464)  # the clock is known now: ΔS = 64, κ = 2
+    assert rho == pytest.approx(ema.scheduled(6464) ** 2)
+
+
+def test_timms_state_dict_loads_and_the_next_update_needs_the_batch():
+    model = bn_net()
+    timm_ema = ModelEmaV3(model, decay=0.9)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    timm_ema.update(model)
+    ema = ModelEma(bn_net(), 0.9, base_batch_size=8)
+    ema.load_state_dict(timm_ema.state_dict())  # strict
+    for k, v in timm_ema.module.state_dict().items():
+        torch.testing.assert_close(ema.module.state_dict()[k], v)
+    assert ema.momentum == 0.9 and ema.base_batch_size == 8
+    with pytest.raises(ValueError, match="no clock"):
+        ema.update(model, samples_seen=100)
+    assert ema.update(model, batch_size=16) == pytest.approx(0.81)
+
+
+def test_an_ema_pickles_with_or_without_excluded_names():
+    model = bn_net()
+    for ema in (ModelEma(model, 0.9), ModelEma(model, 0.9, exclude=["2"])):
+        ema.update(model)
+        buf = io.BytesIO()
+        torch.save(ema, buf)
+        buf.seek(0)
+        again = torch.load(buf, weights_only=False)
+        assert again._excluded("2.weight") == ema._excluded("2.weight")
+        again.update(model)
+        ema.update(model)
+        for a, b in zip(again.state_dict().values(), ema.state_dict().values(), strict=True):
+            assert a == b if isinstance(a, dict) else torch.equal(a, b)
+
+
+def test_eval_puts_a_teacher_in_train_mode_back_in_eval_and_train_leaves_it():
+    model = bn_net()
+    parent = nn.ModuleDict({"model": model, "ema": ModelEma(model, 0.9)})
+    ema = parent["ema"]
+    ema.module.train()  # a BYOL teacher's BatchNorm in train mode
+    parent.train()
+    assert ema.module.training
+    parent.eval()
+    assert not ema.module.training and not ema.training
+    parent.train()
+    assert not ema.module.training and ema.training
+
+
+def test_a_one_element_tensor_clock_counts_as_its_value():
+    model = nn.Linear(2, 2)
+    ema = ModelEma(model, 0.9, base_batch_size=8)
+    assert ema.update(model, samples_seen=torch.tensor(16)) == pytest.approx(0.81)
+    assert ema.update(model, batch_size=torch.tensor([8.0])) == pytest.approx(0.9)
+    with pytest.raises(ValueError, match="batch_size must be a finite number"):
+        ema.update(model, batch_size=torch.tensor([8, 8]))
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"base_batch_size": 8, "start_steps": 2, "start_samples": 16}, "start_steps .* or start_samples, not both"),
+    ({"base_batch_size": 8, "warmup_gamma": 2.0}, "give warmup_power too"),
+    ({"base_batch_size": 8, "total_samples": 100}, "give schedule='cosine' too"),
+])
+def test_settings_that_would_be_ignored_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ModelEma(nn.Linear(2, 2), 0.9, **kwargs)
