@@ -1,7 +1,11 @@
-"""The paper's Eq. (4) / Theorem "Iterations of SGD + EMA": the 3×3 SGD+EMA matrix to the power κ."""
+"""The paper's Eq. (4) / Theorem "Iterations of SGD + EMA": the 3×3 SGD+EMA matrix to the power κ, and
+emarule's scaled step (its rules and its EMA recursion) against it."""
 
 import numpy as np
 import pytest
+
+from emarule.scaling import rules
+from emarule.studies.parabola import momenta
 
 
 def step_matrix(eta, rho):
@@ -41,10 +45,22 @@ def test_scaling_error_is_order_eta_times_one_minus_rho(kappa):
     assert abs(delta(eta, 0.9999, kappa)) < abs(delta(eta, 0.99, kappa))
 
 
-def test_one_scaled_step_matches_kappa_steps_up_to_delta():
-    eta, rho, kappa = 1e-3, 0.999, 8
-    state = np.array([0.3, -0.2, 1.7])  # θ, ζ, g
-    many = np.linalg.matrix_power(step_matrix(eta, rho), kappa) @ state
-    one = step_matrix(kappa * eta, rho**kappa) @ state  # SGD rule + EMA rule, one step
-    assert many[0] == pytest.approx(one[0])
-    assert abs(many[1] - one[1]) == pytest.approx(abs(delta(eta, rho, kappa) * state[2]), rel=1e-9)
+def sgd_path(theta0, g, lr, steps):
+    """θ_0..θ_steps of SGD on a constant gradient g (the theorem's state keeps g fixed)."""
+    return theta0 - lr * g * np.arange(steps + 1)
+
+
+@pytest.mark.parametrize("eta,rho,kappa", [(1e-3, 0.999, 8), (0.02, 0.992, 4), (1e-4, 0.9999, 64)])
+def test_emarules_scaled_step_matches_kappa_steps_up_to_delta(eta, rho, kappa):
+    """One step with the values emarule derives (SGD rule, EMA rule), its EMA run by the parabola study's
+    recursion under the paper's convention, against κ base steps: equal up to δ·g, as Eq. (4) says."""
+    theta0, zeta0, g = 0.3, -0.2, 1.7
+    lr_hat, rho_hat = rules.lr_linear(eta, kappa), rules.ema_exponential(rho, kappa)
+    many = sgd_path(theta0, g, eta, kappa)
+    one = sgd_path(theta0, g, lr_hat, 1)
+    zeta_many = momenta.ema_path(momenta.inputs(many[None], "pre"), np.array([zeta0]), rho)[0, -1, 0]
+    zeta_one = momenta.ema_path(momenta.inputs(one[None], "pre"), np.array([zeta0]), rho_hat)[0, -1, 0]
+    assert one[-1] == pytest.approx(many[-1], rel=1e-12)
+    want = closed_form(eta, rho, kappa) @ np.array([theta0, zeta0, g])
+    assert zeta_many == pytest.approx(want[1], rel=1e-9)
+    assert zeta_many - zeta_one == pytest.approx(delta(eta, rho, kappa) * g, rel=1e-6)
