@@ -58,7 +58,18 @@ def test_probe_check_reports_all_three_numbers(tmp_path, monkeypatch):
     check = PC.probe_check([Run(), Run()])
     base = check["settings"]["baseline"]
     assert {"offline", "init", "pixels", "tracking"} <= set(base)
-    assert check["bar"]["pixels"] == base["pixels"]["mean"] and check["bar"]["init"] == base["init"]["mean"]
+    # each number is its probe's, fitted again here from the run directory (the caches removed)
+    for cache in (PC.CACHE, PC.CACHE_INIT, PC.CACHE_PIXELS):
+        (path / cache).unlink()
+    monkeypatch.setattr(PC, "_PIXELS", {})
+    want = {"offline": PC.offline_probe(path)["offline_probe_top1"],
+            "init": PC.offline_probe(path, at_init=True)["offline_probe_top1"],
+            "pixels": PC.pixel_probe(path)["pixels_probe_top1"]}
+    for k, v in want.items():
+        assert base[k]["values"] == [v, v] and 0 <= v <= 100, k
+    assert want["offline"] != want["init"]  # the trained teacher and its initialization are two fits
+    assert check["bar"]["pixels"] == want["pixels"] and check["bar"]["init"] == want["init"]
+    assert check["bar"]["margin"] == pytest.approx(want["offline"] - max(want["init"], want["pixels"]))
     assert "raw pixels" in check["summary"] and "-point bar" in check["summary"]
 
 
