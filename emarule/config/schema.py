@@ -146,7 +146,7 @@ COMMON: dict[str, Any] = {
                             choices=("pre", "post")),
         "start_steps": integer("EMA accumulation starts after this many base steps", **NONNEG),
         "momentum_after_transition": momentum("Progressive Scaling: the main EMA's ρ after the first "
-                                              "transition, used as is (no rule); App. F's ablation"),
+                                              "transition, used as is (no rule); App. H's ablation"),
         "buffers": text("BatchNorm running statistics in the EMA: copied or averaged",
                         choices=("copy", "average")),
         "dtype": text("dtype the EMA weights are held in (the paper: float32 under bf16 autocast)",

@@ -280,7 +280,7 @@ def kappa_from(spec: dict, kappa: float | None, batch_size: float | None) -> flo
 def _momentum_after_transition(spec: dict, final: Plan) -> None:
     """`ema.momentum_after_transition`: the main EMA's ρ in every stage after the first, as written.
 
-    App. F (Fig. "BYOL ViT-B/16 ... for different momenta ρ") steps from B = 4096 to 24,576 at
+    App. H (Fig. "BYOL ViT-B/16 ... for different momenta ρ") steps from B = 4096 to 24,576 at
     epoch 60 and trains on "without EMA scaling" for each ρ in {0.8 … 0.999}: the value is the
     literal ρ used at the new batch, not a base value to scale again, whatever the EMA rule.
     """

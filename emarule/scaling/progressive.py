@@ -9,7 +9,7 @@ from the base values for each epoch's κ. Four kinds, all reaching the run's fin
                 counted in steps (speech: 8 → 16 at 29k reference steps). `from_kappa` (default
                 1) sets the batch before the step: from_kappa × B.
 - incremental:  B before `start_epoch`, then +`delta_batch` every `every_epochs`, capped at κB.
-                `from_kappa` sets the batch before `start_epoch` here too: App. F's "waterfall"
+                `from_kappa` sets the batch before `start_epoch` here too: App. H's "waterfall"
                 starts at 3072 = 0.75 × 4096 and adds 3072 every 60 epochs up to 24,576.
 - smooth:       B before `start_epoch`, κB from `end_epoch`, linear in epochs between.
 

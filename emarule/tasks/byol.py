@@ -1,4 +1,4 @@
-"""BYOL (§3.4, App. F): an online network learns to predict an EMA teacher's projection.
+"""BYOL (§3.4, App. H): an online network learns to predict an EMA teacher's projection.
 
 The parts handed to the shared loop (`emarule.engine.loop.train`):
 

@@ -1,4 +1,4 @@
-"""DINO (App. F.8, Caron et al. 2021): a student matches its EMA teacher's distribution over K emergent classes.
+"""DINO (App. H.11, Caron et al. 2021): a student matches its EMA teacher's distribution over K emergent classes.
 
 The parts handed to the shared loop (`emarule.engine.loop.train`):
 

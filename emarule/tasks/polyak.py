@@ -1,4 +1,4 @@
-"""Polyak-Ruppert averaging of a supervised ResNetv2 (§3.2 Fig. 2, App. E.2 and E.3).
+"""Polyak-Ruppert averaging of a supervised ResNetv2 (§3.2 Fig. 2, App. F.2 and F.3).
 
 The parts handed to the shared loop (`emarule.engine.loop.train`):
 

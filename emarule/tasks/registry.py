@@ -79,20 +79,20 @@ def names() -> tuple[str, ...]:
 
 
 register(TaskSpec("parabola", "study", "emarule.studies.parabola.run", "run", keys.PARABOLA,
-                  experiments="parabola", doc="§3.1, App. E.1"))
+                  experiments="parabola", doc="§3.1, App. F.1"))
 register(TaskSpec("precision", "study", "emarule.studies.precision", "run", keys.PRECISION,
-                  experiments="precision", doc="App. numerical stability"))
+                  experiments="precision", doc="App. I"))
 register(TaskSpec("byol", "training", "emarule.tasks.byol", "build", keys.BYOL,
                   metrics=("byol_loss", "probe_loss", "probe_train_top1", "probe_top1"),
                   headline="probe_top1", loss="byol_loss",
-                  experiments="byol-r18, byol-vit, byol-r50-lars", doc="§3.4, App. F"))
+                  experiments="byol-r18, byol-vit, byol-r50-lars", doc="§3.4, App. H"))
 register(TaskSpec("dino", "training", "emarule.tasks.dino", "build", keys.DINO,
                   metrics=("dino_loss", "probe_loss", "probe_train_top1", "probe_top1", "center_momentum",
                            "teacher_entropy", "teacher_temp"),
-                  headline="probe_top1", experiments="dino-vit", doc="App. F.8"))
+                  headline="probe_top1", experiments="dino-vit", doc="App. H.11"))
 register(TaskSpec("polyak", "training", "emarule.tasks.polyak", "build", keys.POLYAK,
                   metrics=("train_top1", "bn_momentum", "top1", "val_loss"),
-                  headline="ema_top1", experiments="polyak-r50", doc="§3.2, App. E.2–E.3"))
+                  headline="ema_top1", experiments="polyak-r50", doc="§3.2, App. F.2–F.3"))
 register(TaskSpec("ctc", "training", "emarule.tasks.ctc", "build", keys.CTC, units=("seconds",),
                   metrics=("ctc_loss", "wer", "pl_wer", "phase", "unlabeled_share"),
                   headline="ema_wer", experiments="ctc-polyak, ctc-pseudo-label", doc="§3.2, §3.3, App. G"))

@@ -153,7 +153,7 @@ def test_plan_json_shape(vit):
 
 
 def test_momentum_after_transition_is_the_literal_rho_of_every_later_stage(vit):
-    """App. F's ablation: the step to κ = 6 at epoch 60, then ρ as written, no rule applied."""
+    """App. H's ablation: the step to κ = 6 at epoch 60, then ρ as written, no rule applied."""
     s = load_spec("byol-vit", overrides=["ema.momentum_after_transition=0.95"])
     for rule in ("exponential", None):
         p = plan(s, 6, rule)

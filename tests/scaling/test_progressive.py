@@ -79,7 +79,7 @@ def test_every_stage_rederived_from_base_values():
 
 
 def test_incremental_from_kappa_is_the_papers_waterfall():
-    """App. F: from 3072 = 0.75 × 4096, +3072 every 60 epochs, to 24,576 at epoch 420."""
+    """App. H: from 3072 = 0.75 × 4096, +3072 every 60 epochs, to 24,576 at epoch 420."""
     prog = parse("incremental:60,3072,60,0.75")
     assert prog["from_kappa"] == 0.75
     b = BatchSchedule(prog, 4096, 6, 480)

@@ -1,4 +1,4 @@
-"""The noisy parabola (§3.1, App. E.1): closed forms, the EMA kernels, the ρ* search, the CLI run."""
+"""The noisy parabola (§3.1, App. F.1): closed forms, the EMA kernels, the ρ* search, the CLI run."""
 
 import json
 import math

@@ -15,8 +15,8 @@ Claim kinds of a sweep family (the decision rules are in `verdict.decide`):
     optimizer_strays the target model strays with every rule applied: the optimizer rule breaks
     with_better      the rule ends better than no rule at every κ run
     ema_above_target the baseline's EMA ends better than its target model
-    arm_closer       setting A ends up closer to the baseline than setting B (App. E.3's "slightly closer")
-    matches_or_better setting A ends level with the baseline or above it (App. F.9's "match or surpass")
+    arm_closer       setting A ends up closer to the baseline than setting B (App. F.3's "slightly closer")
+    matches_or_better setting A ends level with the baseline or above it (App. H.10's "match or surpass")
 
 A claim compares two settings, A and B (`Claim.settings`, ("with", "without") by default): "with" and
 "without" are the standard sweep's runs at the claim's κ, any other name one of the family's `arms`,
@@ -105,7 +105,7 @@ def step_after_warmup(spec: dict) -> str:
 
 
 def slower_ramp(spec: dict) -> str:
-    """App. F.9's second ramp: from the spec's start over twice its length (60 → 180 of 300 epochs), ending
+    """App. H.10's second ramp: from the spec's start over twice its length (60 → 180 of 300 epochs), ending
     no later than half-way from the spec's end to the end of training (a ramp must end before it)."""
     from emarule.config.typed import typed
 
@@ -180,7 +180,7 @@ MATCH = ("… at scaling κ=8 or κ=256, the runs using the EMA Scaling Rule mat
          "runs using the baseline momentum do not …")
 
 PARABOLA = Family(
-    name="parabola", experiment="parabola", section="§3.1, Fig. 1; App. E.1", kind="study", preset="paper",
+    name="parabola", experiment="parabola", section="§3.1, Fig. 1; App. F.1", kind="study", preset="paper",
     kappas=(), seeds=(),
     claims=(
         _study(MATCH, "§3.1, Fig. 1a", "parabola_match", "L692–694", kappa=8.0,
@@ -198,11 +198,11 @@ PARABOLA = Family(
                short="§3.1: the target model's error increases at κ=256 (the SGD rule breaking)"),
         _study("At the lower scaling κ=64, there is an inflection point in the EMA Scaling Rule approximation error …",
                "§3.1, Fig. 1b", "parabola_inflection", "L720", short="§3.1: an inflection in the rule's error at κ=64"),
-        _study("… the approximation error at a given κ is higher for lower momenta ρ", "App. E.1",
-               "parabola_lower_rho_worse", "L1896", short="App. E.1: a lower ρ_B gives a larger error"),
+        _study("… the approximation error at a given κ is higher for lower momenta ρ", "App. F.1",
+               "parabola_lower_rho_worse", "L1896", short="App. F.1: a lower ρ_B gives a larger error"),
         _study("We observe no significant differences in the EMA scaling behavior as we vary dimensions",
-               "§3.1; App. E.1 (D = 2, 16, 100)", "parabola_dimensions", "L723, L1915",
-               short="§3.1, App. E.1: no difference across dimensions"),
+               "§3.1; App. F.1 (D = 2, 16, 100)", "parabola_dimensions", "L723, L1915",
+               short="§3.1, App. F.1: no difference across dimensions"),
         _study("… not changing the momentum at every scaling κ induces large approximation error …", "§3.1",
                "parabola_no_rule_large", "L724", short="§3.1: not scaling ρ induces a large error"),
     ),
@@ -210,20 +210,20 @@ PARABOLA = Family(
 )
 
 PRECISION = Family(
-    name="precision", experiment="precision", section="App. 'Additional details on numerical stability'",
+    name="precision", experiment="precision", section="App. I, 'Additional details on numerical stability'",
     kind="study", preset=None, kappas=(), seeds=(),
     claims=(
         _study("… when model weights and EMA weights are FP16 (never done in practice), an increasing variance happens "
                "for FP16 as the value of the momentum ρ approaches 0.99999 …",
-               "App. numerical stability, Fig. numerics", "precision_fp16_variance", "L3179",
-               short="App. numerical stability: FP16's variance grows as ρ → 0.99999"),
-        _study("… whereas BF16 … [is] stable", "App. numerical stability, Fig. numerics", "precision_bf16_stable",
+               "App. I, Fig. numerics", "precision_fp16_variance", "L3179",
+               short="App. I: FP16's variance grows as ρ → 0.99999"),
+        _study("… whereas BF16 … [is] stable", "App. I, Fig. numerics", "precision_bf16_stable",
                "L3179", note="stable read as: no farther from FP32 than a second FP32 run with another data order",
                short="… whereas BF16 is stable"),
-        _study("… whereas … FP32 [is] stable", "App. numerical stability, Fig. numerics", "precision_fp32_stable",
+        _study("… whereas … FP32 [is] stable", "App. I, Fig. numerics", "precision_fp32_stable",
                "L3179", short="… whereas FP32 is stable"),
         _study("… the minimum value of ρ corresponds to scaling κ=log(ρ_B)/log(1−ε) ≈ 4K, giving a batch size B ≈ 8M "
-               "which is beyond current hardware feasibility …", "App. numerical stability",
+               "which is beyond current hardware feasibility …", "App. I",
                "precision_fp32_range", "L3164–3170",
                note="the baseline there is ρ_B = 0.996 at B = 4096, and ε ≈ 1.2e-7 is FP32's (L3164–3165)",
                short="FP32's range at ρ_B = 0.996, B = 4096: κ ≈ 4K, B ≈ 8M"),
@@ -240,7 +240,7 @@ FIG5_RIGHT = ("At batch size 8192, we see a performance gap between the scaled m
               "matching final trajectories of the scaled and baseline models")
 
 BYOL = Family(
-    name="byol", experiment="byol-r18", section="§3.4, Fig. 5; App. F.1–F.2", kind="sweep", kappas=(1.0, 4.0),
+    name="byol", experiment="byol-r18", section="§3.4, Fig. 5; App. H.1–H.2", kind="sweep", kappas=(1.0, 4.0),
     ema_metric=PROBE, target_metric=BYOL_LOSS,
     arms=(Arm("k8", 8.0, progressive="constant", what="κ=8 with the EMA rule, constant (Fig. 5 right's gap)",
               preset_kappa=(("tiny", 2.0),)),
@@ -266,7 +266,7 @@ BYOL = Family(
 )
 
 BYOL_VIT = Family(
-    name="byol-vit", experiment="byol-vit", section="§3.4, Fig. 6; App. F", kind="sweep", kappas=(1.0, 4.0),
+    name="byol-vit", experiment="byol-vit", section="§3.4, Fig. 6; App. H", kind="sweep", kappas=(1.0, 4.0),
     ema_metric=PROBE, target_metric=BYOL_LOSS,
     arms=(Arm("rule-only", 4.0, progressive="constant", what="the EMA rule only: no Progressive Scaling"),
           Arm("neither", 4.0, rule=None, progressive="constant",
@@ -294,19 +294,19 @@ BYOL_VIT = Family(
 )
 
 BYOL_R50_LARS = Family(
-    name="byol-r50-lars", experiment="byol-r50-lars", section="App. F.9", kind="sweep", kappas=(1.0, 4.0),
+    name="byol-r50-lars", experiment="byol-r50-lars", section="App. H.10", kind="sweep", kappas=(1.0, 4.0),
     ema_metric=PROBE, target_metric=BYOL_LOSS,
     arms=(Arm("slower-ramp", 4.0, progressive=slower_ramp,
               what="the EMA rule, the smooth ramp over twice the spec's length (the paper's 120 epochs)"),),
     claims=(
         Claim("… we are able to match or surpass the linear probe performance of the BYOL baseline at the larger batch "
-              "size", "App. F.9", "matches_or_better", "probe_top1", 4.0, "end", "L2922",
+              "size", "App. H.10", "matches_or_better", "probe_top1", 4.0, "end", "L2922",
               note="the spec's smooth ramp (60 → 120 of 300 epochs, scaled to the preset) with the EMA rule",
-              short="App. F.9: LARS with the smooth ramp matches or surpasses the baseline's probe"),
+              short="App. H.10: LARS with the smooth ramp matches or surpasses the baseline's probe"),
         Claim("… we are able to match or surpass the linear probe performance of the BYOL baseline at the larger batch "
-              "size", "App. F.9", "matches_or_better", "probe_top1", 4.0, "end", "L2922",
+              "size", "App. H.10", "matches_or_better", "probe_top1", 4.0, "end", "L2922",
               settings=("slower-ramp", "with"), note="the ramp over twice the length (arm slower-ramp)",
-              short="App. F.9: the same with the ramp over twice the length"),
+              short="App. H.10: the same with the ramp over twice the length"),
     ),
     full_scale=_full_scale("byol-r50-lars", "--preset full --data /datasets/imagenet --kappas 1,8",
                            "300 ImageNet epochs of a ResNet-50 per run"),
@@ -317,7 +317,7 @@ BN_CLOSER = ("We observe that the Test Top-1 trajectories with the EMA Scaling R
              "without the EMA Scaling Rule")
 
 POLYAK = Family(
-    name="polyak", experiment="polyak-r50", section="§3.2, Fig. 2; App. E.2–E.3", kind="sweep",
+    name="polyak", experiment="polyak-r50", section="§3.2, Fig. 2; App. F.2–F.3", kind="sweep",
     kappas=(1.0, 2.0, 4.0),
     arms=(Arm("bn-scale", 2.0, sets=("norm.bn_scale=true",), what="κ=2 with the EMA rule on ρ_BN too (ρ_BN^κ)"),),
     ema_metric=Metric("ema_top1", "EMA test top-1 (%)", True, True),
@@ -325,7 +325,7 @@ POLYAK = Family(
     claims=(
         Claim("We match baseline EMA statistics across the full trajectory batch size 2048, where the test EMA "
               "performance diverges", "§3.2, Fig. 2", "rule_needed", "ema_top1", 2.0, "run", "L752",
-              note="read as: the EMA trajectories match up to B = 2048 (κ=2) and diverge beyond it; App. E.2 "
+              note="read as: the EMA trajectories match up to B = 2048 (κ=2) and diverge beyond it; App. F.2 "
                    "(L2076) puts the start of the gap at κ=4, and the next sentence blames the target model, which "
                    "the target_explains claim judges",
               short="§3.2 Fig. 2: the EMA matches the baseline over the run, without the rule it does not"),
@@ -335,36 +335,36 @@ POLYAK = Family(
               short="§3.2: without the rule the EMA drops, with it it matches (at the end)"),
         Claim("… a gap in EMA Test Top-1 trajectories begins at scaling κ=4 … the (non-EMA) Test Top-1 performance "
               "trajectory is no longer matching at these scalings, demonstrating that the problem is not due to a "
-              "breakdown of the EMA Scaling Rule …", "§3.2; App. E.2", "target_explains", "ema_top1", 4.0, "run",
-              "L752–753, L2076–2077", short="§3.2, App. E.2: the EMA gap from κ=4 is the target model's"),
+              "breakdown of the EMA Scaling Rule …", "§3.2; App. F.2", "target_explains", "ema_top1", 4.0, "run",
+              "L752–753, L2076–2077", short="§3.2, App. F.2: the EMA gap from κ=4 is the target model's"),
         Claim("… model EMA top-1 is approximately 0.2% to 0.3% higher than the target model", "§3.2",
               "ema_above_target", "ema_top1", 1.0, "end", "L754",
               short="§3.2: the EMA's top-1 is 0.2–0.3 % above the target's"),
-        Claim(BN_CLOSER, "App. E.3", "arm_closer", "top1", 2.0, "run", "L2101–2102", settings=("bn-scale", "with"),
+        Claim(BN_CLOSER, "App. F.3", "arm_closer", "top1", 2.0, "run", "L2101–2102", settings=("bn-scale", "with"),
               note="A: κ=2 with the EMA rule and ρ_BN^κ (arm bn-scale); B: the same with ρ_BN unscaled",
-              short="App. E.3: ρ_BN^κ brings the target's curves slightly closer"),
-        Claim(BN_CLOSER, "App. E.3", "arm_closer", "ema_top1", 2.0, "run", "L2101–2102",
+              short="App. F.3: ρ_BN^κ brings the target's curves slightly closer"),
+        Claim(BN_CLOSER, "App. F.3", "arm_closer", "ema_top1", 2.0, "run", "L2101–2102",
               settings=("bn-scale", "with"), note="the EMA's Test Top-1, A and B as above",
-              short="App. E.3: … and the EMA's"),
+              short="App. F.3: … and the EMA's"),
     ),
     full_scale=_full_scale("polyak", "--preset full --data /datasets/imagenet --kappas 0.5,1,2,4",
                            "90 ImageNet epochs of a ResNetv2-50 per run"),
 )
 
 DINO = Family(
-    name="dino", experiment="dino-vit", section="App. F.8", kind="sweep", kappas=(1.0, 2.0, 4.0), goal_kappa=2.0,
+    name="dino", experiment="dino-vit", section="App. H.11", kind="sweep", kappas=(1.0, 2.0, 4.0), goal_kappa=2.0,
     ema_metric=PROBE,
     target_metric=Metric("dino_loss", "DINO loss of the student (train)", False, True, smooth_epochs=0.5),
     claims=(
         Claim("At batch size 2048, the training loss matches the reference only when the EMA Scaling Rule is applied, "
-              "whereas the run without the scaling rule diverges from the reference", "App. F.8", "rule_needed",
-              "dino_loss", 2.0, "run", "L3052", short="App. F.8 (DINO): at κ=2 the loss matches only with the rule"),
+              "whereas the run without the scaling rule diverges from the reference", "App. H.11", "rule_needed",
+              "dino_loss", 2.0, "run", "L3052", short="App. H.11 (DINO): at κ=2 the loss matches only with the rule"),
         Claim("[At batch size 4096] there is also a gap with the EMA Scaling Rule, however is approximately three "
-              "times smaller than the gap without the EMA Scaling Rule", "App. F.8", "rule_closer", "dino_loss", 4.0,
-              "run", "L3054", short="App. F.8: at κ=4 the gap with the rule is ≈ 3× smaller than without"),
+              "times smaller than the gap without the EMA Scaling Rule", "App. H.11", "rule_closer", "dino_loss", 4.0,
+              "run", "L3054", short="App. H.11: at κ=4 the gap with the rule is ≈ 3× smaller than without"),
         Claim("… using the EMA Scaling Rule always performs better in terms of linear probe performance than not using "
-              "the scaling rule", "App. F.8", "with_better", "probe_top1", None, "end", "L3056",
-              short="App. F.8: the rule always gives the better linear probe"),
+              "the scaling rule", "App. H.11", "with_better", "probe_top1", None, "end", "L3056",
+              short="App. H.11: the rule always gives the better linear probe"),
     ),
     full_scale=_full_scale("dino", "--preset full --data /datasets/cifar10 --kappas 1,2,4",
                            "280 epochs of a ViT-B/16 per run"),

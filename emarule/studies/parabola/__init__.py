@@ -1,4 +1,4 @@
-"""The noisy parabola of §3.1 and Appendix E.1: SGD + a Polyak-Ruppert EMA, scaled by κ.
+"""The noisy parabola of §3.1 and Appendix F.1: SGD + a Polyak-Ruppert EMA, scaled by κ.
 
 - `problem`: the parabola, its scaled runs and their shared time grid
 - `ema`: the EMA of many paths for many momenta at once, and its exact mean in D=1

@@ -21,7 +21,7 @@ from emarule.studies.parabola.study import Outcome, Settings, study
 
 
 def configurations(rho_bases, dims, rho_main: float) -> list[tuple[float, int]]:
-    """(ρ_B, 1) for every base momentum, and (ρ_main, D) for every dimension (Appendix E.1)."""
+    """(ρ_B, 1) for every base momentum, and (ρ_main, D) for every dimension (Appendix F.1)."""
     out = [(float(r), 1) for r in rho_bases]
     out += [(float(rho_main), int(d)) for d in dims if (float(rho_main), int(d)) not in out]
     return out

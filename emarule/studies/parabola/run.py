@@ -1,4 +1,4 @@
-"""`emarule run parabola`: §3.1 and Appendix E.1, the noisy parabola with SGD + Polyak-Ruppert EMA.
+"""`emarule run parabola`: §3.1 and Appendix F.1, the noisy parabola with SGD + Polyak-Ruppert EMA.
 
 Writes into the run directory, each file atomically:
     results.json   one record per (ρ_B, D, convention, κ): the momenta and their errors
