@@ -155,7 +155,7 @@ def resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule,
     k = kappa_from(s, number(kappa, "--kappa"), b)
     rule = None if no_ema_rule else (ema_rule or EmaRule.exponential).value
     # Only a command-line schedule is passed on: `plan` itself takes the spec's, or skips it (κ < 1).
-    p = plan(s, k, rule, prog.parse(progressive) if progressive else None)
+    p = plan(s, k, rule, prog.parse(progressive) if progressive is not None else None)
     checks.whole_batches(s, p, b, runs=False)
     return s, k, rule, p.progressive, p
 
@@ -303,6 +303,10 @@ def plan(
     """Every hyperparameter, base → scaled, with the rule that produced it (and one row per stage)."""
     from emarule.cli.render import print_plan
 
+    if timm_args is None and (experiment is not None or spec is not None):
+        from emarule.config.load import spec_path
+
+        spec_path(experiment, spec)  # an unknown name is the first thing to fix
     if kappa is None and batch_size is None:
         raise UserError("give --kappa K or --batch-size B, e.g. `emarule plan byol-vit --kappa 6`")
     if timm_args is not None or format is Fmt.timm or out is not None:

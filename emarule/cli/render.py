@@ -177,12 +177,24 @@ def print_ref_table(console: Console, t: RefTable, fmt_: str) -> None:
     console.print(table)
 
 
+def _finite_json(x):
+    """JSON has no Infinity or NaN: a non-finite float is written as the string "inf", "-inf" or "nan"
+    (a batch past float64's range gives one), and -0.0 as 0.0."""
+    if isinstance(x, float):
+        return str(x) if not math.isfinite(x) else x + 0.0
+    if isinstance(x, dict):
+        return {k: _finite_json(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite_json(v) for v in x]
+    return x
+
+
 def print_limits(console: Console, lim: Limits, fmt_: str) -> None:
     d = lim.as_dict()
     if fmt_ == "json":
         import json
 
-        console.print_json(json.dumps(d))
+        console.print_json(json.dumps(_finite_json(d), allow_nan=False))
         return
     from rich.table import Table
 

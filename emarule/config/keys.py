@@ -58,6 +58,8 @@ def describe(f: Field) -> tuple[str, str]:
     src = f.items if f.items is not None and f.types == (list,) else f
     if src.choices is not None:
         parts.append(", ".join(f"`{c}`" for c in src.choices))
+    if src.pattern is not None:
+        parts.append(src.pattern[1])
     if src.lo is not None:
         parts.append(f"≥ {_fmt(src.lo)}")
     if src.lo_open is not None:

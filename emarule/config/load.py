@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from emarule.errors import UserError
-from emarule.config.schema import check_needs, check_tree, get, schema_for
+from emarule.config.schema import NAME, check_needs, check_tree, get, schema_for
 
 class _Loader(yaml.SafeLoader):
     """YAML with 1.2's floats: `5e-4` is a number, not the string PyYAML's 1.1 rules make it."""
@@ -214,6 +214,13 @@ def load_spec(
         raise UserError(f"{p}: {err}")
     spec = copy.deepcopy(spec)
     presets = spec.pop("presets", {}) or {}
+    for name, body in presets.items():
+        if not isinstance(name, str) or not re.fullmatch(NAME, name):
+            raise UserError(f"{p}: presets: {name!r} is not a preset name; name each preset with letters, digits, "
+                            f"'.', '_' or '-' (e.g. cpu, tiny)")
+        if body is not None and not isinstance(body, dict):
+            raise UserError(f"{p}: presets.{name}: expected a mapping of dotted keys to values, got "
+                            f"{type(body).__name__} {body!r}")
     if preset is not None:
         if preset not in presets:
             known = ", ".join(sorted(presets)) or "none"

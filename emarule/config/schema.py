@@ -10,10 +10,12 @@ Pure Python: `plan`, `table` and `limits` load specs without importing torch.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
 NUM = (int, float)
+NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"  # a directory name that stays where it is put: no "/", no "..", no "."
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,7 @@ class Field:
     nullable: bool = False
     items: "Field | None" = None  # for lists: the shape of every item
     length: int | None = None  # for lists of fixed length (Adam betas)
+    pattern: tuple[str, str] | None = None  # (regex a string must match whole, what it means in words)
     doc: str = ""
     default: Any = None  # the value a spec without the key gets: `value(spec, key)` and the typed config read it here
     null_is_default: bool = False  # a null in the spec also reads as `default` ("use the default"); implies nullable
@@ -98,7 +101,9 @@ PROGRESSIVE = {
 }
 
 COMMON: dict[str, Any] = {
-    "name": text("experiment name, as on the command line"),
+    "name": text("experiment name, as on the command line",
+                 pattern=(NAME, "a plain name of letters, digits, '.', '_' and '-' (it names the run directory "
+                                "runs/<name>/)")),
     "title": text("one-line description"),
     "section": text("paper section and appendix"),
     "task": text("the task family that runs it (emarule/tasks/registry.py)"),
@@ -228,6 +233,8 @@ def check_value(path: str, value: Any, field: Field) -> str | None:
             return f"{path}: must be ≤ {field.hi}, got {value!r}"
         if field.hi_open is not None and v >= field.hi_open:
             return f"{path}: must be < {field.hi_open}, got {value!r}"
+    if field.pattern is not None and isinstance(value, str) and not re.fullmatch(field.pattern[0], value):
+        return f"{path}: must be {field.pattern[1]}; got {value!r}"
     if field.choices is not None and value not in field.choices:
         return f"{path}: must be one of {', '.join(map(str, field.choices))}; got {value!r}"
     if isinstance(value, list):

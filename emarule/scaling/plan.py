@@ -242,8 +242,9 @@ def _warn_rounding(spec: dict, values: dict[str, Scaled], warnings: list[str]) -
             warnings.append(f"{key} = {v:.8g} rounds to 1.0 in {dtype} (ema.dtype): the EMA would "
                             f"never move; keep it in float32 or use a smaller κ (see `emarule limits`)")
         elif r == 0.0 and base != 0.0:
-            warnings.append(f"{key} = {v:.3g} rounds to 0.0 in {dtype} (ema.dtype): the EMA is a plain copy "
-                            f"of the model; use a smaller κ (see `emarule limits`)")
+            how = f"= {v:.3g} rounds to 0.0 in {dtype} (ema.dtype)" if v else f"scales from {base:g} to 0"
+            warnings.append(f"{key} {how}: the EMA is a plain copy of the model; use a smaller κ (see `emarule "
+                            f"limits`)")
 
 
 def scale(spec: dict, kappa: float, ema_rule: str | None = "exponential") -> Plan:

@@ -164,6 +164,15 @@ CASES = [
         f"{{a{i}: &a{i + 1} [{', '.join([f'*a{i}'] * 10)}], " for i in range(7)).replace("*a0", "x") + "z: 1"
         + "}" * 7], "expands to more than 100,000 values"),
     ("spec-recursive-alias", ["plan", "--spec", "loop.yaml", "--kappa", "2"], "an alias refers to the node that"),
+    # presets of the wrong shape, and a name that would put the run directory outside runs/
+    ("spec-preset-not-a-mapping", ["plan", "--spec", "preset5.yaml", "--kappa", "2", "--preset", "tiny"],
+     "presets.tiny: expected a mapping of dotted keys to values, got int 5"),
+    ("spec-preset-name-a-number", ["run", "--spec", "presetnum.yaml", "--preset", "5"], "5 is not a preset name"),
+    ("set-name-escapes-runs", ["run", *TINY, "--set", "name=../../escaped"], "--set name: must be a plain name"),
+    ("spec-name-absolute", ["run", "--spec", "absname.yaml"], "name: must be a plain name"),
+    # the first thing to fix is named first; an empty schedule is not "the spec's own"
+    ("plan-unknown-name-no-kappa", ["plan", "nosuch"], "unknown experiment 'nosuch'"),
+    ("plan-progressive-empty", ["plan", "byol-vit", "--kappa", "2", "--progressive", ""], "--progressive '': cannot"),
 ]
 
 
@@ -204,6 +213,9 @@ def workdir(tmp_path, monkeypatch):
         f"a{i}: &a{i + 1} [{', '.join([f'*a{i}'] * 10)}]\n" for i in range(1, 7))
     (tmp_path / "bomb.yaml").write_text(base + bomb)
     (tmp_path / "loop.yaml").write_text(base + "x: &l {y: *l}\n")
+    (tmp_path / "preset5.yaml").write_text(base + "presets: {tiny: 5}\n")
+    (tmp_path / "presetnum.yaml").write_text(base + "presets: {5: {ema.momentum: 0.9}}\n")
+    (tmp_path / "absname.yaml").write_text(base.replace("name: mine", f"name: {tmp_path / 'abs'}"))
     good = [_row(e, probe_top1=float(e)) for e in range(4)]
     _run_dir(tmp_path, "k1", 1, good)
     _run_dir(tmp_path, "k4", 4, good)

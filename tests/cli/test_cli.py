@@ -140,6 +140,18 @@ def test_table_custom_values_markdown():
     assert out.strip().splitlines()[1] == "1024,0.002"
 
 
+def test_limits_json_is_strict_json_past_float64s_range():
+    def no_constants(name):
+        raise AssertionError(f"{name} is not JSON")
+
+    d = json.loads(ok("limits", "--momentum", "0.99", "--batch-size", "1e308", "--format", "json"),
+                   parse_constant=no_constants)
+    assert "inf" in json.dumps(d)  # a limit past float64's range, written as a string
+    d = json.loads(ok("limits", "--momentum", "0.99", "--batch-size", "256", "--relative-gap", "1e308",
+                      "--format", "json"), parse_constant=no_constants)
+    assert "-0.0" not in json.dumps(d)
+
+
 def test_limits_json():
     d = json.loads(ok("limits", "--momentum", "0.996", "--batch-size", "4096", "--format", "json"))
     assert 4000 < d["bounds"]["kappa_max"]["kappa"] < 4500

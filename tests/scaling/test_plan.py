@@ -120,8 +120,10 @@ def test_rounding_warnings_in_low_precision():
     s = load_spec("ctc-polyak", overrides=["ema.dtype=bfloat16"])
     assert any("rounds to 1.0 in bfloat16" in w for w in scale(s, 1).warnings)
     assert not scale(load_spec("ctc-polyak"), 1).warnings  # float32 holds 0.99995
-    tiny = scale(load_spec("byol-r18"), 1e5)  # 0.992^(1e5) underflows
-    assert any("rounds to 0.0" in w for w in tiny.warnings)
+    tiny = scale(load_spec("byol-r18"), 1e5)  # 0.992^(1e5) underflows to 0 in float64 already
+    assert "ema.momentum scales from 0.992 to 0: the EMA is a plain copy of the model" in " ".join(tiny.warnings)
+    small = scale(load_spec("byol-r18", overrides=["ema.dtype=bfloat16"]), 2e4)  # 0.992^(2e4) ≈ 1.7e-70
+    assert any("ema.momentum = 1.71e-70 rounds to 0.0 in bfloat16" in w for w in small.warnings), small.warnings
 
 
 @pytest.mark.parametrize("name", experiment_names())
