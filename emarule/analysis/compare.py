@@ -27,7 +27,7 @@ from pathlib import Path
 
 from emarule.errors import UserError
 from emarule.engine.context import progressive_label, rule_names, rule_of_hparams
-from emarule.engine.rundir import HPARAMS, METRICS, atomic_write_bytes, png_bytes, read_metrics
+from emarule.engine.rundir import CHECKPOINT, HPARAMS, METRICS, atomic_write_bytes, png_bytes, read_metrics
 from emarule.tasks.registry import preferred_metrics
 
 # Row keys that are clocks or settings, not metrics (also with a `/suffix`: `ema_momentum/0.9999`).
@@ -139,14 +139,41 @@ def load_run(path: Path) -> Run:
         raise UserError(f"{hp_path}: cannot read it as JSON ({e}); the run directory is damaged") from None
     if not isinstance(h, dict) or finite_number(h.get("kappa")) is None:
         raise UserError(f"{hp_path}: no numeric 'kappa'; was it written by `emarule run`?")
-    rows = read_metrics(p / METRICS, strict=True)
+    experiment = h.get("experiment") or (h.get("plan") or {}).get("experiment")
     seed = h.get("seed")
-    run = Run(path=p, experiment=str(h.get("experiment") or (h.get("plan") or {}).get("experiment") or "?"),
-              kappa=float(h["kappa"]), rule=rule_of_hparams(h), seed=seed if isinstance(seed, int) else None,
+    # What `emarule run` writes; anything else was edited, and would be compared under a wrong label.
+    for key, bad in (("experiment", not isinstance(experiment, str)), ("kappa", h["kappa"] <= 0),
+                     ("seed", seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)))):
+        if bad:
+            got = f"is {json.dumps(h[key])}" if key in h else "is missing"
+            raise UserError(f"{hp_path}: {key!r} {got}, which `emarule run` never writes; the run directory is "
+                            f"damaged (or the file was edited): run it again")
+    if not (p / METRICS).exists() and (p / CHECKPOINT).exists():  # a run logs before its first checkpoint
+        raise UserError(f"{p} has a checkpoint but no {METRICS}: the run directory is damaged; run it again")
+    rows = read_metrics(p / METRICS, strict=True)
+    numeric_metrics(p / METRICS, rows)
+    run = Run(path=p, experiment=experiment,
+              kappa=float(h["kappa"]), rule=rule_of_hparams(h), seed=seed,
               progressive=progressive_label(h.get("progressive")), batch_size=_scaled(h, "batch_size"),
               ema_momentum=_scaled(h, "ema.momentum"), rows=rows, dataset_size=finite_number(h.get("dataset_size")),
               hparams=h, arm=arm_of_name(p.name))
     return run
+
+
+DIVERGED = ("nan", "inf", "-inf")  # how `rundir._jsonable` logs a non-finite value: as text, never a JSON NaN
+
+
+def numeric_metrics(path: Path, rows: list[dict]) -> None:
+    """Every metric value is a number, null, or a diverged run's "nan"/"inf" text: any other value (a JSON
+    NaN token, which emarule never writes, included) is damage that would otherwise drop out of the curve
+    and show the previous evaluation as the final one."""
+    for i, r in enumerate(rows):
+        for k, v in r.items():
+            ok = v is None or v in DIVERGED or (finite_number(v) is not None)
+            if not ok and is_metric(k):
+                lines = [n for n, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
+                raise UserError(f"{path}, line {lines[i]}: {k!r} is {json.dumps(v)}, not a number; the log is "
+                                f"damaged: delete that line or run the run again")
 
 
 def _run_subdirs(p: Path) -> list[Path]:

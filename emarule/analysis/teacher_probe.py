@@ -46,13 +46,16 @@ def checked(paths: list[Path]) -> list[tuple[Path, dict]]:
 
 def readable(checkpoint: Path) -> None:
     """Mapped, not read: the probes load the checkpoint again, and a full-size one is gigabytes. A truncated
-    file has lost the archive's directory, which mapping reads."""
+    file has lost the archive's directory, which mapping reads; a foreign one lacks the clock and teacher."""
     import torch
 
+    from emarule.analysis.reproduce.probe_check import teacher_step
+
     try:
-        torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)
+        ck = torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)
     except Exception as e:  # a truncated or foreign file: torch raises several kinds
         raise UserError(f"cannot read {checkpoint} ({type(e).__name__}); run it again to its end") from None
+    teacher_step(ck, checkpoint)  # a file torch reads may still be no run's checkpoint
 
 
 def measure(runs: list[tuple[Path, dict]], jobs: int = 1) -> dict:

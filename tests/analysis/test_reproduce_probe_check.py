@@ -119,6 +119,9 @@ def test_probe_fits_with_one_blas_thread_whatever_the_caller_allows(monkeypatch)
     assert 0.0 <= top1 <= 100.0
 
 
+CACHED = '{"offline_probe_top1": 50.0, "pixels_probe_top1": 60.0}'  # a reading, for whichever cache it stands in
+
+
 def test_follow_up_gives_each_finished_run_its_fits_once(tmp_path):
     """The fits a sweep's idle workers do as runs finish: the final teacher of every run that is not an
     arm, the initial teacher of each baseline, the pixels on the first baseline only; none already cached."""
@@ -136,8 +139,10 @@ def test_follow_up_gives_each_finished_run_its_fits_once(tmp_path):
         return [args[1] for _, _, args in got]
 
     assert [kinds(i) for i in range(4)] == [["final", "init", "pixels"], ["final"], [], ["final", "init"]]
-    (tmp_path / "0" / PC.CACHE).write_text("{}")
+    (tmp_path / "0" / PC.CACHE).write_text(CACHED)
     assert kinds(0) == ["init", "pixels"]
+    (tmp_path / "0" / PC.CACHE).write_text("{")  # a damaged cache is fitted again
+    assert kinds(0) == ["final", "init", "pixels"]
 
 
 def test_warm_caches_starts_no_worker_when_every_fit_is_cached(tmp_path, monkeypatch):
@@ -150,6 +155,6 @@ def test_warm_caches_starts_no_worker_when_every_fit_is_cached(tmp_path, monkeyp
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
         for c in (PC.CACHE, PC.CACHE_INIT, PC.CACHE_PIXELS):
-            (tmp_path / name / c).write_text("{}")
+            (tmp_path / name / c).write_text(CACHED)
     runs = [type("Run", (), {"is_baseline": True, "path": tmp_path / n})() for n in ("a", "b")]
     PC.warm_caches(runs, jobs=2)

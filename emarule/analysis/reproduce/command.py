@@ -69,6 +69,32 @@ def check(family: Family, preset: str | None, seeds: tuple | None, kappas: list[
     return chosen
 
 
+def read_json(path: Path):
+    """A JSON file's content, or None when it is missing, unreadable or not JSON."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):  # ValueError: not JSON, or not UTF-8
+        return None
+
+
+def refuse_foreign(root: Path, family: Family) -> None:
+    """A run's directory, or another family's reproduction, is not a place for this one: its report.md and
+    verdict.json would be overwritten, or a run's directory filled with a reproduction. Refused before
+    anything is written."""
+    from emarule.engine.rundir import CHECKPOINT, HPARAMS
+
+    held = [n for n in (HPARAMS, CHECKPOINT) if (root / n).exists()]
+    if held:
+        raise UserError(f"--out {root} is a run's directory (it holds {held[0]}); pass another --out for the "
+                        f"reproduction, e.g. runs/reproduce/{family.name}")
+    old = read_json(root / R.VERDICT)
+    other = old.get("family") if isinstance(old, dict) else None
+    other = other or next((f for f in ledger.families(root) if f != family.name), None)
+    if other is not None and other != family.name:
+        raise UserError(f"--out {root} holds the {other} reproduction; pass another --out for {family.name}, "
+                        f"e.g. runs/reproduce/{family.name}")
+
+
 def command_text(family: Family, preset: str | None, seeds: tuple | None, kappas: list[float] | None,
                  out: Path, data: Path | None, headline: bool = False) -> str:
     from emarule.cli.seeds import seeds_text
@@ -103,6 +129,7 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
     family = replace(family, arms=tuple(a.for_preset(chosen) for a in family.arms))
     root = checks.out_dir(out) or Path("runs") / "reproduce" / family.name
     checks.out_dir(root)
+    refuse_foreign(root, family)
     from emarule.engine.runlock import lock_dir
 
     with lock_dir(root, "reproduction"):
@@ -196,11 +223,22 @@ def _study(console, family: Family, root: Path, resolve_run) -> tuple:
 
     spec, kappa, rule, _, plan = resolve_run(1.0, "exponential", True)
     run_dir = checks.out_dir(root / spec["name"] / default_run_name(kappa, rule, 0, None, spec.get("preset")))
-    results_path, spec_path = run_dir / "results.json", run_dir / STUDY_SPEC
+    results_path, spec_path, meta = run_dir / "results.json", run_dir / STUDY_SPEC, run_dir / "run.json"
     reused = results_path.is_file()
-    if reused and (not spec_path.is_file() or json.loads(spec_path.read_text()) != json.loads(json.dumps(spec))):
-        raise UserError(f"{run_dir} holds results computed with other settings (or without {STUDY_SPEC}); "
+    written = read_json(spec_path)
+    written = written if isinstance(written, dict) else None
+    if reused and written is not None and written != json.loads(json.dumps(spec)):
+        raise UserError(f"{run_dir} holds results computed with other settings ({STUDY_SPEC}); "
                         f"pass another --out, or delete {results_path} to compute them again")
+    # STUDY_SPEC is written once the study has finished, so results without a readable one are a study that
+    # stopped (a full disk, a kill) after writing them; those, and damaged results, are computed again.
+    problems = ([] if written is not None else [f"{STUDY_SPEC} is damaged" if spec_path.is_file() else
+                                                f"no {STUDY_SPEC} (the study stopped before it finished)"]) + [
+        f"{p.name} is damaged" for p, kinds in ((results_path, (dict, list)), (meta, dict))
+        if p.is_file() and not isinstance(read_json(p), kinds)]
+    if reused and problems:
+        console.print(f"{run_dir}: {'; '.join(problems)}; computing the study again", highlight=False)
+        reused = False
     t0 = time.monotonic()
     if reused:
         console.print(f"{run_dir}: results.json is there; reusing it (delete it to compute again)", highlight=False)
@@ -216,8 +254,8 @@ def _study(console, family: Family, root: Path, resolve_run) -> tuple:
         f = STUDY_FIGURES.get(c["kind"])
         c["figure"] = os.path.relpath(run_dir / f, root) if f and (run_dir / f).exists() else None
     figs = sorted({c["figure"] for c in claims if c["figure"]})
-    meta = run_dir / "run.json"
-    logged = json.loads(meta.read_text()).get("wall_time_s") if meta.is_file() else payload_wall(payload)
+    m = read_json(meta)
+    logged = m.get("wall_time_s") if isinstance(m, dict) else payload_wall(payload)
     timing = {"runs": 1, "reused": int(reused), "runs_wall_s": logged if logged is not None else time.monotonic() - t0}
     return claims, None, figs, timing
 

@@ -32,13 +32,26 @@ def _entries(path: Path) -> list[dict]:
     if not path.is_file():
         return []
     out = []
-    for line in path.read_text().splitlines():
+    for line in path.read_bytes().splitlines():
         try:
-            e = json.loads(line)
-        except ValueError:  # a line cut short by a full disk: the invocation is not counted
+            e = json.loads(line.decode())
+        except ValueError:  # a line cut short by a full disk, or damaged: the invocation is not counted
             continue
         if isinstance(e, dict) and isinstance(e.get("wall_s"), (int, float)):
             out.append(e)
+    return out
+
+
+def families(root: Path) -> set[str]:
+    """The families whose reproductions ROOT's ledger records (`emarule reproduce FAMILY ...`)."""
+    out = set()
+    for e in _entries(Path(root) / LEDGER):
+        try:
+            words = shlex.split(str(e.get("command", "")))
+        except ValueError:
+            continue
+        if words[:2] == ["emarule", "reproduce"] and len(words) > 2:
+            out.add(words[2])
     return out
 
 

@@ -13,7 +13,8 @@ a teacher that learned something a linear probe can see beats both its own initi
 pixels.
 
 Cached as offline_probe.json (offline_probe_init.json, offline_probe_pixels.json) in the run directory
-(keyed by the checkpoint's step), so a reused reproduction does not recompute it.
+(keyed by the checkpoint's step), so a reused reproduction does not recompute it. A cache that cannot be
+read (damaged, or not a probe's reading) is fitted again and rewritten.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 import torch
 
 from emarule.engine.rundir import CHECKPOINT, HPARAMS, atomic_write_text
+from emarule.errors import UserError
 
 CACHE, CACHE_INIT, CACHE_PIXELS = "offline_probe.json", "offline_probe_init.json", "offline_probe_pixels.json"
 BAR = 15.0  # top-1 points a trained teacher should gain over both its initialization and the pixels
@@ -62,6 +64,30 @@ def _features(evaluation, teacher, data) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(feats), torch.cat(labels)
 
 
+def _cached(path: Path, key: str) -> dict | None:
+    """A cache's reading, or None when it is missing or damaged: a cache is only ever refitted, so a damaged
+    one costs a fit rather than the command."""
+    try:
+        got = json.loads(path.read_text())
+    except (OSError, ValueError):  # ValueError: not JSON, or not UTF-8
+        return None
+    v = got.get(key) if isinstance(got, dict) else None
+    return got if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def teacher_step(ck, path: Path) -> int:
+    """The step of a checkpoint `emarule run` wrote, checked for what the probes read (its clock and the
+    EMA teacher's weights): a foreign or damaged file is a one-line error, not a KeyError mid-probe."""
+    clock = ck.get("clock") if isinstance(ck, dict) else None
+    ema = ((ck.get("emas") or {}).get("ema") or {}) if isinstance(ck, dict) else {}
+    step = clock.get("step") if isinstance(clock, dict) else None
+    if (not isinstance(step, int) or isinstance(step, bool) or not isinstance(ema, dict)
+            or not isinstance(ema.get("module"), dict)):
+        raise UserError(f"{path} is not an emarule checkpoint (no training clock or EMA teacher): it is damaged or "
+                        f"was written by another program; run the run again to its end")
+    return step
+
+
 def offline_probe(run_dir: Path, at_init: bool = False) -> dict | None:
     """{"offline_probe_top1", "step", ...} for a finished self-supervised run, or None when the task
     has no tracking probe. `at_init`: the same probe on the run's teacher as initialized (step 0),
@@ -71,12 +97,11 @@ def offline_probe(run_dir: Path, at_init: bool = False) -> dict | None:
     if not ck_path.is_file():
         return None
     ck = torch.load(ck_path, map_location="cpu", weights_only=False)
-    step = 0 if at_init else int(ck["clock"]["step"])
+    step = 0 if at_init else teacher_step(ck, ck_path)
     cache = run_dir / (CACHE_INIT if at_init else CACHE)
-    if cache.is_file():
-        got = json.loads(cache.read_text())
-        if got.get("step") == step:
-            return got
+    got = _cached(cache, "offline_probe_top1")
+    if got is not None and got.get("step") == step:
+        return got
     from emarule.vision.probe import EvalImages
 
     built = _build(run_dir)
@@ -131,14 +156,15 @@ def pixel_probe(run_dir: Path) -> dict | None:
     normalized train and test images the teacher is probed on), or None when the task has no tracking probe."""
     run_dir = Path(run_dir)
     cache = run_dir / CACHE_PIXELS
+    got = _cached(cache, "pixels_probe_top1")
     if not (run_dir / HPARAMS).is_file():
-        return json.loads(cache.read_text()) if cache.is_file() else None
+        return got
     h = json.loads((run_dir / HPARAMS).read_text())
     # The pixels depend on the data settings alone: the baseline seeds of one reproduction share one fit.
     key = json.dumps([h["spec"].get("task"), h["spec"].get("data")], sort_keys=True, default=str)
-    if cache.is_file():
-        _PIXELS.setdefault(key, cache.read_text())
-        return json.loads(cache.read_text())
+    if got is not None:
+        _PIXELS.setdefault(key, json.dumps(got, indent=1) + "\n")
+        return got
     from emarule.vision.probe import EvalImages
 
     if key in _PIXELS:
@@ -184,6 +210,7 @@ def _warm(run_dir: Path, kind: str) -> None:
 
 
 _CACHE_OF = {"final": CACHE, "init": CACHE_INIT, "pixels": CACHE_PIXELS}
+_TOP1 = {"final": "offline_probe_top1", "init": "offline_probe_top1", "pixels": "pixels_probe_top1"}
 
 
 def _work(path: Path, is_baseline: bool, first_baseline: bool) -> list[tuple[Path, str]]:
@@ -191,7 +218,7 @@ def _work(path: Path, is_baseline: bool, first_baseline: bool) -> list[tuple[Pat
     baseline: the others share its data and so its fit). A cache of another step is left to `offline_probe`,
     which checks it."""
     kinds = ["final"] + (["init"] if is_baseline else []) + (["pixels"] if first_baseline else [])
-    return [(path, k) for k in kinds if not (path / _CACHE_OF[k]).is_file()]
+    return [(path, k) for k in kinds if _cached(path / _CACHE_OF[k], _TOP1[k]) is None]
 
 
 def follow_up(runs: list) -> Callable[[int, Path], list]:
