@@ -118,7 +118,7 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, ta
             checks.runnable(s, tasks.RUNNABLE_TASKS, sweep=True)
             checks.data(s, data)
             checks.metric(s, metric)
-        checks.whole_batches(s, p, None, runs=True)
+        checks.whole_batches(s, p, None, runs=True, batch_option=False)  # a sweep takes κ only
         arm = r.arm.name if r.arm is not None else None
         out = checks.out_dir(root / s["name"] / default_run_name(k, rule, r.seed, pr, s.get("preset"), arm))
         ctxs.append(RunContext(spec=s, kappa=k, ema_rule=rule, plan=p, out=out, progressive=pr,

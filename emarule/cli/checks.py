@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from emarule.errors import UserError
-from emarule.engine.rundir import CHECKPOINT, HPARAMS, METRICS, UNSAVED
+from emarule.engine.rundir import CHECKPOINT, HPARAMS, METRICS, STUDY_RECORD, UNSAVED
 from emarule.engine.runlock import check_free
 from emarule.config.schema import get, task_keys, value
 from emarule.tasks import registry
@@ -107,16 +107,18 @@ def out_file(path: Path | str, flag: str = "--out", fix: str = "pass another pat
 def run_dir(out: Path, resume: bool) -> None:
     """`--resume` needs a run to continue; a new run needs a directory that holds none.
 
-    A run's record is its checkpoint, hparams.json or metrics.jsonl: a directory holding any of
-    them is never written over by a new run (its checkpoint may have been deleted; the record stays),
-    unless the run marked it as stopped before its first checkpoint (`rundir.UNSAVED`). A directory
-    another live process has locked is named with its holder.
+    A run's record is its checkpoint, hparams.json or metrics.jsonl, or a study's results.json or
+    run.json: a directory holding any of them is never written over by a new run (its checkpoint may
+    have been deleted; the record stays), unless a training run marked it as stopped before its first
+    checkpoint (`rundir.UNSAVED`). A study has no checkpoint, so `--resume` refuses its directory too.
+    A directory another live process has locked is named with its holder.
     Only `emarule run` calls this: a sweep resumes its own runs where a checkpoint is, and restarts
     the others.
     """
     check_free(out, "run")
-    record = [n for n in (HPARAMS, METRICS) if (out / n).exists()]
-    if (out / UNSAVED).exists() and not (out / CHECKPOINT).exists():
+    study = [n for n in STUDY_RECORD if (out / n).exists()]
+    record = [n for n in (HPARAMS, METRICS) if (out / n).exists()] + study
+    if (out / UNSAVED).exists() and not (out / CHECKPOINT).exists() and not study:
         return  # stopped before its first checkpoint: nothing to keep; the run starts again from scratch
     if resume:
         if not out.exists():
@@ -196,12 +198,12 @@ def data(spec: dict, path: Path | None) -> None:
                         f"(data.source: {source}); drop --data, or {fix}")
 
 
-def whole_batches(spec: dict, plan, batch_size: float | None, runs: bool) -> None:
+def whole_batches(spec: dict, plan, batch_size: float | None, runs: bool, batch_option: bool = True) -> None:
     """A batch counted in samples is at least one sample, and a whole number of them.
 
     `batch_size` is an explicit --batch-size; every batch the plan holds (κB and each Progressive
     Scaling stage's) must be at least one sample; with `runs`, each must be a whole number too, as
-    `plan` may show a fractional κB.
+    `plan` may show a fractional κB. `batch_option`: the command has --batch-size to offer as the fix.
     """
     if value(spec, "batch.unit") != "samples":
         return  # seconds of audio may be fractional
@@ -213,7 +215,8 @@ def whole_batches(spec: dict, plan, batch_size: float | None, runs: bool) -> Non
     for k, b in batches:
         if b < 1 and not math.isclose(b, 1.0, rel_tol=0, abs_tol=1e-6):
             raise UserError(f"κ={k:g} gives a batch of {b:g} samples (κ × {base:g}), below one sample; "
-                            f"choose κ ≥ {1 / base:.4g} (κB ≥ 1), or pass --batch-size N with N ≥ 1")
+                            f"choose κ ≥ {1 / base:.4g} (κB ≥ 1)"
+                            + (", or pass --batch-size N with N ≥ 1" if batch_option else ""))
     if not runs:
         return
     if not float(base).is_integer():
@@ -221,7 +224,7 @@ def whole_batches(spec: dict, plan, batch_size: float | None, runs: bool) -> Non
     for k, b in batches:
         if not math.isclose(b, round(b), rel_tol=0, abs_tol=1e-6):
             raise UserError(f"κ={k:g} gives a batch of {b:g} samples (κ × {base:g}); choose κ so that κB is "
-                            f"a whole number, or pass --batch-size N")
+                            f"a whole number" + (", or pass --batch-size N" if batch_option else ""))
 
 
 def runnable(spec: dict, runnable_tasks, sweep: bool = False) -> None:

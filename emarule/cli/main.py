@@ -141,8 +141,10 @@ def whole(values: list[float], what: str) -> list[int]:
     return [int(v) for v in values]
 
 
-def resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule, ema_rule, progressive):
-    """Spec + κ + rule + progressive schedule → (spec, κ, rule name or None, progressive dict, plan)."""
+def resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule, ema_rule, progressive,
+            batch_option: bool = True):
+    """Spec + κ + rule + progressive schedule → (spec, κ, rule name or None, progressive dict, plan).
+    `batch_option`: the command offers --batch-size (sweep and reproduce take κ only)."""
     from emarule.cli import checks
     from emarule.scaling import kappa_from, plan
     from emarule.scaling import progressive as prog
@@ -156,7 +158,7 @@ def resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule,
     rule = None if no_ema_rule else (ema_rule or EmaRule.exponential).value
     # Only a command-line schedule is passed on: `plan` itself takes the spec's, or skips it (κ < 1).
     p = plan(s, k, rule, prog.parse(progressive) if progressive is not None else None)
-    checks.whole_batches(s, p, b, runs=False)
+    checks.whole_batches(s, p, b, runs=False, batch_option=batch_option)
     return s, k, rule, p.progressive, p
 
 
@@ -440,9 +442,11 @@ def run(
     run_dir = checks.out_dir(out) or Path("runs") / s["name"] / default_run_name(k, rule, seed, pr, preset)
     checks.out_dir(run_dir)
     checks.run_dir(run_dir, resume)
+    # what `emarule plan` warns about (a value that rounds to 1, a setting with no effect) is said here too, once
+    # the run's own checks have passed
     ctx = RunContext(spec=s, kappa=k, ema_rule=rule, plan=p, out=run_dir, progressive=pr, preset=preset,
                      data=data, resume=resume, seed=seed, wandb="off" if wandb == "disabled" else wandb,
-                     max_device_batch=max_device_batch, num_workers=num_workers)
+                     max_device_batch=max_device_batch, num_workers=num_workers, warnings=tuple(p.warnings))
     from emarule.analysis.run_report import print_report, report
     from emarule.tasks import registry, run_task
 
@@ -452,9 +456,6 @@ def run(
         from emarule.engine import distributed  # torch, from here on
 
         main = distributed.is_main()
-    if main:  # what `emarule plan` warns about (a value that rounds to 1, a setting with no effect) is said here too
-        for w in p.warnings:
-            err_console.print(f"warning: {w}", markup=False, highlight=False, soft_wrap=True)
     t0 = time.monotonic()
     run_task(ctx)
     if main:
@@ -504,7 +505,7 @@ def sweep(
 
     def resolve_run(k: float, ema: Optional[str], baseline: bool):
         return resolve(experiment, spec, preset, overrides, repr(k), None, ema is None, ema and EmaRule(ema),
-                       "constant" if baseline else progressive)
+                       "constant" if baseline else progressive, batch_option=False)
 
     from emarule.cli.checks import out_dir
 
@@ -598,7 +599,7 @@ def reproduce(
             sets = list(arm.sets) if arm is not None else []
             prog = "constant" if baseline else (arm.schedule(experiment, spec_preset) if arm is not None else None)
             return resolve(experiment, None, spec_preset, sets, repr(k), None, ema is None, ema and EmaRule(ema),
-                           prog)
+                           prog, batch_option=False)
         return resolve_run
 
     from emarule.analysis.sweep import distinct_kappas

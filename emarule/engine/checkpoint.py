@@ -28,6 +28,10 @@ from emarule.errors import UserError
 from emarule.engine.rundir import CHECKPOINT, atomic_write_bytes
 
 
+# What every checkpoint `save` writes holds, each a dict: the run's state and its fingerprint.
+KEYS = ("model", "emas", "optimizer", "clock", "fingerprint")
+
+
 def rng_state() -> dict:
     state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
     if torch.cuda.is_available():
@@ -67,10 +71,19 @@ def load(out: Path, device: torch.device) -> dict:
             stale.unlink(missing_ok=True)
     if not p.exists():
         raise UserError(f"--resume: no checkpoint in {out}; drop --resume to start the run from scratch")
+    # Deleting the file would not start the run over (its hparams.json and metrics.jsonl are still a
+    # run's record, which a new run refuses), so the fix is the run's own file or a new directory.
+    fix = f"put back the checkpoint the run wrote, or start a new run with --out NEW_DIR (or delete {out})"
     try:
-        return torch.load(p, map_location=device, weights_only=False)
+        ck = torch.load(p, map_location=device, weights_only=False)
     except Exception as e:  # a truncated or foreign file
-        raise UserError(f"--resume: cannot read {p} ({type(e).__name__}); delete it to start over") from None
+        raise UserError(f"--resume: cannot read {p} ({type(e).__name__}); {fix}") from None
+    # Anything torch can load loads: a list or another program's dict would otherwise fail later as an
+    # AttributeError, or be read as a checkpoint "made with other settings".
+    if not isinstance(ck, dict) or not all(isinstance(ck.get(k), dict) for k in KEYS):
+        raise UserError(f"--resume: {p} is not an emarule checkpoint (it lacks the model, optimizer, clock or "
+                        f"settings of a run); {fix}")
+    return ck
 
 
 def restore_rng(ckpt: dict) -> bool:

@@ -28,6 +28,7 @@ class RunContext:
     max_device_batch: int | None = None
     quiet: bool = False
     resume_hint: str | None = None  # how to continue the run when it is not `--resume` (a sweep's)
+    warnings: tuple = ()  # the plan's warnings, said on stderr once the run's own checks have passed
     # Engine settings that are not part of a recipe (tests and benchmarks set them, `--num-workers` the last;
     # a task may set the first):
     checkpoint_every_epochs: float = 1.0

@@ -686,6 +686,11 @@ def kept_after_disk_full(run: Run) -> str:
     return f"no checkpoint was written yet, so nothing is lost: {fix} run the same command again"
 
 
+def say_warnings(ctx: RunContext) -> None:
+    for w in ctx.warnings:
+        print(f"warning: {w}", file=sys.stderr, flush=True)
+
+
 def _locked(run: Run, ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> dict:
     log = MetricsLog(ctx.out, enabled=d.is_main)
     if ctx.resume:
@@ -694,6 +699,8 @@ def _locked(run: Run, ctx: RunContext, parts: TaskParts, d: distributed.Dist) ->
             return run.final
     else:
         open_fresh(run, log)
+    if d.is_main:  # after every check that could refuse the run: a refusal stays one line
+        say_warnings(ctx)
     hp = run.record = hparams(run)
     if d.is_main:
         write_hparams(ctx.out, hp)

@@ -11,6 +11,10 @@ from emarule.engine.interface import TaskParts
 from emarule.errors import UserError
 
 EPS = 1e-6
+# Spec fields that describe a recipe and change nothing it computes (schema.COMMON: the title, the paper's
+# section, the full recipe's data set name, the paper's result): a docs fix that edits them must not
+# strand every run made before it, so `--resume` leaves them out of the comparison.
+DESCRIPTIVE = frozenset({"title", "section", "dataset", "paper_result"})
 
 
 def stage_plans(ctx: RunContext) -> list:
@@ -65,7 +69,20 @@ def check_same_settings(ctx: RunContext, fp: dict | None) -> None:
     def plain(x):  # as hparams.json holds it: tuples as lists, on both sides
         return json.loads(json.dumps(x))
 
-    diff = differences(plain(fp or {}), plain(fingerprint(ctx)))
+    def compared(f):
+        spec = f.get("spec") if isinstance(f, dict) else None
+        return {**f, "spec": {k: v for k, v in spec.items() if k not in DESCRIPTIVE}} if isinstance(spec, dict) \
+            else f
+
+    ours, theirs = plain(fingerprint(ctx)), plain(fp or {})
+    spec = theirs.get("spec") if isinstance(theirs, dict) else None
+    other = spec.get("name") if isinstance(spec, dict) else None
+    if isinstance(other, str) and other != ctx.experiment:  # another experiment's run: say whose
+        fix = "give the sweep a new --out or remove that run" if ctx.resume_hint else \
+            f"pass --out with a {ctx.experiment} run's directory, or a new --out"
+        raise UserError(f"{'' if ctx.resume_hint else '--resume: '}{ctx.out} holds a run of {other}, not "
+                        f"{ctx.experiment}; {fix}")
+    diff = differences(compared(theirs), compared(ours))
     if diff:
         shown = ", ".join(diff[:6]) + (f" and {len(diff) - 6} more" if len(diff) > 6 else "")
         if ctx.resume_hint:  # a sweep continuing what its root holds

@@ -27,6 +27,9 @@ HPARAMS = "hparams.json"
 METRICS = "metrics.jsonl"
 CHECKPOINT = "checkpoint.pt"
 FIGURES = "figures"
+# What a study (parabola, precision) leaves: its record, as checkpoint.pt, hparams.json and metrics.jsonl
+# are a training run's. A new `emarule run` refuses a directory holding any of them.
+STUDY_RECORD = ("results.json", "run.json")
 # Present from a fresh run's first write until its first checkpoint: a run stopped in between (SIGKILL,
 # a full disk) left nothing worth keeping, and a new run or `--resume` starts it again from scratch.
 UNSAVED = ".no-checkpoint-yet"
@@ -125,42 +128,82 @@ def write_hparams(out: Path, hparams: dict) -> None:
     atomic_write_text(Path(out) / HPARAMS, json.dumps(_jsonable(hparams), indent=2, ensure_ascii=False) + "\n")
 
 
-def read_metrics(path: Path, strict: bool = False) -> list[dict]:
-    """The rows of a metrics.jsonl.
+def _lines(path: Path, strict: bool):
+    """(line number, row) for each row of a metrics.jsonl.
 
-    Lenient (what a resumed run needs): a line that is not a JSON object — a last line cut short
-    by a kill — is skipped. Strict (readers that report on a run): such a line is a UserError that
-    names the file and the line, so a damaged log is never shown as missing values.
+    A last line cut short (no newline after it: a kill or a full disk in the middle of a write) is
+    dropped, or with `strict` an error. Any other line that is not a JSON object (bytes that are not
+    UTF-8 included) is damage no write of ours leaves, so it is always an error naming the line:
+    dropping it would silently lose a row.
     """
-    from emarule.errors import UserError
-
-    rows = []
     p = Path(path)
-    if not p.exists():
-        return rows
     try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        if not strict:
-            raise
-        why = getattr(e, "strerror", None) or e
-        raise UserError(f"cannot read {p} ({why}); the run directory is damaged") from None
-    lines = text.splitlines()
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
+        data = p.read_bytes()
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise UserError(f"cannot read {p} ({e.strerror or e}); the run directory is damaged") from None
+    lines = data.split(b"\n")
+    last = len(lines) if lines[-1] else len(lines) - 1  # the line after a final newline is not one
+    for n, raw in enumerate(lines[:last], 1):
+        if not raw.strip():
             continue
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        try:
+            row = json.loads(text) if text is not None else None
+        except ValueError:
             row = None
         if isinstance(row, dict):
-            rows.append(row)
-        elif strict:
-            torn = n == len(lines) and not text.endswith("\n")
-            why = ("is cut short (the run was killed while writing it)" if torn
-                   else "is not a JSON object (the file is damaged)")
-            raise UserError(f"{p}, line {n} {why}: `--resume` the run to drop it, or delete that line")
-    return rows
+            yield n, row
+            continue
+        torn = n == last and bool(lines[-1])
+        if torn and not strict:
+            continue
+        why = ("is cut short (the run was killed while writing it): `--resume` the run to drop it, or delete "
+               "that line" if torn else
+               f"is not {'UTF-8 text' if text is None else 'a JSON object'} (the file is damaged): delete that "
+               "line, or start a new run with --out NEW_DIR")
+        raise UserError(f"{p}, line {n} {why}")
+
+
+def read_metrics(path: Path, strict: bool = False) -> list[dict]:
+    """The rows of a metrics.jsonl ([] when there is none).
+
+    Lenient (what a resumed run needs): a last line cut short by a kill is skipped. Strict (readers
+    that report on a run): it is a UserError too. A damaged line anywhere else is a UserError that
+    names the file and the line in both modes, so a damaged log is never shown as missing values.
+    """
+    return [row for _, row in _lines(path, strict)]
+
+
+def recorded_experiment(out: Path) -> str | None:
+    """The experiment a run directory's record names (hparams.json, a study's run.json or results.json);
+    None where none is readable (damage there is reported by what reads the file for its content)."""
+    for name in (HPARAMS, *STUDY_RECORD):
+        try:
+            data = json.loads((Path(out) / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("experiment"), str):
+            return data["experiment"]
+    return None
+
+
+def check_study_dir(out: Path, experiment: str, resume: bool = False) -> None:
+    """A study writes results.json, run.json, table.txt and figures/ over what its directory holds: that must
+    be nothing of a training run's and no other experiment's results (its own it computes again)."""
+    out = Path(out)
+    training = [n for n in (CHECKPOINT, HPARAMS, METRICS) if (out / n).exists()]
+    owner = recorded_experiment(out)
+    if not training and owner in (None, experiment):
+        return
+    held = training or [n for n in STUDY_RECORD if (out / n).exists()]
+    whose = f"a run of {owner}" if owner and owner != experiment else "a training run"
+    raise UserError(f"{'--resume: ' if resume else ''}{out} holds {whose} ({', '.join(held)}), not {experiment}'s; "
+                    f"the {experiment} study would write over it: pass --out NEW_DIR")
 
 
 class MetricsLog:
@@ -173,10 +216,26 @@ class MetricsLog:
         self._wandb = None
 
     def truncate_after(self, samples_seen: float) -> None:
-        """Drop rows past a checkpoint (and any torn last line) so a resumed log has no duplicates."""
-        if not self.enabled or not self.path.exists():
+        """Drop rows past a checkpoint (and any torn last line) so a resumed log has no duplicates.
+
+        A log that is missing, or holds no row up to the checkpoint, lost the run's record: a
+        resumed run would leave a log without its first part, so it is refused."""
+        if not self.enabled:
             return
-        keep = [r for r in read_metrics(self.path) if r.get("samples_seen", 0) <= samples_seen]
+        fix = "put back the file the run wrote, or start a new run with --out NEW_DIR"
+        if not self.path.exists():
+            raise UserError(f"--resume: {self.path} is missing (the run's log); {fix}")
+        keep = []
+        for n, r in _lines(self.path, strict=False):
+            t = r.get("samples_seen")
+            if isinstance(t, bool) or not isinstance(t, (int, float)):
+                what = f"is {json.dumps(t)}, not a number" if "samples_seen" in r else "is missing"
+                raise UserError(f"{self.path}, line {n}: samples_seen {what} (the file is damaged); {fix}")
+            if t <= samples_seen:
+                keep.append(r)
+        if not keep:
+            raise UserError(f"--resume: {self.path} holds no row up to the checkpoint (the run's log was emptied "
+                            f"or cut); {fix}")
         atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in keep))
 
     def start_fresh(self) -> None:

@@ -48,6 +48,20 @@ def _holder(text: str) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+def _unusable(path: Path, e: OSError | None = None) -> UserError:
+    """The one-line error for a lock path that cannot be opened as a file (a directory made there by hand)."""
+    if e is None or e.errno == errno.EISDIR:
+        return UserError(f"{path} is a directory, not emarule's lock file; remove it and run the command again")
+    fix = "remove it, or pass another --out" if os.path.lexists(path) else "pass another --out"
+    return UserError(f"cannot open the lock file {path} ({e.strerror or e}); {fix}")
+
+
+# Lock files this process holds (real path → pid): a lock taken again in the same process, as the
+# runner's around the loop's, is the same hold. A flock taken twice by one process through two
+# descriptors would refuse itself.
+_HELD: dict[str, int] = {}
+
+
 def _describe(h: dict) -> str:
     started = h.get("started")
     when = time.strftime(" since %Y-%m-%d %H:%M:%S UTC", time.gmtime(started)) if isinstance(started, (int, float)) \
@@ -70,6 +84,7 @@ class DirLock:
         self.echo = echo or (lambda msg: print(msg, file=sys.stderr))
         self._fd: int | None = None
         self._created: list[Path] = []
+        self._nested = False
 
     def __enter__(self) -> "DirLock":
         if self.enabled:
@@ -91,14 +106,22 @@ class DirLock:
 
     def acquire(self) -> None:
         self._mkdirs()
+        if _HELD.get(os.path.realpath(self.path)) == os.getpid():
+            self._nested = True
+            return
         for _ in range(20):  # the holder may remove the file between our open and our lock: open it again
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                self.release()
+                raise _unusable(self.path, e) from None
             try:
                 previous = _holder(os.pread(fd, 4096, 0).decode("utf-8", "replace"))
                 if not self._lock(fd, previous):
                     continue
                 self._fd = fd
                 fd = None
+                _HELD[os.path.realpath(self.path)] = os.getpid()
                 self._announce(previous)
                 self._write_holder()
                 return
@@ -154,7 +177,11 @@ class DirLock:
             pass  # a full disk: the flock still holds; only the holder's name is missing
 
     def release(self) -> None:
+        if self._nested:  # the outer hold releases
+            self._nested = False
+            return
         if self._fd is not None:
+            _HELD.pop(os.path.realpath(self.path), None)
             try:
                 if os.stat(self.path).st_ino == os.fstat(self._fd).st_ino:
                     os.unlink(self.path)
@@ -188,6 +215,10 @@ def check_free(directory: Path, what: str = "run") -> None:
     if not _main_rank():
         return
     path = Path(directory) / LOCK
+    if path.is_dir():  # opened read-only, a directory would only fail at the read
+        raise _unusable(path)
+    if _HELD.get(os.path.realpath(path)) == os.getpid():
+        return  # this process holds it
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:

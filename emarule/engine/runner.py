@@ -5,16 +5,29 @@ The record (`emarule.tasks.registry.TaskSpec`) is passed in: the engine never im
 
 from __future__ import annotations
 
+import os
+import sys
+
 from emarule.engine.context import RunContext
 
 
 def run(ctx: RunContext, spec) -> dict:
-    """`train(ctx, spec.build(ctx))` for a training task; a study writes its run directory itself."""
-    if spec.kind == "study":
-        from emarule.engine.runlock import lock_dir
+    """`train(ctx, spec.build(ctx))` for a training task; a study writes its run directory itself.
 
-        with lock_dir(ctx.out, "run"):
+    The directory is locked before the task is built. The loop checks the directory (a checkpoint
+    there, or none) before its own lock, which is this same hold: a second run that passed the
+    command's checks while the first was starting is told the directory is in use, instead of
+    judging a directory the first is writing in."""
+    from emarule.engine import rundir
+    from emarule.engine.runlock import lock_dir
+
+    with lock_dir(ctx.out, "run"):
+        if spec.kind == "study":
+            rundir.check_study_dir(ctx.out, ctx.experiment, ctx.resume)
+            if os.environ.get("RANK", "0") in ("", "0"):
+                for w in ctx.warnings:
+                    print(f"warning: {w}", file=sys.stderr, flush=True)
             return spec.build(ctx)
-    from emarule.engine.loop import train
+        from emarule.engine.loop import train
 
-    return train(ctx, spec.build(ctx))
+        return train(ctx, spec.build(ctx))

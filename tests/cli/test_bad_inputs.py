@@ -173,6 +173,10 @@ CASES = [
     # the first thing to fix is named first; an empty schedule is not "the spec's own"
     ("plan-unknown-name-no-kappa", ["plan", "nosuch"], "unknown experiment 'nosuch'"),
     ("plan-progressive-empty", ["plan", "byol-vit", "--kappa", "2", "--progressive", ""], "--progressive '': cannot"),
+    # a run refused after the plan warned (ρ^κ underflows): the refusal alone, the warning never said
+    ("run-kappa-past-the-data", ["run", *TINY, "--kappa", "1e5"], "is larger than the training set (128 samples)"),
+    # a sweep has no --batch-size to offer
+    ("sweep-kappa-below-one-sample", ["sweep", *TINY, "--kappas", "0.001"], "choose κ ≥ 0.03125 (κB ≥ 1)"),
 ]
 
 
@@ -229,14 +233,16 @@ def workdir(tmp_path, monkeypatch):
 
 
 def tree(root: Path) -> dict:
-    """Every path under root with its size and modification time: a file created, removed or
-    rewritten shows up as a difference."""
+    """Every path under root, and each file's size and modification time: a file or directory created,
+    removed or rewritten shows up as a difference. A directory's own mtime is left out: a run takes its
+    directory's lock before it builds the task, and a refusal from that build removes the lock and the
+    directory it made, which leaves nothing but a newer mtime on the parent."""
     out = {}
     for dirpath, dirnames, filenames in os.walk(root):
         for n in dirnames + filenames:
             p = Path(dirpath) / n
             st = p.lstat()
-            out[str(p.relative_to(root))] = (st.st_size, st.st_mtime_ns)
+            out[str(p.relative_to(root))] = "dir" if n in dirnames else (st.st_size, st.st_mtime_ns)
     return out
 
 
@@ -252,6 +258,13 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(workdir, capsys, argv, 
     assert len(lines) == 1 and lines[0].startswith("error: "), err
     assert needle in lines[0], lines[0]
     assert tree(workdir) == before
+
+
+def test_a_sweep_is_offered_only_options_it_has(workdir, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["sweep", *TINY, "--kappas", "0.001"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().endswith("(κB ≥ 1)")  # no "--batch-size", which sweep lacks
 
 
 def test_the_corpus_covers_every_category():
