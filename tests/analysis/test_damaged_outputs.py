@@ -6,27 +6,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
-
+from cli_util import invoke, one_line_error, snapshot
 from emarule.analysis.reproduce import probe_check as PC
-from emarule.cli.main import app
 
-runner = CliRunner()
 STUDY = Path("parabola") / "tiny-k1-rule-s0"  # where `reproduce parabola --preset tiny` runs its study
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def snapshot(root: Path) -> dict:
-    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
-
-
-def one_line_error(res, *words):
-    lines = res.output.strip().splitlines()
-    assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), res.output
-    assert "Traceback" not in res.output and all(w in lines[0] for w in words), lines[0]
 
 
 @pytest.fixture(scope="module")

@@ -12,31 +12,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
 from emarule.cli import checks
-from emarule.cli.main import app
 from emarule.engine.runlock import LOCK, DirLock
 from emarule.errors import UserError
-from tests.engine_util import ROOT, env
+from cli_util import invoke, one_line_error, snapshot
+from engine_util import ROOT, env
 
 TINY = ["--preset", "tiny"]
-runner = CliRunner()
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def snapshot(root: Path) -> dict:
-    """Every path under root with its bytes: a file created, removed or changed shows up."""
-    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
-
-
-def one_line_error(res, *words):
-    lines = res.output.strip().splitlines()
-    assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (res.output, res.exception)
-    assert "Traceback" not in res.output and all(w in lines[0] for w in words), lines[0]
 
 
 def run_ok(*args) -> Path:
@@ -146,7 +129,8 @@ def test_a_directory_in_place_of_the_lock_file_is_one_line(R, tmp_path, resuming
 
 
 def test_resume_ignores_descriptive_spec_fields_and_refuses_real_changes(R):
-    """A docs fix renamed the appendix (App. F became App. H): the runs made before it continue."""
+    """A docs fix that edits a descriptive field (the appendix a spec cites) leaves the runs made before it
+    resumable."""
     for key in ("section", "title", "dataset", "paper_result"):
         res = resume(R, "--set", f"{key}=edited in a docs fix")
         assert res.exit_code == 0, (key, res.output)
