@@ -149,11 +149,6 @@ class ModelEma(nn.Module):
         super().__init__()
         if start_steps is not None and start_samples != 0:
             raise ValueError("give start_steps (steps at the base batch) or start_samples, not both")
-        if warmup_gamma != 1.0 and warmup_power is None:
-            raise ValueError("warmup_gamma shapes timm's warm-up: give warmup_power too, or leave warmup_gamma out")
-        if total_samples is not None and schedule == "constant":
-            raise ValueError("total_samples is the length of the cosine ramp: give schedule='cosine' too, or leave "
-                             "total_samples out")
         if dtype is None:
             dtype = _default_dtype(unwrap(model))
         settings = {"momentum": momentum, "base_batch_size": base_batch_size, "buffers": buffers,
@@ -167,6 +162,11 @@ class ModelEma(nn.Module):
             settings["start_samples"] = _number("start_steps", start_steps, strict=False) * _number(
                 "base_batch_size", base_batch_size)
         self._set(settings)  # everything checked before the copy is made
+        if self.warmup_gamma != 1.0 and self.warmup_power is None:
+            raise ValueError("warmup_gamma shapes timm's warm-up: give warmup_power too, or leave warmup_gamma out")
+        if self.total_samples is not None and self.schedule == "constant":
+            raise ValueError("total_samples is the length of the cosine ramp: give schedule='cosine' too, or leave "
+                             "total_samples out")
         self._last = _number("samples_seen", samples_seen, strict=False)
         self._excluded, excluded_names = _excluder(exclude)
         source = unwrap(model)
@@ -242,13 +242,19 @@ class ModelEma(nn.Module):
 
     def load_state_dict(self, state_dict: Mapping, strict: bool = True, assign: bool = False):
         """Also reads the engine's checkpoint form {"module": weights, settings...}, older dicts (no
-        dtype or clock; an `updates` counter) and timm's ModelEma/V2/V3 state_dict (the same
-        `module.` keys, no settings: this EMA's own are kept, with no clock)."""
+        dtype or clock; an `updates` counter) and the whole state_dict() of timm's ModelEmaV2 or
+        ModelEmaV3 (the same `module.` keys, no settings: this EMA's own are kept, with no clock)."""
         if isinstance(state_dict.get("module"), Mapping):
             state_dict = self._flat(state_dict)
-        elif "_extra_state" not in state_dict and any(k.startswith("module.") for k in state_dict):
+        elif "_extra_state" not in state_dict and self._whole_foreign(state_dict):
             state_dict = {**state_dict, "_extra_state": {"samples_seen": None}}
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def _whole_foreign(self, state_dict: Mapping) -> bool:
+        """A dict of this EMA's every `module.` key and nothing of its own (timm's): a partial load
+        (strict=False) is not one, and keeps the clock."""
+        ours = {k for k in self.state_dict() if k != "_extra_state"}
+        return bool(ours) and ours <= set(state_dict)
 
     def _flat(self, nested: Mapping) -> dict:
         if self._sharded:
@@ -266,10 +272,15 @@ class ModelEma(nn.Module):
         return {"module": self.module.state_dict(), **self.get_extra_state()}
 
     def _cast(self) -> None:
-        """Floating parameters and buffers in self.dtype (copied buffers too: BatchNorm's statistics must
-        have its weights' dtype for the averaged model to run); integer buffers untouched."""
-        for _, t, _ in self._shadow():
-            if t.is_floating_point() and t.dtype != self.dtype:
+        """Floating parameters and averaged buffers in self.dtype; copied buffers of a lower precision
+        too (BatchNorm's statistics must have its weights' dtype for the averaged model to run);
+        integer buffers untouched."""
+        wide = torch.finfo(self.dtype).bits
+        for _, t, is_param in self._shadow():
+            if not t.is_floating_point() or t.dtype == self.dtype:
+                continue
+            # a copied buffer is only widened: a float64 one under a float32 shadow keeps its precision
+            if is_param or self.buffers == "average" or torch.finfo(t.dtype).bits < wide:
                 t.data = t.data.to(self.dtype)
 
     def _apply(self, fn, recurse: bool = True):

@@ -79,6 +79,18 @@ def test_reproduce_computes_a_damaged_study_again(parabola, tmp_path, name, dama
     assert json.loads((out / "verdict.json").read_text())["timing"]["reused"] == 0
 
 
+def test_reproduce_reuses_a_study_whose_spec_differs_only_in_description_or_path(parabola, tmp_path):
+    """The appendix a spec cites, or where the checkout lies, changes nothing the study computes."""
+    out = Path(shutil.copytree(parabola, tmp_path / "D"))
+    path = out / STUDY / "reproduce-spec.json"
+    written = json.loads(path.read_text())
+    path.write_text(json.dumps({**written, "section": "App. E.1", "source": "/elsewhere/parabola.yaml"}))
+    res = reproduce_parabola(out)
+    assert res.exit_code == 0 and "reusing it" in res.output, res.output
+    path.write_text(json.dumps({**written, "ema": {**written["ema"], "momentum": 0.5}}))  # a setting: refused
+    one_line_error(reproduce_parabola(out), "holds results computed with other settings")
+
+
 def test_reproduce_skips_a_damaged_ledger_line(parabola, tmp_path):
     out = Path(shutil.copytree(parabola, tmp_path / "D"))
     with open(out / "invocations.jsonl", "ab") as f:

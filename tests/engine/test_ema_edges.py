@@ -143,3 +143,27 @@ def test_a_one_element_tensor_clock_counts_as_its_value():
 def test_settings_that_would_be_ignored_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ModelEma(nn.Linear(2, 2), 0.9, **kwargs)
+
+
+def test_a_partial_load_keeps_the_clock():
+    model = bn_net()
+    ema = ModelEma(model, 0.9, base_batch_size=8)
+    ema.update(model, samples_seen=8)
+    ema.update(model, samples_seen=16)
+    ema.load_state_dict({"module.2.weight": torch.zeros(2, 8)}, strict=False)
+    assert ema.get_extra_state()["samples_seen"] == 16 and ema.updates == 2
+    assert ema.update(model, samples_seen=24) == pytest.approx(0.9)
+
+
+def test_a_float64_buffer_is_never_narrowed():
+    model = bn_net()
+    model.register_buffer("scale", torch.tensor([1.0 + 1e-12], dtype=torch.float64))
+    ema = ModelEma(model, 0.9)
+    assert ema.module.scale.dtype == torch.float64
+    ema.update(model)
+    assert torch.equal(ema.module.scale, model.scale)
+
+
+def test_a_setting_of_the_wrong_type_is_named_before_what_it_would_mean():
+    with pytest.raises(ValueError, match="warmup_gamma must be a finite number"):
+        ModelEma(nn.Linear(2, 2), 0.9, base_batch_size=8, warmup_gamma="2")

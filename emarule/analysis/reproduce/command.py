@@ -77,6 +77,14 @@ def read_json(path: Path):
         return None
 
 
+def settings_of(spec: dict) -> dict:
+    """What a study's results depend on: the spec less its path and its descriptive fields (a docs fix
+    that edits the appendix a spec cites leaves the results valid), as `--resume` compares a run's."""
+    from emarule.engine.preflight import DESCRIPTIVE
+
+    return {k: v for k, v in spec.items() if k not in DESCRIPTIVE and k != "source"}
+
+
 def refuse_foreign(root: Path, family: Family) -> None:
     """A run's directory, or another family's reproduction, is not a place for this one: its report.md and
     verdict.json would be overwritten, or a run's directory filled with a reproduction. Refused before
@@ -227,7 +235,7 @@ def _study(console, family: Family, root: Path, resolve_run) -> tuple:
     reused = results_path.is_file()
     written = read_json(spec_path)
     written = written if isinstance(written, dict) else None
-    if reused and written is not None and written != json.loads(json.dumps(spec)):
+    if reused and written is not None and settings_of(written) != settings_of(json.loads(json.dumps(spec))):
         raise UserError(f"{run_dir} holds results computed with other settings ({STUDY_SPEC}); "
                         f"pass another --out, or delete {results_path} to compute them again")
     # STUDY_SPEC is written once the study has finished, so results without a readable one are a study that
