@@ -51,6 +51,8 @@ FAMILIES = {
     **{n: ("lamb", True) for n in ("lamb", "lambc", "lambw")},
 }
 ADAM_DEFAULTS = {"opt_betas": [0.9, 0.999], "opt_eps": 1e-8}  # torch's Adam/AdamW defaults, used by timm
+# The ε each RMSProp takes when args.yaml gives no opt_eps: torch.optim.RMSprop's, and timm's RMSpropTF's.
+RMSPROP_EPS = {"rmsprop": 1e-8, "rmsproptf": 1e-10}
 
 
 def _family(opt: str) -> tuple[str | None, bool]:
@@ -160,6 +162,8 @@ def timm_plan(args: dict, name: str, *, kappa: float | None = None, batch_size: 
     # The optimizer and the EMA through the core rules: the same numbers as `emarule plan`.
     betas = a["opt_betas"] if a["opt_betas"] is not None or not adaptive else ADAM_DEFAULTS["opt_betas"]
     eps = a["opt_eps"] if a["opt_eps"] is not None or not adaptive else ADAM_DEFAULTS["opt_eps"]
+    if eps is None and family == "rmsprop":  # the rule scales ε too: write the default it would keep
+        eps = RMSPROP_EPS[a["opt"]]
     base_lr = a["lr"] if a["lr"] is not None else a["lr_base"] * (base_batch / a["lr_base_size"]) ** _timm_p(a)
     opt = {"name": family or a["opt"], "lr": base_lr, "betas": betas, "eps": eps, "weight_decay": a["weight_decay"],
            "weight_decay_rule": "auto" if decoupled else "none", "momentum": a["momentum"]}

@@ -77,6 +77,16 @@ def test_rmsprop_writes_the_rules_lr_where_timm_would_scale_lr_base_linearly():
     assert any("alpha=0.6" in w for w in p.warnings)
 
 
+@pytest.mark.parametrize("opt,default", [("rmsprop", 1e-8), ("rmsproptf", 1e-10)])
+def test_rmsprop_without_opt_eps_gets_its_default_scaled(opt, default):
+    """torch's RMSprop and timm's RMSpropTF keep ε = 1e-8 and 1e-10 when args.yaml has none: the rule's ε/√κ
+    is written, since a missing opt_eps would keep the default at every κ."""
+    a = timm_args.load(DEFAULTS)
+    a.update(opt=opt, opt_eps=None)
+    p, out = timm_args.timm_plan(a, "x", kappa=4)
+    assert out["opt_eps"] == pytest.approx(default / 2)
+
+
 def test_unknown_optimizer_is_left_alone_with_a_warning():
     a = timm_args.load(SGD)
     a.update(opt="lion")
