@@ -27,7 +27,7 @@ from pathlib import Path
 
 from emarule.errors import UserError
 from emarule.engine.context import progressive_label, rule_names, rule_of_hparams
-from emarule.engine.rundir import CHECKPOINT, HPARAMS, METRICS, atomic_write_bytes, png_bytes, read_metrics
+from emarule.engine.rundir import CHECKPOINT, HPARAMS, METRICS, atomic_write_bytes, numbered_rows, png_bytes
 from emarule.tasks.registry import preferred_metrics
 
 # Row keys that are clocks or settings, not metrics (also with a `/suffix`: `ema_momentum/0.9999`).
@@ -150,8 +150,9 @@ def load_run(path: Path) -> Run:
                             f"damaged (or the file was edited): run it again")
     if not (p / METRICS).exists() and (p / CHECKPOINT).exists():  # a run logs before its first checkpoint
         raise UserError(f"{p} has a checkpoint but no {METRICS}: the run directory is damaged; run it again")
-    rows = read_metrics(p / METRICS, strict=True)
-    numeric_metrics(p / METRICS, rows)
+    numbered = list(numbered_rows(p / METRICS, strict=True))
+    numeric_metrics(p / METRICS, numbered)
+    rows = [r for _, r in numbered]
     run = Run(path=p, experiment=experiment,
               kappa=float(h["kappa"]), rule=rule_of_hparams(h), seed=seed,
               progressive=progressive_label(h.get("progressive")), batch_size=_scaled(h, "batch_size"),
@@ -163,16 +164,15 @@ def load_run(path: Path) -> Run:
 DIVERGED = ("nan", "inf", "-inf")  # how `rundir._jsonable` logs a non-finite value: as text, never a JSON NaN
 
 
-def numeric_metrics(path: Path, rows: list[dict]) -> None:
+def numeric_metrics(path: Path, numbered: list[tuple[int, dict]]) -> None:
     """Every metric value is a number, null, or a diverged run's "nan"/"inf" text: any other value (a JSON
     NaN token, which emarule never writes, included) is damage that would otherwise drop out of the curve
     and show the previous evaluation as the final one."""
-    for i, r in enumerate(rows):
+    for n, r in numbered:
         for k, v in r.items():
             ok = v is None or v in DIVERGED or (finite_number(v) is not None)
             if not ok and is_metric(k):
-                lines = [n for n, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
-                raise UserError(f"{path}, line {lines[i]}: {k!r} is {json.dumps(v)}, not a number; the log is "
+                raise UserError(f"{path}, line {n}: {k!r} is {json.dumps(v)}, not a number; the log is "
                                 f"damaged: delete that line or run the run again")
 
 

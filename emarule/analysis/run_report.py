@@ -16,14 +16,13 @@ Torch-free: it reads only the run directory, so it runs anywhere the run directo
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from emarule.analysis.compare import finite_number, is_metric
 from emarule.engine.context import rule_names, rule_of_hparams
-from emarule.engine.rundir import FIGURES, HPARAMS, METRICS, atomic_write_bytes, png_bytes, read_metrics
+from emarule.engine.rundir import FIGURES, HPARAMS, METRICS, atomic_write_bytes, png_bytes, read_json, read_metrics
 
 EMA_PREFIX = "ema_"
 PROBE_PREFIX = "probe_"  # the tracking probe: it measures the EMA teacher
@@ -231,10 +230,7 @@ def _s(seconds: float) -> str:
 
 
 def _hparams(run: Path) -> dict | None:
-    try:
-        h = json.loads((run / HPARAMS).read_text())
-    except (OSError, ValueError):
-        return None
+    h = read_json(run / HPARAMS)
     return h if isinstance(h, dict) else None
 
 

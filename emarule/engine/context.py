@@ -5,6 +5,7 @@ Pure Python (no torch) so the CLI can build it before choosing a task.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +45,11 @@ class RunContext:
     @property
     def experiment(self) -> str:
         return self.spec["name"]
+
+    def say_warnings(self) -> None:
+        """The plan's warnings on stderr; the caller says them on the main rank, once the run's checks passed."""
+        for w in self.warnings:
+            print(f"warning: {w}", file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)

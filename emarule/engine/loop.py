@@ -686,11 +686,6 @@ def kept_after_disk_full(run: Run) -> str:
     return f"no checkpoint was written yet, so nothing is lost: {fix} run the same command again"
 
 
-def say_warnings(ctx: RunContext) -> None:
-    for w in ctx.warnings:
-        print(f"warning: {w}", file=sys.stderr, flush=True)
-
-
 def _locked(run: Run, ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> dict:
     log = MetricsLog(ctx.out, enabled=d.is_main)
     if ctx.resume:
@@ -700,7 +695,7 @@ def _locked(run: Run, ctx: RunContext, parts: TaskParts, d: distributed.Dist) ->
     else:
         open_fresh(run, log)
     if d.is_main:  # after every check that could refuse the run: a refusal stays one line
-        say_warnings(ctx)
+        ctx.say_warnings()
     hp = run.record = hparams(run)
     if d.is_main:
         write_hparams(ctx.out, hp)

@@ -17,6 +17,12 @@ EPS = 1e-6
 DESCRIPTIVE = frozenset({"title", "section", "dataset", "paper_result"})
 
 
+def comparable(spec: dict) -> dict:
+    """A spec as far as what it computes: without its descriptive fields and its file's path (`source`). What
+    `--resume` compares, and what `emarule reproduce` compares before it reuses a study's results."""
+    return {k: v for k, v in spec.items() if k not in DESCRIPTIVE and k != "source"}
+
+
 def stage_plans(ctx: RunContext) -> list:
     """(stage, plan) for every stage the run goes through: the plan's stages, or its one plan."""
     return list(ctx.plan.stages) if ctx.plan.stages else [(None, ctx.plan)]
@@ -71,8 +77,7 @@ def check_same_settings(ctx: RunContext, fp: dict | None) -> None:
 
     def compared(f):
         spec = f.get("spec") if isinstance(f, dict) else None
-        return {**f, "spec": {k: v for k, v in spec.items() if k not in DESCRIPTIVE}} if isinstance(spec, dict) \
-            else f
+        return {**f, "spec": comparable(spec)} if isinstance(spec, dict) else f
 
     ours, theirs = plain(fingerprint(ctx)), plain(fp or {})
     spec = theirs.get("spec") if isinstance(theirs, dict) else None

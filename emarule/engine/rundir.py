@@ -128,7 +128,7 @@ def write_hparams(out: Path, hparams: dict) -> None:
     atomic_write_text(Path(out) / HPARAMS, json.dumps(_jsonable(hparams), indent=2, ensure_ascii=False) + "\n")
 
 
-def _lines(path: Path, strict: bool):
+def numbered_rows(path: Path, strict: bool):
     """(line number, row) for each row of a metrics.jsonl.
 
     A last line cut short (no newline after it: a kill or a full disk in the middle of a write) is
@@ -176,17 +176,23 @@ def read_metrics(path: Path, strict: bool = False) -> list[dict]:
     that report on a run): it is a UserError too. A damaged line anywhere else is a UserError that
     names the file and the line in both modes, so a damaged log is never shown as missing values.
     """
-    return [row for _, row in _lines(path, strict)]
+    return [row for _, row in numbered_rows(path, strict)]
+
+
+def read_json(path: Path):
+    """A JSON file's content, or None when it is missing, unreadable or not JSON (ValueError: not JSON,
+    or not UTF-8): for readers that rebuild or skip what they cannot read."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def recorded_experiment(out: Path) -> str | None:
     """The experiment a run directory's record names (hparams.json, a study's run.json or results.json);
     None where none is readable (damage there is reported by what reads the file for its content)."""
     for name in (HPARAMS, *STUDY_RECORD):
-        try:
-            data = json.loads((Path(out) / name).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
+        data = read_json(Path(out) / name)
         if isinstance(data, dict) and isinstance(data.get("experiment"), str):
             return data["experiment"]
     return None
@@ -226,7 +232,7 @@ class MetricsLog:
         if not self.path.exists():
             raise UserError(f"--resume: {self.path} is missing (the run's log); {fix}")
         keep = []
-        for n, r in _lines(self.path, strict=False):
+        for n, r in numbered_rows(self.path, strict=False):
             t = r.get("samples_seen")
             if isinstance(t, bool) or not isinstance(t, (int, float)):
                 what = f"is {json.dumps(t)}, not a number" if "samples_seen" in r else "is missing"

@@ -6,7 +6,6 @@ The record (`emarule.tasks.registry.TaskSpec`) is passed in: the engine never im
 from __future__ import annotations
 
 import os
-import sys
 
 from emarule.engine.context import RunContext
 
@@ -25,8 +24,7 @@ def run(ctx: RunContext, spec) -> dict:
         if spec.kind == "study":
             rundir.check_study_dir(ctx.out, ctx.experiment, ctx.resume)
             if os.environ.get("RANK", "0") in ("", "0"):
-                for w in ctx.warnings:
-                    print(f"warning: {w}", file=sys.stderr, flush=True)
+                ctx.say_warnings()
             return spec.build(ctx)
         from emarule.engine.loop import train
 

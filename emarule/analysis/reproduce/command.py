@@ -22,7 +22,7 @@ from emarule.cli import checks
 from emarule.errors import UserError
 from emarule.analysis.reproduce import ledger, report as R
 from emarule.analysis.reproduce.claims import FAMILIES, FULL, Family, headline_only
-from emarule.engine.rundir import atomic_write_text
+from emarule.engine.rundir import atomic_write_text, read_json
 
 STUDY_SPEC = "reproduce-spec.json"  # the spec a study's results.json was computed with
 
@@ -67,22 +67,6 @@ def check(family: Family, preset: str | None, seeds: tuple | None, kappas: list[
         raise UserError(f"reproduce {family.name}: {family.experiment} has no {chosen!r} preset yet (presets: "
                         f"{have}; `--preset {FULL}` runs the paper's recipe)")
     return chosen
-
-
-def read_json(path: Path):
-    """A JSON file's content, or None when it is missing, unreadable or not JSON."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):  # ValueError: not JSON, or not UTF-8
-        return None
-
-
-def settings_of(spec: dict) -> dict:
-    """What a study's results depend on: the spec less its path and its descriptive fields (a docs fix
-    that edits the appendix a spec cites leaves the results valid), as `--resume` compares a run's."""
-    from emarule.engine.preflight import DESCRIPTIVE
-
-    return {k: v for k, v in spec.items() if k not in DESCRIPTIVE and k != "source"}
 
 
 def refuse_foreign(root: Path, family: Family) -> None:
@@ -227,6 +211,7 @@ def _logged_wall(run: Path) -> float:
 
 def _study(console, family: Family, root: Path, resolve_run) -> tuple:
     from emarule.engine.context import RunContext, default_run_name
+    from emarule.engine.preflight import comparable
     from emarule.analysis.reproduce.studies import judge_study
 
     spec, kappa, rule, _, plan = resolve_run(1.0, "exponential", True)
@@ -235,7 +220,8 @@ def _study(console, family: Family, root: Path, resolve_run) -> tuple:
     reused = results_path.is_file()
     written = read_json(spec_path)
     written = written if isinstance(written, dict) else None
-    if reused and written is not None and settings_of(written) != settings_of(json.loads(json.dumps(spec))):
+    # a docs fix that edits the appendix a spec cites, or a moved checkout, leaves the results valid
+    if reused and written is not None and comparable(written) != comparable(json.loads(json.dumps(spec))):
         raise UserError(f"{run_dir} holds results computed with other settings ({STUDY_SPEC}); "
                         f"pass another --out, or delete {results_path} to compute them again")
     # STUDY_SPEC is written once the study has finished, so results without a readable one are a study that

@@ -15,6 +15,8 @@ import json
 import shlex
 from pathlib import Path
 
+from emarule.engine.rundir import read_json
+
 LEDGER = "invocations.jsonl"
 KEPT = ("wall_s", "runs", "reused", "load_start", "load_end", "cpus")
 
@@ -57,10 +59,7 @@ def families(root: Path) -> set[str]:
 
 def _earlier_verdict(root: Path, verdict_name: str) -> list[dict]:
     """An invocation recorded only in an earlier verdict.json (written before the ledger existed)."""
-    try:
-        old = json.loads((root / verdict_name).read_text())
-    except (OSError, ValueError):
-        return []
+    old = read_json(root / verdict_name)
     t = old.get("timing") if isinstance(old, dict) else None
     if not isinstance(t, dict) or not isinstance(t.get("wall_s"), (int, float)) or not old.get("command"):
         return []

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from emarule.engine.rundir import CHECKPOINT, HPARAMS, atomic_write_text
+from emarule.engine.rundir import CHECKPOINT, HPARAMS, atomic_write_text, read_json
 from emarule.errors import UserError
 
 CACHE, CACHE_INIT, CACHE_PIXELS = "offline_probe.json", "offline_probe_init.json", "offline_probe_pixels.json"
@@ -67,10 +67,7 @@ def _features(evaluation, teacher, data) -> tuple[torch.Tensor, torch.Tensor]:
 def _cached(path: Path, key: str) -> dict | None:
     """A cache's reading, or None when it is missing or damaged: a cache is only ever refitted, so a damaged
     one costs a fit rather than the command."""
-    try:
-        got = json.loads(path.read_text())
-    except (OSError, ValueError):  # ValueError: not JSON, or not UTF-8
-        return None
+    got = read_json(path)
     v = got.get(key) if isinstance(got, dict) else None
     return got if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
