@@ -43,6 +43,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 WRAPPERS = (nn.parallel.DistributedDataParallel, nn.DataParallel)
 BUFFER_MODES = ("copy", "average")
 SCHEDULES = ("constant", "cosine")
+CAST_BYTES = 1 << 28  # a bf16 model's tensors are cast for the update in parts of at most 256 MiB
 SETTINGS = ("momentum", "base_batch_size", "buffers", "dtype", "start_samples", "warmup_power", "warmup_gamma",
             "schedule", "total_samples", "every")
 
@@ -115,6 +116,24 @@ class _Names:
         return any(name == n or name.startswith(n + ".") for n in self.names)
 
 
+class _AnyName:
+    """A tied tensor is excluded when any of its names is (named_parameters() gives only the first)."""
+
+    def __init__(self, test: Callable[[str], bool], aliases: dict):
+        self.test, self.aliases = test, aliases
+
+    def __call__(self, name: str) -> bool:
+        return any(self.test(n) for n in self.aliases.get(name, (name,)))
+
+
+def _aliases(module: nn.Module) -> dict:
+    """Each tied tensor's first name → all its names, for the tensors that have more than one."""
+    names: dict = {}
+    for n, t in (*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)):
+        names.setdefault(id(t), []).append(n)
+    return {ns[0]: tuple(ns) for ns in names.values() if len(ns) > 1}
+
+
 def _excluder(exclude) -> tuple[Callable[[str], bool], tuple]:
     """The test for a tensor's name, and the names given (each must match something)."""
     if exclude is None:
@@ -179,7 +198,10 @@ class ModelEma(nn.Module):
                 p.requires_grad_(False)
                 p.grad = None
             self.module = shadow.eval()
-        names = [n for n, _, _ in self._shadow()]
+        aliases = {} if self._sharded else _aliases(self.module)
+        if aliases:
+            self._excluded = _AnyName(self._excluded, aliases)
+        names = [a for n, _, _ in self._shadow() for a in aliases.get(n, (n,))]
         for n in excluded_names:
             if not any(x == n or x.startswith(n + ".") for x in names):
                 raise ValueError(f"exclude: the model has no parameter or buffer {n!r}")
@@ -487,10 +509,8 @@ class ModelEma(nn.Module):
         else:
             for (dev, dt), es, ss in self._groups if rho != 1.0 else ():
                 ss = [_local(x) for x in ss] if self._sharded else ss
-                # lerp needs one device and dtype: a temporary cast of a bf16 model is cheaper than
-                # losing the update to bf16 rounding in the shadow
-                ss = [x if x.device == dev and x.dtype == dt else x.to(dev, dt) for x in ss]
-                torch._foreach_lerp_(es, ss, 1.0 - rho)
+                for es_part, ss_part in _cast_parts(es, ss, dev, dt):
+                    torch._foreach_lerp_(es_part, ss_part, 1.0 - rho)
             for e, x in self._copies:
                 e.copy_(_local(x))
         if s is not None:
@@ -520,6 +540,26 @@ class ModelEma(nn.Module):
     def extra_repr(self) -> str:
         base = "" if self.base_batch_size is None else f", base_batch_size={self.base_batch_size:g}"
         return f"momentum={self.momentum}{base}, buffers={self.buffers}, dtype={_dtype_name(self.dtype)}"
+
+
+def _cast_parts(es: list, ss: list, dev: torch.device, dt: torch.dtype) -> Iterator[tuple[list, list]]:
+    """The group's (shadow, model) tensors in parts whose casts to the shadow's device and dtype hold at
+    most CAST_BYTES between them (one tensor alone may hold more). lerp needs one device and dtype, and a
+    temporary cast of a bf16 model is cheaper than losing the update to bf16 rounding in the shadow; cast
+    all at once, a large bf16 model would need its whole size again in float32 at the peak."""
+    if all(x.device == dev and x.dtype == dt for x in ss):
+        yield es, ss
+        return
+    start, held, cast = 0, 0, []
+    for i, x in enumerate(ss):
+        size = 0 if x.device == dev and x.dtype == dt else x.numel() * dt.itemsize
+        if held + size > CAST_BYTES and i > start:
+            yield es[start:i], cast
+            cast.clear()  # the caller is done with this part: free its copies before the next is made
+            start, held = i, 0
+        cast.append(x if size == 0 else x.to(dev, dt))
+        held += size
+    yield es[start:], cast
 
 
 def _shard_shadow(source: nn.Module) -> tuple[nn.Module, dict]:

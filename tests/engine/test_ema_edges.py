@@ -167,3 +167,70 @@ def test_a_float64_buffer_is_never_narrowed():
 def test_a_setting_of_the_wrong_type_is_named_before_what_it_would_mean():
     with pytest.raises(ValueError, match="warmup_gamma must be a finite number"):
         ModelEma(nn.Linear(2, 2), 0.9, base_batch_size=8, warmup_gamma="2")
+
+
+def test_a_bf16_model_is_cast_for_the_update_in_bounded_parts(monkeypatch):
+    """The float32 copies of a bf16 model's tensors exist a part at a time, the copies alive at once
+    under CAST_BYTES (or one tensor), and the average is the same as a cast of everything at once."""
+    import weakref
+
+    from emarule.engine import ema as ema_mod
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Linear(16, 16) for _ in range(6))).to(torch.bfloat16)  # weight and bias: 1,088 B
+    ema = ModelEma(model, 0.9)
+    reference = {n: t.double() for n, t in ema.module.state_dict().items()}
+    monkeypatch.setattr(ema_mod, "CAST_BYTES", 1_500)
+    to, copies, peaks, lerp, parts = torch.Tensor.to, [], [], torch._foreach_lerp_, []
+
+    def spy_to(self, *args, **kwargs):
+        out = to(self, *args, **kwargs)
+        if self.dtype == torch.bfloat16 and out.dtype == torch.float32:
+            copies.append(weakref.ref(out))
+            peaks.append(sum(r().numel() * 4 for r in copies if r() is not None))
+        return out
+
+    def spy_lerp(es, ss, weight):
+        parts.append(len(ss))
+        return lerp(es, ss, weight)
+
+    monkeypatch.setattr(torch.Tensor, "to", spy_to)
+    monkeypatch.setattr(torch, "_foreach_lerp_", spy_lerp)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    ema.update(model)
+    monkeypatch.undo()
+    assert parts == [2] * 6 and len(peaks) == 12 and max(peaks) == 1_088  # a layer a part, freed before the next
+    for n, p in model.state_dict().items():
+        want = (reference[n] * 0.9 + p.double() * 0.1).float()
+        torch.testing.assert_close(ema.module.state_dict()[n], want, rtol=0, atol=1e-6)
+
+
+class Tied(nn.Module):
+    """A decoder tied to the embedding: named_parameters() lists the weight once, under the first name."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Embedding(5, 3), nn.Linear(3, 5, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def test_a_tied_weight_is_excluded_by_either_name():
+    for name in ("head.weight", "head", "embed"):
+        model = Tied()
+        ema = ModelEma(model, 0.5, exclude=[name])
+        with torch.no_grad():
+            model.embed.weight.add_(1.0)
+        ema.update(model)
+        assert torch.equal(ema.module.embed.weight, model.embed.weight), name  # copied, not averaged
+        assert ema.module.head.weight is ema.module.embed.weight
+    averaged = ModelEma(model := Tied(), 0.5, exclude=lambda n: n == "nothing")
+    with torch.no_grad():
+        model.embed.weight.add_(1.0)
+    averaged.update(model)
+    torch.testing.assert_close(averaged.module.embed.weight, model.embed.weight - 0.5)
+    with pytest.raises(ValueError, match="no parameter or buffer 'head.bias'"):
+        ModelEma(Tied(), 0.5, exclude=["head.bias"])
+    copy = io.BytesIO()
+    torch.save(ModelEma(Tied(), 0.5, exclude=["head"]), copy)  # still picklable
