@@ -43,25 +43,41 @@ def metric_table(metric: Metric, base: list, settings: dict, until: float | None
                 and (since is None or x >= since - 1e-9)]
         return [xs[i] for i in keep], [ys[i] for i in keep]
 
+    def final(r, c):  # a run stopped before its end has no final value
+        return None if stopped_early(r) else V.final(c)
+
     base_curves = [curve(r) for r in base]
     bgrid, bmean, bstd = V.baseline_curve(base_curves)
     if not bgrid:
         raise UserError(f"the baseline runs logged no {metric.name!r} values in common; "
                         f"check {base[0].path if base else 'the run directories'}/metrics.jsonl")
-    finals = [V.final(c) for c in base_curves]
+    finals = [final(r, c) for r, c in zip(base, base_curves, strict=True)]
     by_seed = {r.seed: c for r, c in zip(base, base_curves, strict=True)}
-    rows = {("baseline", 1.0): {"gaps": V.pair_spread(base_curves), "unpaired": V.spread(base_curves),
-                                "finals": finals, "curves": base_curves, "seeds": [r.seed for r in base],
-                                "base_finals": finals}}
+    final_of = {r.seed: f for r, f in zip(base, finals, strict=True)}
+    base_stopped = [stopped_early(r) for r in base]
+    rows = {("baseline", 1.0): {"gaps": V.pair_spread(base_curves, base_stopped),
+                                "unpaired": V.spread(base_curves), "finals": finals, "curves": base_curves,
+                                "seeds": [r.seed for r in base], "base_finals": finals}}
     for (k, rule), rs in settings.items():
         # Paired: each run against its own seed's baseline; a run whose seed has no baseline is left out.
         rs = [r for r in rs if r.seed in by_seed]
-        curves = [curve(r) for r in rs]
-        rows[(rule, k)] = {"gaps": V.paired_gaps(curves, [by_seed[r.seed] for r in rs]),
-                           "unpaired": V.gaps(curves, (bgrid, bmean)), "finals": [V.final(c) for c in curves],
+        curves, stopped = [curve(r) for r in rs], [stopped_early(r) for r in rs]
+        rows[(rule, k)] = {"gaps": V.paired_gaps(curves, [by_seed[r.seed] for r in rs], stopped),
+                           "unpaired": V.gaps(curves, (bgrid, bmean), stopped),
+                           "finals": [final(r, c) for r, c in zip(rs, curves, strict=True)],
                            "curves": curves, "seeds": [r.seed for r in rs],
-                           "base_finals": [V.final(by_seed[r.seed]) for r in rs]}
+                           "base_finals": [final_of[r.seed] for r in rs]}
     return {"metric": metric, "baseline": (bgrid, bmean, bstd), "rows": rows}
+
+
+def stopped_early(run) -> bool | None:
+    """Whether the run's log ends before its planned end (`total` in hparams.json, in the batch unit): a run
+    that diverged or is still training. None where the run does not record its end."""
+    total = V.finite_number(run.hparams.get("total"))
+    seen = [x for x in (V.finite_number(r.get("samples_seen")) for r in run.rows) if x is not None]
+    if total is None or not seen:
+        return None
+    return max(seen) < total * (1 - 1e-9)
 
 
 def measure(family: Family, runs: list, arms: dict | None = None) -> dict:
@@ -75,8 +91,17 @@ def measure(family: Family, runs: list, arms: dict | None = None) -> dict:
     logged = set.intersection(*(r.metrics() for r in base))
     # A further metric (a control EMA) is judged only where the preset logs it.
     metrics = [m for m in family.metrics if m in (family.ema_metric, family.target_metric) or m.name in logged]
-    since = transition_epoch([r for rs in settings.values() for r in rs])
-    tables = {m.name: metric_table(m, base, settings, since=since) for m in metrics}
+    # Each comparison starts where its own settings first leave κ=1: which other settings (arms) were run
+    # must not change a claim's statistic, so a --headline check reads its claim as the full reproduction does.
+    since = transition_epoch([r for (_, rule), rs in settings.items() if rule in (*STANDARD, "linear") for r in rs])
+    cache: dict = {}
+
+    def tables_from(x: float | None) -> dict:
+        if x not in cache:
+            cache[x] = {m.name: metric_table(m, base, settings, since=x) for m in metrics}
+        return cache[x]
+
+    tables = tables_from(since)
     kappas = sorted({k for k, rule in settings if rule in STANDARD or rule == "linear"})
     gate = track_table(family, tables, base, settings, since)
     claims = []
@@ -84,17 +109,17 @@ def measure(family: Family, runs: list, arms: dict | None = None) -> dict:
         if c.metric not in tables:
             claims.append(not_logged(c))
             continue
+        x = claim_since(family, c, settings, since)
         if c.until:  # the claim's part of the run only
             until = epochs_of_base_steps(base[0], c.until)
-            window = metric_table(family.metric(c.metric), base, settings, until, since)
-            claims.append(judge(family, c, {**tables, c.metric: window}, base, kappas, gate)
+            window = metric_table(family.metric(c.metric), base, settings, until, x)
+            claims.append(judge(family, c, {**tables_from(x), c.metric: window}, base, kappas, gate)
                           | {"statistic": f"{STATISTIC[c.over]} up to epoch {until:.3g} ({c.until})"})
         else:
-            claims.append(judge(family, c, tables, base, kappas, gate))
-    if since:
-        for c in claims:
-            if c["statistic"].startswith(STATISTIC["run"]):
-                c["statistic"] = c["statistic"].replace(STATISTIC["run"], f"{STATISTIC['run']} from epoch {since:g}")
+            claims.append(judge(family, c, tables_from(x), base, kappas, gate))
+        if x and claims[-1]["statistic"].startswith(STATISTIC["run"]):
+            claims[-1]["statistic"] = claims[-1]["statistic"].replace(STATISTIC["run"],
+                                                                      f"{STATISTIC['run']} from epoch {x:g}")
     out = {"tables": tables, "claims": claims, "kappas": kappas, "baseline_seeds": len(base),
            "seeds": [r.seed for r in base], "goal": goal(family, tables, kappas), "since_epoch": since,
            "optimizer_check": optimizer_check(family, gate, kappas)}
@@ -113,6 +138,18 @@ def transition_epoch(runs: list) -> float | None:
         first = next((st.get("start_epoch") for st in layout if not math.isclose(st.get("kappa", 1.0), 1.0)), 0.0)
         starts.append(float(first or 0.0))
     return min(starts) if starts and min(starts) > 0 else None
+
+
+def claim_since(family: Family, claim: Claim, settings: dict, standard: float | None) -> float | None:
+    """Where the settings a claim compares first leave κ=1 (`transition_epoch` of their runs): a
+    progressive setting against another progressive one is compared from there, against a constant one
+    from the start. The standard settings' transition for a claim at every κ."""
+    if claim.kappa is None and claim.settings == STANDARD:
+        return standard
+    names = claim.settings[:1] if claim.kind in ("optimizer_strays", "matches_or_better") else claim.settings
+    keys = [setting_key(family, n, claim.kappa) for n in names]  # (setting, κ); `settings` has (κ, setting)
+    runs = [r for name, k in keys for r in settings.get((k, name), [])]
+    return transition_epoch(runs) if runs else standard
 
 
 def goal(family: Family, tables: dict, kappas: list) -> dict:
@@ -202,7 +239,9 @@ def paired_difference(table: dict, a: tuple, b: tuple, over: str) -> dict:
     gb = dict(zip(rb["seeds"], rb["gaps"][f"per_seed_{over}"], strict=True))
     seeds = [s for s in ra["seeds"] if s in gb]
     d = V.differences([ga[s] for s in seeds], [gb[s] for s in seeds])
-    return {"per_seed": d, "mean": sum(d) / len(d) if d else None, "ci": V.bootstrap_ci(d), "seeds": seeds}
+    mean = sum(d) / len(d) if d else None
+    return {"per_seed": d, "mean": None if mean is not None and math.isnan(mean) else mean,  # +∞ and −∞ seeds
+            "ci": V.bootstrap_ci(d), "seeds": seeds}
 
 
 def final_differences(table: dict, a: tuple, b: tuple | None, sign: float) -> dict:
@@ -367,11 +406,11 @@ def gated(family: Family, claim: Claim, out: dict, gate: dict | None, keys: list
 
 
 def track_table(family: Family, tables: dict, base: list, settings: dict, since: float | None) -> dict | None:
-    """The optimizer-rule check: the target model's paired gap over the run for every setting, against the
-    baseline's pair spread, and whether it tracks, strays or sits between. `blind` says whether the target
-    metric is blind to the EMA (else a gap there may be the EMA's own, and no claim is gated on it); a
-    family's `target_blind_until` restricts it to the part of the run where it is (pseudo-labeling's
-    pre-training)."""
+    """The optimizer-rule check: the target model's paired gap over the run (from `since`, where the standard
+    settings leave κ=1) for every setting, against the baseline's pair spread, and whether it tracks, strays
+    or sits between. `blind` says whether the target metric is blind to the EMA (else a gap there may be the
+    EMA's own, and no claim is gated on it); a family's `target_blind_until` restricts it to the part of the
+    run where it is (pseudo-labeling's pre-training)."""
     t = family.target_metric
     if t is None or t.name not in tables:
         return None
@@ -393,7 +432,7 @@ def track_table(family: Family, tables: dict, base: list, settings: dict, since:
         state = None if st is None else ("strays" if st else ("tracks" if g <= s else "between"))
         rows[(rule, k)] = {"metric": t.name, "gap": g, "ci": ci, "spread": s, "state": state}
     return {"metric": t.name, "blind": (not t.depends_on_ema) or window is not None, "spread": s, "rows": rows,
-            "until_epoch": window, "until": family.target_blind_until or None}
+            "until_epoch": window, "until": family.target_blind_until or None, "since_epoch": since}
 
 
 def optimizer_check(family: Family, gate: dict | None, kappas: list) -> dict | None:
@@ -405,6 +444,7 @@ def optimizer_check(family: Family, gate: dict | None, kappas: list) -> dict | N
             for (rule, k), r in sorted(gate["rows"].items(), key=lambda kv: (kv[0][1], kv[0][0]))]
     first = next((r["kappa"] for r in rows if r["setting"] == "with" and r["state"] == "strays"), None)
     window = f" up to epoch {gate['until_epoch']:.3g} ({gate['until']})" if gate["until_epoch"] is not None else ""
+    window = (f" from epoch {gate['since_epoch']:g}" if gate.get("since_epoch") else "") + window
     if first is not None:
         head = f"the target model's {gate['metric']}{window} strays with the rule first at κ={first:g}"
     elif any(r["state"] is None for r in rows if r["setting"] == "with"):

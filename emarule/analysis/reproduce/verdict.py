@@ -81,7 +81,9 @@ from emarule.analysis.compare import finite_number, gap, mean_curve
 
 FACTOR = 2.0
 VERDICTS = ("reproduced", "contradicted", "inconclusive")
-INCOMPLETE = 0.99  # a run whose curve ends before this share of the baseline's last epoch stopped early
+# Without its run's planned end (`stopped`), a curve that ends before this share of the baseline's last
+# epoch counts as a run stopped early.
+INCOMPLETE = 0.99
 
 
 # --- curves -------------------------------------------------------------------------------------
@@ -113,17 +115,25 @@ def _mean(v: list) -> float | None:
     return sum(v) / len(v) if v else None
 
 
-def gaps(curves: list, base: tuple[list, list]) -> dict:
-    """Mean over seeds of each seed's mean |Δ| ("run") and |Δ| at the end ("end") against `base`."""
+def _stopped(stopped: list | None, i: int, end: float, reference: float) -> bool:
+    """Whether curve i's run stopped before its own end: from the run's record where known (`stopped[i]`
+    True or False), else from where its curve ends against the reference's."""
+    known = stopped[i] if stopped is not None else None
+    return bool(known) if known is not None else end < INCOMPLETE * reference
+
+
+def gaps(curves: list, base: tuple[list, list], stopped: list | None = None) -> dict:
+    """Mean over seeds of each seed's mean |Δ| ("run") and |Δ| at the end ("end") against `base`.
+    `stopped[i]`: whether run i stopped before its planned end (None: judged from the curves)."""
     runs, ends, incomplete = [], [], 0
     bx = base[0]
     missing = sum(1 for c in curves if not c[0])
     if missing:  # a run that never logged the metric (pseudo-labeling never started): nothing to compare
         return {"run": None, "end": None, "seeds": len(curves), "incomplete": 0, "missing": missing,
                 "per_seed_run": [], "per_seed_end": []}
-    for c in curves:
+    for i, c in enumerate(curves):
         g = gap(c, base)
-        if c[0][-1] < INCOMPLETE * bx[-1]:
+        if _stopped(stopped, i, c[0][-1], bx[-1]):
             incomplete += 1
             runs.append(math.inf)
             ends.append(math.inf)
@@ -155,6 +165,8 @@ def bootstrap_ci(values: list, resamples: int = BOOTSTRAP_RESAMPLES, level: floa
     vals = sorted(float(v) for v in values if v is not None)
     if len(vals) < 2:
         return None
+    if vals[0] == -math.inf and vals[-1] == math.inf:  # seeds stopped early on both sides: no bound either way
+        return -math.inf, math.inf
     if vals[0] == vals[-1]:
         return vals[0], vals[0]
     a = np.array(vals)
@@ -196,20 +208,20 @@ def differences(a: list, b: list) -> list:
     return out
 
 
-def paired_gaps(curves: list, base_curves: list) -> dict:
+def paired_gaps(curves: list, base_curves: list, stopped: list | None = None) -> dict:
     """Each seed's run against ITS OWN seed's baseline (`curves[i]` and `base_curves[i]` share the seed,
     hence the initial weights and the data order): per seed mean |Δ| ("run") and |Δ| at the end ("end"),
-    their means over seeds and a bootstrap interval of each mean."""
+    their means over seeds and a bootstrap interval of each mean. `stopped` as in `gaps`."""
     runs, ends, incomplete = [], [], 0
     missing = sum(1 for c in curves if not c[0])
     if missing:  # a run that never logged the metric (pseudo-labeling never started): nothing to compare
         return {"run": None, "end": None, "seeds": len(curves), "incomplete": 0, "missing": missing,
                 "per_seed_run": [], "per_seed_end": [], "ci_run": None, "ci_end": None}
-    for c, b in zip(curves, base_curves, strict=True):
+    for i, (c, b) in enumerate(zip(curves, base_curves, strict=True)):
         if not b[0]:
             return {"run": None, "end": None, "seeds": len(curves), "incomplete": 0, "missing": 1,
                     "per_seed_run": [], "per_seed_end": [], "ci_run": None, "ci_end": None}
-        if c[0][-1] < INCOMPLETE * b[0][-1]:
+        if _stopped(stopped, i, c[0][-1], b[0][-1]):
             incomplete += 1
             runs.append(math.inf)
             ends.append(math.inf)
@@ -224,21 +236,25 @@ def paired_gaps(curves: list, base_curves: list) -> dict:
             "per_seed_run": runs, "per_seed_end": ends, "ci_run": bootstrap_ci(runs), "ci_end": bootstrap_ci(ends)}
 
 
-def pair_spread(curves: list) -> dict | None:
+def pair_spread(curves: list, stopped: list | None = None) -> dict | None:
     """The noise reference of a paired gap: each baseline seed against each OTHER baseline seed, one run
     against one run as a paired gap is, mean |Δ| over the run and |Δ| at the end, averaged over the
-    n(n − 1) ordered pairs. None below 2 seeds."""
-    curves = [c for c in curves if c[0]]
-    if len(curves) < 2:
+    n(n − 1) ordered pairs that share evaluation points. None below 2 seeds, or without such a pair.
+    `stopped` as in `gaps`."""
+    keep = [i for i, c in enumerate(curves) if c[0]]
+    if len(keep) < 2:
         return None
     runs, ends = [], []
-    for i, c in enumerate(curves):
-        for j, b in enumerate(curves):
+    for i in keep:
+        for j in keep:
             if i != j:
-                g = gaps([c], (b[0], b[1]))
-                runs.append(g["run"])
-                ends.append(g["end"])
-    return {"run": _mean(runs), "end": _mean(ends), "seeds": len(curves), "pairs": len(runs)}
+                g = gaps([curves[i]], (curves[j][0], curves[j][1]), None if stopped is None else [stopped[i]])
+                if g["run"] is not None:
+                    runs.append(g["run"])
+                    ends.append(g["end"])
+    if not runs:
+        return None
+    return {"run": _mean(runs), "end": _mean(ends), "seeds": len(keep), "pairs": len(runs)}
 
 
 def baseline_curve(curves: list) -> tuple[list, list, list]:
@@ -254,8 +270,11 @@ def spread(curves: list) -> dict | None:
     for i, c in enumerate(curves):
         others = mean_curve(curves[:i] + curves[i + 1:])
         g = gaps([c], (others[0], others[1]))
-        runs.append(g["run"])
-        ends.append(g["end"])
+        if g["run"] is not None:
+            runs.append(g["run"])
+            ends.append(g["end"])
+    if not runs:
+        return None
     return {"run": _mean(runs), "end": _mean(ends), "seeds": len(curves)}
 
 
@@ -290,6 +309,8 @@ def decide(kind: str, g_with: float | None, g_without: float | None, s: float | 
         return "inconclusive", "a setting has no gap (not run, or a run never logged the metric)"
     f, big = FACTOR, max(g_with, g_without)
     r = f"gap with {_n(g_with)}, without {_n(g_without)}, baseline spread {_n(s)}"
+    if math.isinf(g_with) and math.isinf(g_without):
+        return "inconclusive", f"{r}: runs stopped early in both settings, so their gaps cannot be compared"
     if diff_ci is not None:
         r += f"; paired difference without − with, 95 % CI {_ci(diff_ci)}"
     apart = diff_ci is None or diff_ci[0] > 0  # the paired difference excludes 0: without is farther
@@ -434,8 +455,10 @@ def decide_matches_or_better(d: float | None, d_ci: tuple | None, s_end: float |
     r = f"A − baseline at the end {_n(d, signed=True)} (95 % CI {_ci(d_ci)}), end spread {_n(s_end)}"
     if d >= -FACTOR * s_end:
         return "reproduced", f"{r}: level with the baseline (within 2× spread) or above it"
-    if d_ci is None or d_ci[1] < 0:
+    if d_ci is not None and d_ci[1] < 0:
         return "contradicted", f"{r}: below the baseline by > 2× spread"
+    if d_ci is None:
+        return "inconclusive", f"{r}: below by > 2× spread, but one seed gives no interval"
     return "inconclusive", f"{r}: below by > 2× spread, but the CI includes 0"
 
 
