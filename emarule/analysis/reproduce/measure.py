@@ -444,7 +444,7 @@ def optimizer_check(family: Family, gate: dict | None, kappas: list) -> dict | N
             for (rule, k), r in sorted(gate["rows"].items(), key=lambda kv: (kv[0][1], kv[0][0]))]
     first = next((r["kappa"] for r in rows if r["setting"] == "with" and r["state"] == "strays"), None)
     window = f" up to epoch {gate['until_epoch']:.3g} ({gate['until']})" if gate["until_epoch"] is not None else ""
-    window = (f" from epoch {gate['since_epoch']:g}" if gate.get("since_epoch") else "") + window
+    since = f" from epoch {gate['since_epoch']:g}" if gate.get("since_epoch") else ""
     if first is not None:
         head = f"the target model's {gate['metric']}{window} strays with the rule first at κ={first:g}"
     elif any(r["state"] is None for r in rows if r["setting"] == "with"):
@@ -454,7 +454,7 @@ def optimizer_check(family: Family, gate: dict | None, kappas: list) -> dict | N
     if not gate["blind"]:
         head += (f"; {gate['metric']} depends on the EMA too, so a gap there may be the EMA's: no EMA claim is set "
                  f"aside on it")
-    return {"metric": gate["metric"], "statistic": STATISTIC["run"] + window, "spread": gate["spread"],
+    return {"metric": gate["metric"], "statistic": STATISTIC["run"] + since + window, "spread": gate["spread"],
             "ema_blind": gate["blind"], "rows": rows, "first_strays_kappa": first, "summary": head,
             "rule": "strays: gap > 2× spread and the gap's 95 % CI above 1× spread; tracks: gap ≤ 1× spread"}
 
