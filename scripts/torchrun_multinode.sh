@@ -14,6 +14,8 @@
 #   --nproc-per-node  NPROC_PER_NODE  (number of visible GPUs, else 1)
 #   PYTHON            the interpreter (default: .venv/bin/python if present, else python3)
 #   RDZV_ID           rendezvous id shared by the nodes (SLURM_JOB_ID, else "emarule")
+#   TORCH_ELASTIC_SHUTDOWN_TIMEOUT  seconds torchrun gives the ranks from SIGTERM to SIGKILL (default
+#                     here 110, torch's 30): a rank checkpoints after its step in progress, then exits
 #
 # Example, two 8-GPU nodes, BYOL ViT-B/16 at κ=6 (batch 24,576 = 4096 × 6):
 #   node 0:  NNODES=2 NODE_RANK=0 MASTER_ADDR=node0 scripts/torchrun_multinode.sh -- \
@@ -41,7 +43,7 @@ while [[ $# -gt 0 ]]; do
     --master-addr) master_addr="$2"; shift 2 ;;
     --master-port) master_port="$2"; shift 2 ;;
     --nproc-per-node) nproc="$2"; shift 2 ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     --) shift; break ;;
     *) break ;;
   esac
@@ -66,6 +68,8 @@ if [[ -z "$nproc" ]]; then
   fi
   [[ -z "$nproc" || "$nproc" -lt 1 ]] && nproc=1
 fi
+
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT="${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-110}"
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python="${PYTHON:-}"

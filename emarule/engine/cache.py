@@ -19,8 +19,9 @@ def build_once(root: Path, build: Callable[[Path], object], complete: Callable[[
     """`root`, built by `build(tmp)` unless `complete(root)` already holds.
 
     A folder at `root` that is not complete (damaged, or stale) is moved aside and removed before the new one
-    takes its place. `unwritable` starts the one-line error when the cache cannot be written; it is followed by
-    the system's reason and must end with the fix.
+    takes its place. A complete one that another builder put there while this one was building is kept, and
+    this build is discarded: processes may already be reading it. `unwritable` starts the one-line error when
+    the cache cannot be written; it is followed by the system's reason and must end with the fix.
     """
     if complete(root):
         return root
@@ -32,6 +33,8 @@ def build_once(root: Path, build: Callable[[Path], object], complete: Callable[[
         raise UserError(unwritable.format(cache=cache, reason=e.strerror)) from None
     try:
         build(tmp)
+        if complete(root):  # another builder finished first
+            return root
         if root.exists():
             stale = Path(tempfile.mkdtemp(prefix=".stale-", dir=cache))
             try:

@@ -40,11 +40,13 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
+    """The states `rng_state` took. torch's generators take their state as a CPU ByteTensor, and `load` maps
+    the whole checkpoint onto the run's device (a GPU): the states go back to the CPU first."""
+    torch.set_rng_state(state["torch"].cpu())
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
 def path_in(out: Path) -> Path:

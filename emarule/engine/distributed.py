@@ -12,6 +12,10 @@ bookkeeping does not follow. Exact equivalence across world sizes and micro-batc
 order of floating-point sums) holds for models without BatchNorm, and for SyncBatchNorm without
 accumulation; BatchNorm normalizes each micro-batch by its own statistics, so per-device batch
 composition then changes the function being trained.
+
+Reading the environment (`rank`, `world_size`, `is_main`) imports no torch: the CLI, the run-directory lock
+and the studies ask it too, and a torch-free command stays torch-free. torch is imported by the functions
+that need it.
 """
 
 from __future__ import annotations
@@ -21,11 +25,12 @@ import os
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING
 
 from emarule.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,7 @@ class Dist:
     world_size: int
     local_rank: int
     device: torch.device
+    local_world_size: int = 1  # processes on this node (torchrun's LOCAL_WORLD_SIZE)
 
     @property
     def is_main(self) -> bool:
@@ -60,6 +66,8 @@ DEVICE_ENV = "EMARULE_DEVICE"  # auto (the default), cpu or cuda
 def device_type() -> str:
     """"cuda" or "cpu": $EMARULE_DEVICE, or a GPU when torch sees one. `cpu` keeps a GPU machine's runs on the
     CPU (the test suite's bit-exact checks are CPU checks; cuDNN's kernels are not deterministic)."""
+    import torch
+
     asked = os.environ.get(DEVICE_ENV, "").strip().lower() or "auto"
     if asked not in ("auto", "cpu", "cuda"):
         raise UserError(f"{DEVICE_ENV}={asked!r}: use auto, cpu or cuda")
@@ -78,11 +86,15 @@ def setup() -> Dist:
     global _STATE
     if _STATE is not None:
         return _STATE
+    import torch
+    import torch.distributed as dist
+
     world = _env_int("WORLD_SIZE", 1)
     rank = _env_int("RANK", 0)
     local = _env_int("LOCAL_RANK", 0)
+    here = _env_int("LOCAL_WORLD_SIZE", 0)  # 0: not set (a launcher other than torchrun)
     if device_type() == "cuda":
-        gpus, here = torch.cuda.device_count(), _env_int("LOCAL_WORLD_SIZE", 1)
+        gpus = torch.cuda.device_count()
         if world > 1 and here > gpus:  # two ranks on one GPU: nccl refuses it only at the first collective
             raise UserError(f"torchrun started {here} processes on this node, which has {gpus} GPU(s); use "
                             f"--nproc-per-node {gpus}, or CUDA_VISIBLE_DEVICES= to train on the CPU with gloo")
@@ -97,7 +109,8 @@ def setup() -> Dist:
         dist.init_process_group(backend=backend, timeout=timedelta(minutes=30),
                                 **({"device_id": device} if device.type == "cuda" else {}))
         atexit.register(_leave_group)
-    _STATE = Dist(rank, world, local, device)
+    # Without LOCAL_WORLD_SIZE every process is taken to share this node's cores.
+    _STATE = Dist(rank, world, local, device, local_world_size=here or world)
     return _STATE
 
 
@@ -116,8 +129,16 @@ def teardown() -> None:
     _STATE = None
 
 
+def _group():
+    """torch.distributed when this process is in a process group, else None. Imports nothing: a process
+    that never imported torch.distributed is in no group."""
+    d = sys.modules.get("torch.distributed")
+    return d if d is not None and d.is_available() and d.is_initialized() else None
+
+
 def _leave_group() -> None:
-    if dist.is_available() and dist.is_initialized():
+    dist = _group()
+    if dist is not None:
         # gloo can abort a process ("terminate called without an active exception") that tears the group
         # down while a peer's last messages are in flight: meet every rank first. Bounded, because a peer
         # that already failed never arrives.
@@ -136,7 +157,7 @@ def exit_process(code: int) -> None:
     gloo's worker threads can still free work objects that need the GIL and the process aborts ("terminate
     called without an active exception") after its work was done and saved. Returns at once for a
     process that is in no group."""
-    if not (dist.is_available() and dist.is_initialized()):
+    if _group() is None:
         return
     _leave_group()
     sys.stdout.flush()
@@ -163,17 +184,27 @@ def device() -> torch.device:
 
 
 def _active() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    dist = _group()
+    return dist is not None and dist.get_world_size() > 1
+
+
+def in_group() -> bool:
+    """Whether this process is one of several in a process group (reads no environment, imports no torch)."""
+    return _active()
 
 
 def barrier() -> None:
     if _active():
+        import torch.distributed as dist
+
         dist.barrier()
 
 
 def all_reduce_sum_(t: torch.Tensor) -> torch.Tensor:
     """In-place sum over ranks (no-op in one process)."""
     if _active():
+        import torch.distributed as dist
+
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
 
@@ -182,6 +213,8 @@ def gather_objects(obj) -> list:
     """Every rank's `obj`, in rank order (on every rank)."""
     if not _active():
         return [obj]
+    import torch.distributed as dist
+
     out = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
@@ -207,12 +240,27 @@ def _buckets(tensors: list[torch.Tensor]):
 
 
 def all_reduce_grads_(params: list[torch.nn.Parameter]) -> None:
-    """Sum gradients over ranks, flattened into large buckets (one collective per bucket)."""
-    if not _active():
+    """Sum gradients over ranks, flattened into large buckets (one collective per bucket).
+
+    A parameter with no gradient (grad None: nothing in the batch reached it) is what one process over the
+    whole batch would see only when no rank gave it one: a flag per parameter, summed over ranks first,
+    decides. Given by some rank, the others add zeros; given by none, it keeps grad None on every rank,
+    so the optimizer leaves it alone (no weight decay, no step count), as in one process.
+    """
+    if not _active() or not params:
         return
+    import torch
+    import torch.distributed as dist
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-    grads = [p.grad for p in params if p.grad is not None]
+    mine = [p.grad is not None for p in params]
+    given = torch.tensor(mine, dtype=torch.float32, device=state().device)
+    dist.all_reduce(given, op=dist.ReduceOp.SUM)
+    anyone = [n > 0 for n in given.tolist()]
+    for p, m, a in zip(params, mine, anyone, strict=True):
+        if a and not m:  # the all-reduce needs the same tensors on every rank
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p, a in zip(params, anyone, strict=True) if a]
     for bucket in _buckets(grads):
         flat = _flatten_dense_tensors(bucket)
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
@@ -221,6 +269,8 @@ def all_reduce_grads_(params: list[torch.nn.Parameter]) -> None:
 
 
 def _broadcast_(tensors: list[torch.Tensor], src: int) -> None:
+    import torch
+    import torch.distributed as dist
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
     with torch.no_grad():
@@ -256,17 +306,19 @@ def maybe_sync_batchnorm(model: torch.nn.Module, sync_bn: bool) -> torch.nn.Modu
     share of the batch, as plain BatchNorm under DDP does.
     """
     if sync_bn and world_size() > 1 and device().type == "cpu" and is_main():
-        import sys
-
         print("warning: norm.sync_bn is set, but SyncBatchNorm has no CPU implementation; "
               "each process normalizes its own share of the batch", file=sys.stderr)
     if not sync_batchnorm_possible(sync_bn):
         return model
+    import torch
+
     return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 
 def to_device(batch, device: torch.device):
     """Tensors of a (nested) batch onto `device`; the loop moves each batch once, tasks never do."""
+    import torch
+
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)
     if isinstance(batch, (list, tuple)):

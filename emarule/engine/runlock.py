@@ -198,7 +198,9 @@ class DirLock:
 
 
 def _main_rank() -> bool:
-    return os.environ.get("RANK", "0") in ("", "0")
+    from emarule.engine import distributed  # the launcher's environment, read without torch
+
+    return distributed.is_main()
 
 
 def lock_dir(directory: Path, what: str, enabled: bool | None = None, echo=None) -> DirLock:

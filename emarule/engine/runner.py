@@ -5,8 +5,6 @@ The record (`emarule.tasks.registry.TaskSpec`) is passed in: the engine never im
 
 from __future__ import annotations
 
-import os
-
 from emarule.engine.context import RunContext
 
 
@@ -23,7 +21,9 @@ def run(ctx: RunContext, spec) -> dict:
     with lock_dir(ctx.out, "run"):
         if spec.kind == "study":
             rundir.check_study_dir(ctx.out, ctx.experiment, ctx.resume)
-            if os.environ.get("RANK", "0") in ("", "0"):
+            from emarule.engine import distributed  # the launcher's environment, read without torch
+
+            if distributed.is_main():
                 ctx.say_warnings()
             return spec.build(ctx)
         from emarule.engine.loop import train
