@@ -8,7 +8,6 @@ only once every option has been checked (`emarule.cli.checks`), before anything 
 # app is built (each start), and string annotations cost it an eval apiece: three quarters of that build.
 import functools
 import math
-import os
 import sys
 from enum import Enum
 from pathlib import Path
@@ -142,9 +141,10 @@ def whole(values: list[float], what: str) -> list[int]:
 
 
 def resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule, ema_rule, progressive,
-            batch_option: bool = True):
+            batch_option: bool = True, batch_multiple=None):
     """Spec + κ + rule + progressive schedule → (spec, κ, rule name or None, progressive dict, plan).
-    `batch_option`: the command offers --batch-size (sweep and reproduce take κ only)."""
+    `batch_option`: the command offers --batch-size (sweep and reproduce take κ only). `batch_multiple(spec)`:
+    what a run's ramp batches are multiples of (`emarule.engine.context.batch_multiple`; None: 1)."""
     from emarule.cli import checks
     from emarule.scaling import kappa_from, plan
     from emarule.scaling import progressive as prog
@@ -157,7 +157,8 @@ def resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule,
     k = kappa_from(s, number(kappa, "--kappa"), b)
     rule = None if no_ema_rule else (ema_rule or EmaRule.exponential).value
     # Only a command-line schedule is passed on: `plan` itself takes the spec's, or skips it (κ < 1).
-    p = plan(s, k, rule, prog.parse(progressive) if progressive is not None else None)
+    p = plan(s, k, rule, prog.parse(progressive) if progressive is not None else None,
+             batch_multiple(s) if batch_multiple is not None else 1)
     checks.whole_batches(s, p, b, runs=False, batch_option=batch_option)
     return s, k, rule, p.progressive, p
 
@@ -430,12 +431,12 @@ def run(
     import time
 
     from emarule.cli import checks
-    from emarule.engine.context import RunContext, default_run_name
+    from emarule.engine.context import RunContext, batch_multiple, default_run_name
     from emarule.tasks import RUNNABLE_TASKS
 
     check_run_options(wandb, max_device_batch, seed, num_workers)
     s, k, rule, pr, p = resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule, ema_rule,
-                                progressive)
+                                progressive, batch_multiple=batch_multiple)
     checks.runnable(s, RUNNABLE_TASKS)
     checks.data(s, data)
     checks.whole_batches(s, p, None, runs=True)
@@ -448,14 +449,10 @@ def run(
                      data=data, resume=resume, seed=seed, wandb="off" if wandb == "disabled" else wandb,
                      max_device_batch=max_device_batch, num_workers=num_workers, warnings=tuple(p.warnings))
     from emarule.analysis.run_report import print_report, report
-    from emarule.tasks import registry, run_task
+    from emarule.engine import distributed  # the launcher's environment (RANK), read without importing torch
+    from emarule.tasks import run_task
 
-    if registry.REGISTRY[s["task"]].kind == "study":  # no process group (the parabola never imports torch)
-        main = os.environ.get("RANK", "0") in ("", "0")
-    else:
-        from emarule.engine import distributed  # torch, from here on
-
-        main = distributed.is_main()
+    main = distributed.is_main()
     t0 = time.monotonic()
     run_task(ctx)
     if main:
@@ -504,8 +501,10 @@ def sweep(
                         seed_list)
 
     def resolve_run(k: float, ema: Optional[str], baseline: bool):
+        from emarule.engine.context import batch_multiple
+
         return resolve(experiment, spec, preset, overrides, repr(k), None, ema is None, ema and EmaRule(ema),
-                       "constant" if baseline else progressive, batch_option=False)
+                       "constant" if baseline else progressive, batch_option=False, batch_multiple=batch_multiple)
 
     from emarule.cli.checks import out_dir
 
@@ -629,9 +628,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _exit(code: int) -> None:
-    # A process of a torchrun launch ends through distributed.exit_process; only a command that trained has
-    # imported it, so table, plan and limits stay free of torch.
+    # A process of a torchrun launch ends through distributed.exit_process. Only a command that ran something
+    # has imported that module, and asking it whether this process is in a group imports no torch, so table,
+    # plan and limits stay free of torch.
     launched = sys.modules.get("emarule.engine.distributed")
-    if launched is not None and os.environ.get("WORLD_SIZE", "1") not in ("", "1"):
+    if launched is not None and launched.in_group():
         launched.exit_process(code)
     sys.exit(code)

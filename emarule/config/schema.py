@@ -98,6 +98,9 @@ PROGRESSIVE = {
     "end_epoch": num("smooth: epoch at which κB is reached", **NONNEG),
     "every_epochs": num("incremental: epochs between increments", **POSITIVE),
     "delta_batch": num("incremental: batch added at each increment (batch unit)", **POSITIVE),
+    "batch_multiple": integer("smooth/incremental: the ramp's batches are rounded to multiples of it (a run "
+                              "launched on N processes makes it a multiple of N; default 1: whole samples)",
+                              lo=1),
 }
 
 COMMON: dict[str, Any] = {

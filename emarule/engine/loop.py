@@ -176,8 +176,9 @@ def build_emas(cfg: Config | dict, source: nn.Module, plan) -> dict:
     if ema.momentum is None:
         return {}
     names = [MAIN_EMA] + [extra_ema_name(r) for r in ema.also]
-    # the plan's start_steps/κ steps of the first stage's batch (what `plan` shows)
-    start = (plan.get("ema.start_steps", 0) or 0) * plan["batch_size"]
+    # ema.start_steps counts base steps: the EMA starts after N × B of data at every κ and in every stage,
+    # compared in samples (or seconds) as the other step-counted values are
+    start = float(ema.start_steps or 0) * float(config_of(cfg).batch.size)
     emas = {}
     for name in names:
         key = schedules.momentum_key(name)
@@ -196,6 +197,8 @@ def setup(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> Run:
     batcher = make_batcher(ctx, parts)
     base_batch = float(cfg.batch.size)
     sched = schedules.from_spec(cfg, batcher.epoch_measure)
+    if ctx.progressive:  # a schedule given to the run rather than the spec's own (checked in from_spec)
+        schedules.check_base_step(cfg, batcher.epoch_measure, ctx.progressive)
     batches = BatchSchedule(ctx.progressive, base_batch, ctx.kappa, cfg.schedule.epochs, cfg.schedule.total_steps)
     check_batches_fit(ctx, batcher, d.world_size)
     if ctx.resume and not checkpoint.path_in(ctx.out).exists() and (ctx.out / UNSAVED).exists():
@@ -246,7 +249,8 @@ def parts_workers(parts: TaskParts, ctx: RunContext, d: distributed.Dist) -> int
         return 0  # CPU training shares the same cores; workers would only compete
     import os
 
-    return min(8, max(1, (os.cpu_count() or 2) // max(1, d.world_size) - 1))
+    # the ranks on this node share its cores: the ranks of other nodes have their own
+    return min(8, max(1, (os.cpu_count() or 2) // max(1, d.local_world_size) - 1))
 
 
 # --- open: a fresh run directory, or the run resumed from its checkpoint ------------------------
@@ -361,8 +365,11 @@ def hparams(run: Run) -> dict:
 
 
 def schedule_time(run: Run) -> float:
-    """Where the clock is on the Progressive Scaling schedule's axis: epochs or base steps."""
-    return run.clock.seen / run.base_batch if run.batches.axis == "base_steps" else run.epoch_now
+    """Where the clock is on the Progressive Scaling schedule's axis: epochs or base steps, the axis of the
+    plan's stages (the schedule in force, whether the spec's own or the one the run was given)."""
+    stages = run.ctx.plan.stages
+    axis = stages[0][0].axis if stages else "epochs"
+    return run.clock.seen / run.base_batch if axis == "base_steps" else run.epoch_now
 
 
 def enter_stage(run: Run, kappa: float) -> None:
@@ -498,12 +505,13 @@ def agree_on_metric_names(sums: dict, device: torch.device) -> None:
                 sums[k] = 0.0 if shape is None else torch.zeros(shape, dtype=torch.float64, device=device)
 
 
-def optimizer_step(run: Run, micro, measures, global_measure, seen_after, idle: bool, stop_flag: bool,
-                   time_flag: bool):
+def optimizer_step(run: Run, micro, measures, global_measure, seen_after, idle: bool,
+                   stop_flag, time_flag: bool):
     """Forward/backward every micro-batch, reduce, check, clip, step, update the EMAs.
 
     Returns (loss, logged metrics, reduced tensors, flags, problem): `problem` names a non-finite
-    loss or gradient norm, in which case nothing was stepped.
+    loss or gradient norm, in which case nothing was stepped. `stop_flag` (a bool, or a function returning
+    one, read after the last backward) goes into the collective that makes every rank's decision the same.
     """
     model, parts, d, opt = run.model, run.parts, run.d, run.optimizer
     teacher = run.emas[parts.teacher].module if parts.teacher in run.emas else None
@@ -529,7 +537,8 @@ def optimizer_step(run: Run, micro, measures, global_measure, seen_after, idle: 
     tensors = sorted(k for k, v in sums.items() if isinstance(v, torch.Tensor))
     flat = [sums[k].reshape(-1).to(d.device) for k in tensors]
     vec = torch.cat([torch.tensor([0.0] + [sums[k] for k in scalars], dtype=torch.float64, device=d.device), *flat,
-                     torch.tensor([float(stop_flag), float(time_flag)], dtype=torch.float64, device=d.device)])
+                     torch.tensor([float(stop_flag() if callable(stop_flag) else stop_flag), float(time_flag)],
+                                  dtype=torch.float64, device=d.device)])
     vec[0] = loss_sum
     distributed.all_reduce_sum_(vec)
     values = vec.tolist()
@@ -544,10 +553,7 @@ def optimizer_step(run: Run, micro, measures, global_measure, seen_after, idle: 
         return loss_value, metrics, reduced, flags, f"the loss became {loss_value}"
     params = [p for p in run.params if p.requires_grad]
     if d.world_size > 1:
-        for p in params:  # the all-reduce needs the same tensors on every rank
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        distributed.all_reduce_grads_(params)
+        distributed.all_reduce_grads_(params)  # a parameter no rank gave a gradient keeps grad None
         if not run.sync_bn:  # before the EMA reads them: every rank's teacher gets rank 0's statistics
             distributed.broadcast_buffers_(model)
     metrics["grad_norm"] = clip_gradients(params, run.aux_ids, run.ctx.cfg.optimizer.grad_clip)
@@ -717,7 +723,9 @@ def _locked(run: Run, ctx: RunContext, parts: TaskParts, d: distributed.Dist) ->
                 optimizers.set_lr(run.optimizer, lr)
                 time_due = d.is_main and time.monotonic() - run.t_ckpt > ckpt_seconds
                 loss, metrics, reduced, (stop_now, time_due), problem = optimizer_step(
-                    run, micro, measures, measure, seen_after, idle, stop.requested, time_due)
+                    run, micro, measures, measure, seen_after, idle, lambda: stop.requested, time_due)
+                if d.world_size == 1:  # a signal that came later in the step: no other rank to agree with
+                    stop_now = stop_now or stop.requested
                 if problem:
                     raise diverged(run, f"{problem} in the batch")
                 i, seg = advance_clock(run, count, seen_after), run.segment

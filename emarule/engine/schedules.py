@@ -83,8 +83,24 @@ def from_spec(cfg: Config | dict, dataset_size: float) -> Schedule:
         warm = 0.0
     if s.kind == "multistep" and not s.milestones_epochs:
         raise UserError("schedule.kind multistep needs schedule.milestones_epochs, e.g. [30, 60, 80]")
+    check_base_step(cfg, dataset_size)
     return Schedule(kind=s.kind, total_epochs=total, warmup_epochs=warm,
                     milestones=tuple(float(m) for m in s.milestones_epochs), gamma=float(s.gamma))
+
+
+def check_base_step(cfg: Config | dict, dataset_size: float, progressive: dict | None = None) -> None:
+    """A Progressive Scaling `base_step` (the spec's own, or `progressive`) lies before the end of a run
+    counted in epochs: only the training set's size (samples, or seconds) gives that end in base steps."""
+    from emarule.scaling.progressive import BatchSchedule
+
+    cfg = config_of(cfg)
+    prog = progressive if progressive is not None else cfg.progressive
+    prog = prog.as_dict() if hasattr(prog, "as_dict") else prog
+    if not prog or prog.get("base_step") is None:
+        return
+    s = cfg.schedule
+    BatchSchedule({"kind": "step", "base_step": prog["base_step"]}, float(cfg.batch.size), 1.0,
+                  s.epochs, s.total_steps).check_base_step_in_run(dataset_size)
 
 
 # --- the EMA momenta ---------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from emarule.config.schema import get as _get
 from emarule.config.schema import value as spec_value
 from emarule.scaling import rules
 from emarule.scaling.limits import round_to
-from emarule.scaling.progressive import BatchSchedule, Stage
+from emarule.scaling.progressive import RAMPS, BatchSchedule, Stage, whole_multiple
 
 EMA_RULES = ("exponential", "linear")
 SQRT_OPTIMIZERS = ("rmsprop", "adam", "adamw")
@@ -297,8 +297,12 @@ def _momentum_after_transition(spec: dict, final: Plan) -> None:
 
 
 def plan(spec: dict, kappa: float, ema_rule: str | None = "exponential",
-         progressive: dict | None = None) -> Plan:
-    """`scale` at the final κ, plus one plan per stage when Progressive Scaling is on."""
+         progressive: dict | None = None, batch_multiple: int = 1) -> Plan:
+    """`scale` at the final κ, plus one plan per stage when Progressive Scaling is on.
+
+    `batch_multiple`: what every ramp batch (smooth, incremental) must be a multiple of, a run's world size
+    (1: whole samples); with the schedule's own `batch_multiple`, their least common multiple. Above 1 it is
+    part of the schedule in force (`Plan.progressive`), so that the run records it."""
     final = scale(spec, kappa, ema_rule)
     prog = progressive if progressive is not None else spec.get("progressive")
     if prog and "kind" not in prog:
@@ -307,6 +311,12 @@ def plan(spec: dict, kappa: float, ema_rule: str | None = "exponential",
         # The spec's own schedule grows the batch; scaling down runs at κ from the start.
         final.warnings.append(f"the spec's progressive {prog['kind']} schedule is skipped at κ={final.kappa:g} < 1")
         prog = None
+    if prog and prog.get("kind") in RAMPS:
+        # a batch in seconds of audio splits over any number of processes: the run's multiple is for samples
+        run_multiple = whole_multiple(batch_multiple) if spec_value(spec, "batch.unit") == "samples" else 1
+        multiple = math.lcm(whole_multiple(prog.get("batch_multiple")), run_multiple)
+        if multiple > 1:
+            prog = {**prog, "batch_multiple": multiple}
     if prog and prog.get("kind", "constant") != "constant":
         sched = BatchSchedule(prog, spec["batch"]["size"], final.kappa, _get(spec, "schedule.epochs"),
                               _get(spec, "schedule.total_steps"))

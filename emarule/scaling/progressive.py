@@ -13,6 +13,10 @@ from the base values for each epoch's κ. Four kinds, all reaching the run's fin
                 starts at 3072 = 0.75 × 4096 and adds 3072 every 60 epochs up to 24,576.
 - smooth:       B before `start_epoch`, κB from `end_epoch`, linear in epochs between.
 
+The batches of a ramp (smooth's, and incremental's between its first batch and κB) are rounded to
+a multiple of `batch_multiple` (default 1: whole samples), so that every stage's batch splits over
+the processes of a run: a run sets it to its world size. Each stage's κ is its batch / B.
+
 On the command line: `constant`, `step:E`, `smooth:E1-E2`, `incremental:START,DELTA_B,EVERY` or
 `incremental:START,DELTA_B,EVERY,FROM_KAPPA`.
 """
@@ -23,6 +27,18 @@ import math
 from dataclasses import dataclass
 
 from emarule.errors import UserError
+
+
+RAMPS = ("smooth", "incremental")  # the kinds whose batches between their ends are rounded to batch_multiple
+
+
+def whole_multiple(m) -> int:
+    """`batch_multiple` checked: a whole number ≥ 1 (None: 1)."""
+    if m is None:
+        return 1
+    if isinstance(m, bool) or not isinstance(m, (int, float)) or not float(m).is_integer() or m < 1:
+        raise UserError(f"progressive.batch_multiple must be a whole number ≥ 1, got {m!r}")
+    return int(m)
 
 
 @dataclass(frozen=True)
@@ -80,6 +96,8 @@ class BatchSchedule:
         self.kappa = float(kappa)
         self.epochs = epochs
         self.total_steps = total_steps
+        # Ramp batches are multiples of this (1: whole samples); see the module docstring.
+        self.multiple = whole_multiple(self.spec.get("batch_multiple"))
         # The time axis of the schedule: epochs, or base steps for a step given as `base_step`.
         self.axis = "base_steps" if self.spec.get("base_step") is not None else "epochs"
         self._validate()
@@ -112,6 +130,9 @@ class BatchSchedule:
             self._need("start_epoch", "end_epoch")
             if self.spec["end_epoch"] <= self.spec["start_epoch"]:
                 raise UserError("progressive smooth: end_epoch must be after start_epoch")
+            if self.spec.get("from_kappa") is not None:
+                raise UserError("progressive smooth: from_kappa applies to step and incremental only (a smooth "
+                                "ramp starts at the base batch); drop from_kappa, or use kind incremental")
         else:
             self._need("start_epoch", "delta_batch", "every_epochs")
             self._check_from_kappa()
@@ -119,6 +140,21 @@ class BatchSchedule:
         if last >= self.epochs:
             raise UserError(f"progressive {kind}: epoch {last:g} is not before the end of training "
                             f"({self.epochs:g} epochs)")
+        if kind == "incremental":
+            self._check_incremental_reaches_kappa()
+
+    def _check_incremental_reaches_kappa(self) -> None:
+        """The last epoch trains at κB: a run named and planned at κ that never gets there is refused."""
+        final, last = self.base * self.kappa, math.ceil(self.epochs) - 1
+        if self.batch_at(last) >= final * (1 - 1e-12):
+            return
+        s = self.spec
+        first = self.base * float(s.get("from_kappa") or 1.0)
+        increments = math.ceil((final - first) / s["delta_batch"] - 1e-9)
+        reached = s["start_epoch"] + (increments - 1) * s["every_epochs"]
+        raise UserError(f"progressive incremental: the batch reaches κB = {final:g} only at epoch {reached:g}, "
+                        f"not before the end of training ({self.epochs:g} epochs); use a larger delta_batch, a "
+                        f"shorter every_epochs or an earlier start_epoch, or set schedule.epochs above {reached:g}")
 
     def _validate_base_steps(self, kind: str) -> None:
         if kind != "step" or self.spec.get("epoch") is not None:
@@ -127,6 +163,18 @@ class BatchSchedule:
             raise UserError(f"progressive step: base_step {self.spec['base_step']:g} is not before the end of "
                             f"training ({self.total_steps:g} base steps)")
         self._check_from_kappa()
+
+    def check_base_step_in_run(self, epoch_measure: float) -> None:
+        """A `base_step` before the end of a run counted in epochs, whose length in base steps is known only
+        with its training set (`epoch_measure`: one epoch in the batch unit): refused as an `epoch` after the
+        end is, before anything is written."""
+        if self.axis != "base_steps" or self.epochs is None or self.total_steps is not None:
+            return
+        end = float(self.epochs) * float(epoch_measure) / self.base
+        if self.spec["base_step"] >= end - 1e-9:
+            raise UserError(f"progressive step: base_step {self.spec['base_step']:g} is not before the end of "
+                            f"training ({end:g} base steps: {self.epochs:g} epochs of {epoch_measure:g} at "
+                            f"batch.size {self.base:g}); use a base_step below {end:g}, or `epoch` instead")
 
     def _check_from_kappa(self) -> None:
         k0 = self.spec.get("from_kappa")
@@ -157,13 +205,21 @@ class BatchSchedule:
                 return self.base
             if e >= e2:
                 return final
-            return float(round(self.base + (final - self.base) * (e - e1) / (e2 - e1)))
+            return self._on_ramp(self.base + (final - self.base) * (e - e1) / (e2 - e1), self.base, final)
         # incremental
         first = self.base * float(s.get("from_kappa") or 1.0)
         if e < s["start_epoch"]:
             return first
         grown = first + s["delta_batch"] * (math.floor((e - s["start_epoch"]) / s["every_epochs"]) + 1)
-        return min(grown, final)
+        return final if grown >= final else self._on_ramp(grown, first, final, whole=False)
+
+    def _on_ramp(self, batch: float, lo: float, hi: float, whole: bool = True) -> float:
+        """A ramp's batch: a whole number of samples (`whole`: smooth's), or for a `batch_multiple` above 1 the
+        nearest multiple of it, kept within the ramp's ends [lo, hi]."""
+        m = self.multiple
+        if m == 1:
+            return float(round(batch)) if whole else batch
+        return float(min(max(m * round(batch / m), lo), hi))
 
     def kappa_at(self, epoch: float) -> float:
         return self.batch_at(epoch) / self.base

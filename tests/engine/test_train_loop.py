@@ -241,16 +241,15 @@ def test_engine_modules_stay_out_of_torch_free_commands():
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
 
 
-def test_ema_start_steps_copy_exactly_the_steps_plan_shows(tmp_path):
-    from emarule.scaling import scale
-
+def test_ema_start_steps_counts_base_batches_of_data(tmp_path):
+    """ema.start_steps = 3 at B = 16 starts the EMA after 48 samples at every κ: at κ=2 (32 a step) the
+    first step's EMA is a copy and the second averages, where round(3 / 2) = 2 steps would copy twice."""
     spec = toy_spec(**{"schedule.epochs": 1, "ema.start_steps": 3})
     _, ctx = run_toy(tmp_path, spec, kappa=2, log_every_steps=1)
-    shown = scale(ctx.spec, 2)["ema.start_steps"]
-    assert shown == 2  # round(3 / 2)
+    assert ctx.cfg.batch.size == 16
     rows = [json.loads(x) for x in (ctx.out / "metrics.jsonl").read_text().splitlines()]
     rhos = [r["ema_momentum"] for r in rows if r["kind"] == "train"]
-    assert rhos[:shown] == [0.0] * shown and rhos[shown] == pytest.approx(0.9**2)
+    assert rhos[:1] == [0.0] and rhos[1] == pytest.approx(0.9**2)
 
 
 def test_non_finite_gradient_stops_without_clipping(tmp_path):

@@ -89,3 +89,87 @@ def test_incremental_from_kappa_is_the_papers_waterfall():
         BatchSchedule({**prog, "from_kappa": 7}, 4096, 6, 480)
     with pytest.raises(UserError, match="--progressive"):
         parse("incremental:60,3072,60,0.75,2")
+
+
+@pytest.mark.parametrize("experiment,kappa,multiple", [("dino-vit", 2, 8), ("dino-vit", 3, 8), ("byol-r50-lars", 8, 8),
+                                                       ("byol-r50-lars", 8, 64)])
+def test_ramp_batches_split_over_the_runs_processes(experiment, kappa, multiple):
+    """A run on N processes rounds each ramp batch to a multiple of N (every stage then splits over them); each
+    stage's κ is its batch / B and its values are re-derived for that κ; the schedule in force records N."""
+    s = load_spec(experiment)
+    p = plan(s, kappa, batch_multiple=multiple)
+    base = s["batch"]["size"]
+    assert all(st.batch_size % multiple == 0 for st, _ in p.stages)
+    for st, sp in p.stages:
+        assert st.kappa == st.batch_size / base and sp.kappa == st.kappa and sp["batch_size"] == st.batch_size
+        assert sp["ema.momentum"] == pytest.approx(s["ema"]["momentum"] ** st.kappa)
+    assert (p.stages[0][0].batch_size, p.stages[-1][0].batch_size) == (base, base * kappa)
+    assert p.progressive["batch_multiple"] == multiple
+    one = plan(s, kappa)  # one process: whole samples, as without the option
+    assert "batch_multiple" not in one.progressive and one.as_dict() == plan(s, kappa, batch_multiple=1).as_dict()
+    assert [st.batch_size for st, _ in one.stages] != [st.batch_size for st, _ in p.stages]
+    # the recorded schedule plans the same stages again, on one process or on N
+    again = plan(s, kappa, progressive=p.progressive)
+    assert [st for st, _ in again.stages] == [st for st, _ in p.stages]
+
+
+def test_incremental_ramp_batches_are_multiples_too():
+    prog = {"kind": "incremental", "start_epoch": 1, "delta_batch": 100, "every_epochs": 1, "batch_multiple": 8}
+    b = BatchSchedule(prog, 256, 2, 6)
+    # 356 → 352 (44.5 multiples of 8, to even), 456, then κB
+    assert [b.batch_at(e) for e in range(6)] == [256, 352, 456, 512, 512, 512]
+    plain = BatchSchedule({**prog, "batch_multiple": 1}, 256, 2, 6)
+    assert [plain.batch_at(e) for e in range(6)] == [256, 356, 456, 512, 512, 512]
+
+
+def test_a_batch_in_seconds_is_not_rounded_to_the_processes():
+    s = load_spec("ctc-polyak")
+    s["schedule"] = {**s["schedule"], "epochs": 10, "total_steps": None}
+    p = plan(s, 4, progressive={"kind": "smooth", "start_epoch": 2, "end_epoch": 6}, batch_multiple=8)
+    assert "batch_multiple" not in p.progressive
+    assert [st for st, _ in p.stages] == [st for st, _ in plan(s, 4, progressive=p.progressive).stages]
+
+
+@pytest.mark.parametrize("bad", [0, 2.5, True])
+def test_batch_multiple_is_a_whole_number(bad):
+    with pytest.raises(UserError, match="batch_multiple must be a whole number"):
+        BatchSchedule({"kind": "smooth", "start_epoch": 1, "end_epoch": 2, "batch_multiple": bad}, 256, 2, 6)
+
+
+def test_incremental_that_never_reaches_kappa_is_refused():
+    """The waterfall to κ=6 reaches κB at epoch 420: in 300 epochs the run would never train at the κ it is
+    planned and named at."""
+    prog = parse("incremental:60,3072,60,0.75")
+    with pytest.raises(UserError, match=r"reaches κB = 24576 only at epoch 420, not before the end of training "
+                                        r"\(300 epochs\).*schedule.epochs above 420"):
+        BatchSchedule(prog, 4096, 6, 300)
+    with pytest.raises(UserError, match="only at epoch 420"):
+        BatchSchedule(prog, 4096, 6, 420)  # epoch 419 is the last one: still 21504
+    assert BatchSchedule(prog, 4096, 6, 421).stages()[-1].kappa == 6
+    s = load_spec("byol-vit")
+    s["schedule"]["epochs"] = 300
+    with pytest.raises(UserError, match="only at epoch 420"):
+        plan(s, 6, progressive=prog)
+
+
+def test_from_kappa_is_refused_for_smooth():
+    with pytest.raises(UserError, match="from_kappa applies to step and incremental only"):
+        BatchSchedule({"kind": "smooth", "start_epoch": 1, "end_epoch": 3, "from_kappa": 2}, 256, 4, 6)
+
+
+def test_a_base_step_after_the_end_of_an_epoch_counted_run_is_refused():
+    """Only the training set's size gives an epoch-counted run's end in base steps: 2 epochs of 256 samples at
+    B = 16 are 32 base steps."""
+    from emarule.engine.schedules import check_base_step
+
+    spec = load_spec("byol-r18")
+    spec["schedule"]["epochs"] = 2
+    spec["batch"]["size"] = 16
+    spec["progressive"] = {"kind": "step", "base_step": 32}
+    with pytest.raises(UserError, match=r"base_step 32 is not before the end of training \(32 base steps: 2 epochs "
+                                        r"of 256 at batch.size 16\)"):
+        check_base_step(spec, 256)
+    check_base_step(spec, 264)  # 33 base steps
+    check_base_step(spec, 256, {"kind": "step", "base_step": 31})  # the schedule in force, when given
+    with pytest.raises(UserError, match="base_step 1000"):
+        check_base_step({**spec, "progressive": None}, 256, {"kind": "step", "base_step": 1000})
