@@ -588,6 +588,7 @@ def reproduce(
     """Every claim of the paper for one family: run the sweep, measure gaps and seed spread, write a verdict."""
     from emarule.analysis.parallel import parse_jobs
     from emarule.analysis.reproduce.command import reproduce as run_reproduction
+    from emarule.engine.context import batch_multiple
 
     seed_list = check_seeds(seeds)
     n_jobs = parse_jobs(jobs)
@@ -598,7 +599,7 @@ def reproduce(
             sets = list(arm.sets) if arm is not None else []
             prog = "constant" if baseline else (arm.schedule(experiment, spec_preset) if arm is not None else None)
             return resolve(experiment, None, spec_preset, sets, repr(k), None, ema is None, ema and EmaRule(ema),
-                           prog, batch_option=False)
+                           prog, batch_option=False, batch_multiple=batch_multiple)
         return resolve_run
 
     from emarule.analysis.sweep import distinct_kappas

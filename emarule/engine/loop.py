@@ -197,8 +197,8 @@ def setup(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> Run:
     batcher = make_batcher(ctx, parts)
     base_batch = float(cfg.batch.size)
     sched = schedules.from_spec(cfg, batcher.epoch_measure)
-    if ctx.progressive:  # a schedule given to the run rather than the spec's own (checked in from_spec)
-        schedules.check_base_step(cfg, batcher.epoch_measure, ctx.progressive)
+    # the schedule in force (the spec's own, one given to the run, or none where the plan skipped it)
+    schedules.check_base_step(cfg, batcher.epoch_measure, ctx.plan.progressive or {})
     batches = BatchSchedule(ctx.progressive, base_batch, ctx.kappa, cfg.schedule.epochs, cfg.schedule.total_steps)
     check_batches_fit(ctx, batcher, d.world_size)
     if ctx.resume and not checkpoint.path_in(ctx.out).exists() and (ctx.out / UNSAVED).exists():

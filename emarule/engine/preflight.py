@@ -55,7 +55,16 @@ def fingerprint(ctx: RunContext) -> dict:
     if isinstance(spec.get("data"), dict) and "skip_bad_items" in spec["data"]:
         spec["data"] = {k: v for k, v in spec["data"].items() if k != "skip_bad_items"}
     return {"spec": spec, "kappa": ctx.kappa, "ema_rule": ctx.ema_rule, "seed": ctx.seed,
-            "progressive": ctx.progressive}
+            "progressive": without_world(ctx.progressive)}
+
+
+def without_world(progressive):
+    """The schedule less the multiple its ramp batches took from the world size (`plan`'s batch_multiple): a
+    run resumes on another number of processes, and its remaining ramp batches follow that number. A
+    multiple the spec sets stays in the spec, and is compared there."""
+    if isinstance(progressive, dict) and "batch_multiple" in progressive:
+        return {k: v for k, v in progressive.items() if k != "batch_multiple"}
+    return progressive
 
 
 def differences(a, b, prefix: str = "") -> list[str]:
@@ -77,6 +86,7 @@ def check_same_settings(ctx: RunContext, fp: dict | None) -> None:
 
     def compared(f):
         spec = f.get("spec") if isinstance(f, dict) else None
+        f = {**f, "progressive": without_world(f.get("progressive"))} if isinstance(f, dict) else f
         return {**f, "spec": comparable(spec)} if isinstance(spec, dict) else f
 
     ours, theirs = plain(fingerprint(ctx)), plain(fp or {})

@@ -83,7 +83,6 @@ def from_spec(cfg: Config | dict, dataset_size: float) -> Schedule:
         warm = 0.0
     if s.kind == "multistep" and not s.milestones_epochs:
         raise UserError("schedule.kind multistep needs schedule.milestones_epochs, e.g. [30, 60, 80]")
-    check_base_step(cfg, dataset_size)
     return Schedule(kind=s.kind, total_epochs=total, warmup_epochs=warm,
                     milestones=tuple(float(m) for m in s.milestones_epochs), gamma=float(s.gamma))
 

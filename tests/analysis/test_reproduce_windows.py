@@ -105,6 +105,21 @@ def test_a_run_that_stopped_has_an_infinite_gap_and_no_final_value(tmp_path):
     assert math.isinf(row["gaps"]["per_seed_end"][0]) and row["finals"][0] is None
     c = out["claims"][0]
     assert c["a_minus_baseline"]["per_seed"] == pytest.approx([0.0, 0.0])  # seeds 1 and 2 only
+    assert c["verdict"] == "inconclusive" and "seed 0 stopped before its end" in c["why"]  # not hidden
+
+
+def test_a_speech_run_is_finished_by_its_seconds_of_audio(tmp_path):
+    """A batch counted in seconds: `total` is seconds of audio, logged as `seconds_seen`; the samples (the
+    utterances) seen are fewer than the seconds and say nothing about the end."""
+    d = write_run(tmp_path, "k1-s0", 1.0, "exponential", 0, {"wer": lambda t: 50 - t}, experiment="ctc-polyak")
+    h = json.loads((d / "hparams.json").read_text())
+    (d / "hparams.json").write_text(json.dumps({**h, "total": 48.0, "batch_unit": "seconds"}))
+    rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+    done = [{**r, "samples_seen": r["samples_seen"] // 25, "seconds_seen": 5.03 * r["epoch"]} for r in rows]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in done))
+    assert M.stopped_early(load_runs([d])[0]) is False  # 50.3 s of its 48: finished, at 40 samples
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in done[:9]))
+    assert M.stopped_early(load_runs([d])[0]) is True  # 40.2 s
 
 
 def test_seeds_stopped_on_both_sides_give_no_bound_and_no_verdict():

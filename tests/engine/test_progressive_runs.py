@@ -78,3 +78,54 @@ def test_a_smooth_ramp_trains_on_two_processes(tmp_path):
     assert [s["batch_size"] for s in h["layout"]] == [16, 26, 38, 48] and h["world_size"] == 2
     assert [s["kappa"] for s in h["stages"]] == [1.0, 1.625, 2.375, 3.0]
     assert h["progressive"]["batch_multiple"] == 2 and load_checkpoint(tmp_path / "two")["finished"]
+
+
+def test_a_base_step_is_checked_only_where_its_schedule_is_in_force(tmp_path):
+    """At κ < 1 the plan skips the spec's own schedule, and `--progressive constant` replaces it: a base_step
+    past the end then names nothing the run does, so it is not refused."""
+    spec = toy_spec(**{"schedule.epochs": 2, "progressive": {"kind": "step", "base_step": 1000}})
+    final, _ = run_toy(tmp_path, spec, kappa=0.5, out="half")
+    assert final["kappa"] == 0.5
+    final, _ = run_toy(tmp_path, spec, kappa=2.0, out="constant", progressive={"kind": "constant"})
+    assert final["kappa"] == 2.0
+
+
+def test_resume_leaves_the_world_sizes_ramp_multiple_out():
+    """A smooth ramp planned for 2 processes records batch_multiple 2; one resumed on 1 process (or a run
+    recorded before the multiple existed) has the same settings: the world size is not compared."""
+    from emarule.engine import preflight
+
+    ramp = {"kind": "smooth", "start_epoch": 1, "end_epoch": 2}
+    assert preflight.without_world({**ramp, "batch_multiple": 2}) == ramp
+    ctx = make_ctx_for_resume(ramp)
+    preflight.check_same_settings(ctx, {**preflight.fingerprint(ctx), "progressive": {**ramp, "batch_multiple": 2}})
+    with pytest.raises(UserError, match="progressive.end_epoch differ"):
+        preflight.check_same_settings(ctx, {**preflight.fingerprint(ctx), "progressive": {**ramp, "end_epoch": 3}})
+
+
+def make_ctx_for_resume(progressive):
+    from types import SimpleNamespace
+
+    spec = {"name": "toy", "batch": {"size": 16}}
+    return SimpleNamespace(spec=spec, kappa=2.0, ema_rule="exponential", seed=0, progressive=progressive,
+                           experiment="toy", resume_hint=None, out="run")
+
+
+def test_a_reproductions_ramps_split_over_its_processes(monkeypatch, tmp_path):
+    """`emarule reproduce` under torchrun plans its runs as `run` does: byol-r50-lars's slower-ramp arm at
+    κ=4 on 2 processes gets even ramp batches (109 samples would not split)."""
+    from emarule.analysis.reproduce import command
+    from emarule.analysis.reproduce.claims import FAMILIES
+    from emarule.cli.main import app
+    from typer.testing import CliRunner
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    got = {}
+    monkeypatch.setattr(command, "reproduce", lambda console, family, **kw: got.update(kw))
+    result = CliRunner().invoke(app, ["reproduce", "byol-r50-lars", "--preset", "tiny", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    family = FAMILIES["byol-r50-lars"]
+    *_, p = got["resolver"](family.experiment, "tiny")(4.0, "exponential", False, family.arms[0])
+    batches = [st.batch_size for st, _ in p.stages]
+    assert len(batches) > 2 and all(b % 2 == 0 for b in batches), batches

@@ -55,14 +55,14 @@ def metric_table(metric: Metric, base: list, settings: dict, until: float | None
     by_seed = {r.seed: c for r, c in zip(base, base_curves, strict=True)}
     final_of = {r.seed: f for r, f in zip(base, finals, strict=True)}
     base_stopped = [stopped_early(r) for r in base]
-    rows = {("baseline", 1.0): {"gaps": V.pair_spread(base_curves, base_stopped),
+    rows = {("baseline", 1.0): {"gaps": V.pair_spread(base_curves, base_stopped), "stopped": base_stopped,
                                 "unpaired": V.spread(base_curves), "finals": finals, "curves": base_curves,
                                 "seeds": [r.seed for r in base], "base_finals": finals}}
     for (k, rule), rs in settings.items():
         # Paired: each run against its own seed's baseline; a run whose seed has no baseline is left out.
         rs = [r for r in rs if r.seed in by_seed]
         curves, stopped = [curve(r) for r in rs], [stopped_early(r) for r in rs]
-        rows[(rule, k)] = {"gaps": V.paired_gaps(curves, [by_seed[r.seed] for r in rs], stopped),
+        rows[(rule, k)] = {"gaps": V.paired_gaps(curves, [by_seed[r.seed] for r in rs], stopped), "stopped": stopped,
                            "unpaired": V.gaps(curves, (bgrid, bmean), stopped),
                            "finals": [final(r, c) for r, c in zip(rs, curves, strict=True)],
                            "curves": curves, "seeds": [r.seed for r in rs],
@@ -71,10 +71,12 @@ def metric_table(metric: Metric, base: list, settings: dict, until: float | None
 
 
 def stopped_early(run) -> bool | None:
-    """Whether the run's log ends before its planned end (`total` in hparams.json, in the batch unit): a run
-    that diverged or is still training. None where the run does not record its end."""
+    """Whether the run's log ends before its planned end (`total` in hparams.json, in the batch unit: samples,
+    or seconds of audio, logged as `seconds_seen`): a run that diverged or is still training. None where the
+    run does not record its end."""
     total = V.finite_number(run.hparams.get("total"))
-    seen = [x for x in (V.finite_number(r.get("samples_seen")) for r in run.rows) if x is not None]
+    unit = run.hparams.get("batch_unit") or "samples"
+    seen = [x for x in (V.finite_number(r.get(f"{unit}_seen")) for r in run.rows) if x is not None]
     if total is None or not seen:
         return None
     return max(seen) < total * (1 - 1e-9)
@@ -245,18 +247,31 @@ def paired_difference(table: dict, a: tuple, b: tuple, over: str) -> dict:
 
 
 def final_differences(table: dict, a: tuple, b: tuple | None, sign: float) -> dict:
-    """Per seed sign × (final(A) − final(B)), B the seed's own baseline when `b` is None; mean and interval."""
+    """Per seed sign × (final(A) − final(B)), B the seed's own baseline when `b` is None; mean and interval.
+    `stopped`: the seeds whose run of A or B stopped before its end, which have no final value: a claim on
+    final values is then inconclusive (a seed left out would hide a diverged run)."""
     ra = table["rows"].get(a)
     if ra is None:
-        return {"per_seed": [], "mean": None, "ci": None}
+        return {"per_seed": [], "mean": None, "ci": None, "stopped": []}
+    rb = table["rows"].get(b if b is not None else ("baseline", 1.0))
+    stopped = sorted({s for row in (ra, rb) if row
+                      for s, x in zip(row["seeds"], row.get("stopped") or [None] * len(row["seeds"]), strict=True)
+                      if x} & set(ra["seeds"]))
     fa = dict(zip(ra["seeds"], ra["finals"], strict=True))
     if b is None:
         fb = dict(zip(ra["seeds"], ra["base_finals"], strict=True))
     else:
-        rb = table["rows"].get(b)
         fb = dict(zip(rb["seeds"], rb["finals"], strict=True)) if rb else {}
     d = [sign * (fa[s] - fb[s]) for s in ra["seeds"] if s in fb and fa[s] is not None and fb[s] is not None]
-    return {"per_seed": d, "mean": sum(d) / len(d) if d else None, "ci": V.bootstrap_ci(d)}
+    return {"per_seed": d, "mean": sum(d) / len(d) if d else None, "ci": V.bootstrap_ci(d), "stopped": stopped}
+
+
+def stopped_verdict(out: dict, seeds: list) -> None:
+    """A claim on final values with a seed whose run stopped before its end is inconclusive: that seed has
+    no final value, and judging the others would hide a run that diverged."""
+    if seeds:
+        out.update(verdict="inconclusive", why=f"{out['why']}; but the run of seed{'s' if len(seeds) > 1 else ''} "
+                   f"{', '.join(str(s) for s in seeds)} stopped before its end, so it has no final value")
 
 
 def setting_key(family: Family, name: str, kappa: float | None) -> tuple:
@@ -343,12 +358,14 @@ def judge(family: Family, claim: Claim, tables: dict, base: list, kappas: list, 
                    baseline_spread=_spread(table, "end"), a_minus_baseline=d)
         v, why = V.decide_matches_or_better(d["mean"], d["ci"], out["baseline_spread"])
         out.update(verdict=v, why=why)
+        stopped_verdict(out, d["stopped"])
     elif claim.kind == "with_better":
         sign = 1.0 if metric.higher_is_better else -1.0
-        diffs, cis = {}, {}
+        diffs, cis, stopped = {}, {}, set()
         for kk in kappas:
             d = final_differences(table, ("with", kk), ("without", kk), sign)
             diffs[kk], cis[kk] = d["mean"], d["ci"]
+            stopped |= set(d["stopped"])
         s = _spread(table, "end")
         if kappas:
             top = kappas[-1]
@@ -358,6 +375,7 @@ def judge(family: Family, claim: Claim, tables: dict, base: list, kappas: list, 
         out["with_minus_without_ci"] = {f"{kk:g}": c for kk, c in cis.items()}
         v, why = V.decide_with_better(diffs, s, cis)
         out.update(verdict=v, why=why)
+        stopped_verdict(out, sorted(stopped))
     elif claim.kind == "ema_above_target":
         ema, target = tables[family.ema_metric.name], tables[family.target_metric.name]
         sign = 1.0 if family.ema_metric.higher_is_better else -1.0
