@@ -144,7 +144,7 @@ def resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule,
             batch_option: bool = True, batch_multiple=None):
     """Spec + κ + rule + progressive schedule → (spec, κ, rule name or None, progressive dict, plan).
     `batch_option`: the command offers --batch-size (sweep and reproduce take κ only). `batch_multiple(spec)`:
-    what a run's ramp batches are multiples of (`emarule.engine.context.batch_multiple`; None: 1)."""
+    what a run's ramp batches are multiples of (`emarule.cli.checks.batch_multiple`; None: 1)."""
     from emarule.cli import checks
     from emarule.scaling import kappa_from, plan
     from emarule.scaling import progressive as prog
@@ -431,7 +431,8 @@ def run(
     import time
 
     from emarule.cli import checks
-    from emarule.engine.context import RunContext, batch_multiple, default_run_name
+    from emarule.cli.checks import batch_multiple
+    from emarule.engine.context import RunContext, default_run_name
     from emarule.tasks import RUNNABLE_TASKS
 
     check_run_options(wandb, max_device_batch, seed, num_workers)
@@ -501,7 +502,7 @@ def sweep(
                         seed_list)
 
     def resolve_run(k: float, ema: Optional[str], baseline: bool):
-        from emarule.engine.context import batch_multiple
+        from emarule.cli.checks import batch_multiple
 
         return resolve(experiment, spec, preset, overrides, repr(k), None, ema is None, ema and EmaRule(ema),
                        "constant" if baseline else progressive, batch_option=False, batch_multiple=batch_multiple)
@@ -588,7 +589,7 @@ def reproduce(
     """Every claim of the paper for one family: run the sweep, measure gaps and seed spread, write a verdict."""
     from emarule.analysis.parallel import parse_jobs
     from emarule.analysis.reproduce.command import reproduce as run_reproduction
-    from emarule.engine.context import batch_multiple
+    from emarule.cli.checks import batch_multiple
 
     seed_list = check_seeds(seeds)
     n_jobs = parse_jobs(jobs)

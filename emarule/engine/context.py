@@ -123,17 +123,3 @@ def default_run_name(kappa: float, ema_rule: str | None, seed: int, progressive:
         parts.append(f"arm-{arm}")
     parts.append(f"s{seed}")
     return "-".join(parts)
-
-
-def batch_multiple(spec: dict) -> int:
-    """What every Progressive Scaling ramp batch of a run launched here is a multiple of, so that it splits over
-    the run's processes: its world size (1 for one process). A micro-batch needs no multiple: a rank's share
-    splits into micro-batches that differ by at most one sample. A study trains no batches (and imports no torch)."""
-    from emarule.tasks import registry
-
-    task = registry.lookup(spec.get("task"))
-    if task is None or task.kind != "training":
-        return 1
-    from emarule.engine import distributed
-
-    return distributed.world_size()
