@@ -203,7 +203,7 @@ class ModelEma(nn.Module):
             self._excluded = _AnyName(self._excluded, aliases)
         names = [a for n, _, _ in self._shadow() for a in aliases.get(n, (n,))]
         for n in excluded_names:
-            if not any(x == n or x.startswith(n + ".") for x in names):
+            if not any(map(_Names((n,)), names)):
                 raise ValueError(f"exclude: the model has no parameter or buffer {n!r}")
         with torch.no_grad():
             self._cast()  # before a move, which reads the shadow's dtype back

@@ -197,9 +197,10 @@ def setup(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> Run:
     batcher = make_batcher(ctx, parts)
     base_batch = float(cfg.batch.size)
     sched = schedules.from_spec(cfg, batcher.epoch_measure)
-    # the schedule in force (the spec's own, one given to the run, or none where the plan skipped it)
-    schedules.check_base_step(cfg, batcher.epoch_measure, ctx.plan.progressive or {})
-    batches = BatchSchedule(ctx.progressive, base_batch, ctx.kappa, cfg.schedule.epochs, cfg.schedule.total_steps)
+    # the schedule in force: the spec's own, one given to the run, or none where the plan skipped it
+    batches = BatchSchedule(ctx.plan.progressive, base_batch, ctx.kappa, cfg.schedule.epochs,
+                            cfg.schedule.total_steps)
+    batches.check_base_step_in_run(batcher.epoch_measure)
     check_batches_fit(ctx, batcher, d.world_size)
     if ctx.resume and not checkpoint.path_in(ctx.out).exists() and (ctx.out / UNSAVED).exists():
         if d.is_main:
@@ -365,11 +366,8 @@ def hparams(run: Run) -> dict:
 
 
 def schedule_time(run: Run) -> float:
-    """Where the clock is on the Progressive Scaling schedule's axis: epochs or base steps, the axis of the
-    plan's stages (the schedule in force, whether the spec's own or the one the run was given)."""
-    stages = run.ctx.plan.stages
-    axis = stages[0][0].axis if stages else "epochs"
-    return run.clock.seen / run.base_batch if axis == "base_steps" else run.epoch_now
+    """Where the clock is on the Progressive Scaling schedule's axis: epochs or base steps."""
+    return run.clock.seen / run.base_batch if run.batches.axis == "base_steps" else run.epoch_now
 
 
 def enter_stage(run: Run, kappa: float) -> None:

@@ -87,21 +87,6 @@ def from_spec(cfg: Config | dict, dataset_size: float) -> Schedule:
                     milestones=tuple(float(m) for m in s.milestones_epochs), gamma=float(s.gamma))
 
 
-def check_base_step(cfg: Config | dict, dataset_size: float, progressive: dict | None = None) -> None:
-    """A Progressive Scaling `base_step` (the spec's own, or `progressive`) lies before the end of a run
-    counted in epochs: only the training set's size (samples, or seconds) gives that end in base steps."""
-    from emarule.scaling.progressive import BatchSchedule
-
-    cfg = config_of(cfg)
-    prog = progressive if progressive is not None else cfg.progressive
-    prog = prog.as_dict() if hasattr(prog, "as_dict") else prog
-    if not prog or prog.get("base_step") is None:
-        return
-    s = cfg.schedule
-    BatchSchedule({"kind": "step", "base_step": prog["base_step"]}, float(cfg.batch.size), 1.0,
-                  s.epochs, s.total_steps).check_base_step_in_run(dataset_size)
-
-
 # --- the EMA momenta ---------------------------------------------------------------------------
 
 

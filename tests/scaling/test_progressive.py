@@ -160,16 +160,13 @@ def test_from_kappa_is_refused_for_smooth():
 def test_a_base_step_after_the_end_of_an_epoch_counted_run_is_refused():
     """Only the training set's size gives an epoch-counted run's end in base steps: 2 epochs of 256 samples at
     B = 16 are 32 base steps."""
-    from emarule.engine.schedules import check_base_step
+    def step_at(base_step):
+        return BatchSchedule({"kind": "step", "base_step": base_step}, 16, 4, 2)
 
-    spec = load_spec("byol-r18")
-    spec["schedule"]["epochs"] = 2
-    spec["batch"]["size"] = 16
-    spec["progressive"] = {"kind": "step", "base_step": 32}
     with pytest.raises(UserError, match=r"base_step 32 is not before the end of training \(32 base steps: 2 epochs "
                                         r"of 256 at batch.size 16\)"):
-        check_base_step(spec, 256)
-    check_base_step(spec, 264)  # 33 base steps
-    check_base_step(spec, 256, {"kind": "step", "base_step": 31})  # the schedule in force, when given
+        step_at(32).check_base_step_in_run(256)
+    step_at(32).check_base_step_in_run(264)  # 33 base steps
+    step_at(31).check_base_step_in_run(256)
     with pytest.raises(UserError, match="base_step 1000"):
-        check_base_step({**spec, "progressive": None}, 256, {"kind": "step", "base_step": 1000})
+        step_at(1000).check_base_step_in_run(256)

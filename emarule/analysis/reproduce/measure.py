@@ -43,18 +43,15 @@ def metric_table(metric: Metric, base: list, settings: dict, until: float | None
                 and (since is None or x >= since - 1e-9)]
         return [xs[i] for i in keep], [ys[i] for i in keep]
 
-    def final(r, c):  # a run stopped before its end has no final value
-        return None if stopped_early(r) else V.final(c)
-
     base_curves = [curve(r) for r in base]
     bgrid, bmean, bstd = V.baseline_curve(base_curves)
     if not bgrid:
         raise UserError(f"the baseline runs logged no {metric.name!r} values in common; "
                         f"check {base[0].path if base else 'the run directories'}/metrics.jsonl")
-    finals = [final(r, c) for r, c in zip(base, base_curves, strict=True)]
+    base_stopped = [stopped_early(r) for r in base]
+    finals = finals_of(base_curves, base_stopped)
     by_seed = {r.seed: c for r, c in zip(base, base_curves, strict=True)}
     final_of = {r.seed: f for r, f in zip(base, finals, strict=True)}
-    base_stopped = [stopped_early(r) for r in base]
     rows = {("baseline", 1.0): {"gaps": V.pair_spread(base_curves, base_stopped), "stopped": base_stopped,
                                 "unpaired": V.spread(base_curves), "finals": finals, "curves": base_curves,
                                 "seeds": [r.seed for r in base], "base_finals": finals}}
@@ -64,10 +61,15 @@ def metric_table(metric: Metric, base: list, settings: dict, until: float | None
         curves, stopped = [curve(r) for r in rs], [stopped_early(r) for r in rs]
         rows[(rule, k)] = {"gaps": V.paired_gaps(curves, [by_seed[r.seed] for r in rs], stopped), "stopped": stopped,
                            "unpaired": V.gaps(curves, (bgrid, bmean), stopped),
-                           "finals": [final(r, c) for r, c in zip(rs, curves, strict=True)],
+                           "finals": finals_of(curves, stopped),
                            "curves": curves, "seeds": [r.seed for r in rs],
                            "base_finals": [final_of[r.seed] for r in rs]}
     return {"metric": metric, "baseline": (bgrid, bmean, bstd), "rows": rows}
+
+
+def finals_of(curves: list, stopped: list) -> list:
+    """Each curve's final value; none for a run that stopped before its end."""
+    return [None if st else V.final(c) for c, st in zip(curves, stopped, strict=True)]
 
 
 def stopped_early(run) -> bool | None:
