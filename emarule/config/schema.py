@@ -157,7 +157,8 @@ COMMON: dict[str, Any] = {
                                               "transition, used as is (no rule); App. H's ablation"),
         "buffers": text("BatchNorm running statistics in the EMA: copied or averaged",
                         choices=("copy", "average")),
-        "dtype": text("dtype the EMA weights are held in (the paper: float32 under bf16 autocast)",
+        "dtype": text("dtype the EMA weights are held in (the paper: float32 under bf16 autocast); `plan` warns "
+                      "where ρ̂ rounds to 1.0 in it, and a run refuses any but float32",
                       choices=("float32", "bfloat16", "float16")),
     },
     "norm": {

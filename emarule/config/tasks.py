@@ -155,6 +155,7 @@ BYOL: dict[str, Any] = {
         "stochastic_depth": num(lo=0.0, hi=1.0), "projector_hidden": integer(lo=1),
         "projector_out": integer(lo=1), "predictor_hidden": integer(lo=1),
         "head_norm": text("projector and predictor norm", choices=("batchnorm", "layernorm", "none")),
+        "head_out_bias": flag("a bias on the projector's and predictor's output Linear (BYOL's has none)"),
         "embed_dim": integer("ViT width (narrow ViTs of the cpu/tiny presets)", nullable=True, lo=1),
         "depth": integer("ViT blocks", nullable=True, lo=1), "heads": integer("ViT heads", nullable=True, lo=1),
         "cifar_stem": flag("3x3 stem without max-pool for 32x32 inputs"),
@@ -168,8 +169,11 @@ BYOL: dict[str, Any] = {
     },
     "probe": {"lr": num("the tracking probe's own Adam lr at batch.size (emarule/vision/probe.py)", **POSITIVE),
               "kind": text(choices=("pre-bn",))},
+    "byol": {"loss_scale": num("the loss's factor: 1 is the paper's Definition (½cos + ½cos), 4 is BYOL's own "
+                               "(2 − 2 cos similarity per view, summed over both)", **POSITIVE)},
 }
 BYOL = with_defaults(BYOL, {
+    "byol.loss_scale": 1.0, "model.head_out_bias": False,
     "data.augmentation": "byol_cifar10", "data.image_size": 32, "data.num_classes": 10, "data.source": "cifar10",
     "model.arch": "resnet18", "model.cifar_stem": False, "model.head_norm": "batchnorm",
     "model.init": "kaiming_uniform",

@@ -191,6 +191,16 @@ def build_emas(cfg: Config | dict, source: nn.Module, plan) -> dict:
     return emas
 
 
+def check_ema_dtype(cfg) -> None:
+    """The loop forwards its EMAs (a teacher, an evaluation) on the batch as the data gives it, in float32,
+    through their BatchNorm statistics: an EMA held in a lower precision cannot take that input."""
+    ema = config_of(cfg).ema
+    if ema.momentum is not None and ema.dtype != "float32":
+        raise UserError(f"ema.dtype {ema.dtype}: the training loop forwards its EMAs on float32 batches, which an "
+                        f"EMA held in {ema.dtype} cannot take; drop ema.dtype (float32, the paper's setting, also "
+                        f"under precision: bf16), or hold a low-precision EMA with emarule.ModelEma in your own loop")
+
+
 def setup(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> Run:
     cfg = ctx.cfg
     unit = cfg.batch.unit
@@ -202,6 +212,7 @@ def setup(ctx: RunContext, parts: TaskParts, d: distributed.Dist) -> Run:
                             cfg.schedule.total_steps)
     batches.check_base_step_in_run(batcher.epoch_measure)
     check_batches_fit(ctx, batcher, d.world_size)
+    check_ema_dtype(cfg)
     if ctx.resume and not checkpoint.path_in(ctx.out).exists() and (ctx.out / UNSAVED).exists():
         if d.is_main:
             print(f"--resume: {ctx.out} stopped before its first checkpoint; starting it from the beginning",

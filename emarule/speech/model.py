@@ -83,10 +83,13 @@ class CTCTransformer(nn.Module):
         return torch.div(frames + 2 * pad - self.kernel, self.stride, rounding_mode="floor") + 1
 
     def set_dropout(self, dropout: float, layer_drop: float) -> None:
-        """Pseudo-labeling lowers both rates after pre-training (0.3 → 0.1)."""
+        """Pseudo-labeling lowers both rates after pre-training (0.3 → 0.1), attention's dropout included
+        (MultiheadAttention keeps it as a float, not as an nn.Dropout)."""
         for m in self.modules():
             if isinstance(m, nn.Dropout):
                 m.p = dropout
+            elif isinstance(m, nn.MultiheadAttention):
+                m.dropout = dropout
         self.layer_drop = layer_drop
 
     def forward(self, feats: torch.Tensor, frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -54,11 +54,11 @@ class Online(nn.Module):
 
 class BYOL(nn.Module):
     def __init__(self, backbone: nn.Module, proj_hidden: int, proj_out: int, pred_hidden: int,
-                 probe: TrackingProbe, head_norm: str = "batchnorm"):
+                 probe: TrackingProbe, head_norm: str = "batchnorm", out_bias: bool = True):
         super().__init__()
         feat = backbone.num_features
-        self.online = Online(backbone, M.mlp(feat, proj_hidden, proj_out, head_norm))
-        self.predictor = M.mlp(proj_out, pred_hidden, proj_out, head_norm)
+        self.online = Online(backbone, M.mlp(feat, proj_hidden, proj_out, head_norm, out_bias))
+        self.predictor = M.mlp(proj_out, pred_hidden, proj_out, head_norm, out_bias)
         self.probe = probe.module  # frozen here: trained by its own Adam (emarule.vision.probe)
         self.num_features = feat
 
@@ -68,31 +68,37 @@ def cosine_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return 1.0 - F.cosine_similarity(a.float(), b.float(), dim=-1, eps=1e-8)
 
 
-def byol_loss(p1, p2, t1, t2) -> torch.Tensor:
-    """Symmetrized BYOL loss: ½cos(p1, sg t2) + ½cos(p2, sg t1), averaged over the batch."""
-    return (0.5 * cosine_distance(p1, t2.detach()) + 0.5 * cosine_distance(p2, t1.detach())).mean()
+def byol_loss(p1, p2, t1, t2, scale: float = 1.0) -> torch.Tensor:
+    """Symmetrized BYOL loss: ½cos(p1, sg t2) + ½cos(p2, sg t1), averaged over the batch, times `scale`
+    (1: the paper's Definition; 4: BYOL's own, ‖p̂ − t̂‖² = 2 − 2 cos similarity per view, summed over both,
+    whose scale a LARS step sees through the layers it does not adapt and through the weight decay)."""
+    return scale * (0.5 * cosine_distance(p1, t2.detach()) + 0.5 * cosine_distance(p2, t1.detach())).mean()
 
 
 @contextlib.contextmanager
 def batch_statistics(module: nn.Module):
-    """Forward `module` in train mode (BatchNorm normalizes with the batch's statistics) while its
-    running statistics stay untouched (BatchNorm momentum 0 for the duration)."""
-    was = module.training
+    """Forward `module` with its BatchNorm layers in train mode (they normalize with the batch's statistics,
+    as BYOL's target network does) while their running statistics stay untouched (momentum 0 for the
+    duration). Everything else is in eval mode: a ViT teacher built with stochastic depth or dropout gives
+    its targets without them, since BYOL's target network has no stochastic layers."""
+    was = {m: m.training for m in module.modules()}
     saved = []
+    module.train(False)
     for m in module.modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
             saved.append((m, m.momentum))
             m.momentum = 0.0
-    module.train(True)
+            m.train(True)
     try:
         yield module
     finally:
         for m, mom in saved:
             m.momentum = mom
-        module.train(was)
+        for m, training in was.items():
+            m.training = training
 
 
-def make_loss(probe: TrackingProbe):
+def make_loss(probe: TrackingProbe, scale: float = 1.0):
     def loss(model: BYOL, teacher: nn.Module, batch, now=None):
         x1, x2, y = batch
         # Each view through the online network separately (BatchNorm per view, as in BYOL).
@@ -102,7 +108,7 @@ def make_loss(probe: TrackingProbe):
         with torch.no_grad(), batch_statistics(teacher):
             th1, t1 = teacher(x1)
             th2, t2 = teacher(x2)
-        l_byol = byol_loss(p1, p2, t1, t2)
+        l_byol = byol_loss(p1, p2, t1, t2, scale)
         # The tracking probe on the StopGrad teacher representation of both views: its gradient
         # goes to `on_step` as a tensor metric, never into this loss.
         metrics = probe.train_metrics(torch.cat([th1, th2]), torch.cat([y, y]))
@@ -132,12 +138,14 @@ def build(ctx: RunContext) -> TaskParts:
         raise UserError(f"probe.kind {cfg.probe.kind!r}: only the pre-bn linear probe (the paper's) is "
                         f"implemented; drop probe.kind")
     probe = TrackingProbe.from_spec(cfg, bb.num_features, num_classes, len(train_src))
-    model = BYOL(bb, int(m.projector_hidden), int(m.projector_out), int(m.predictor_hidden), probe, m.head_norm)
+    model = BYOL(bb, int(m.projector_hidden), int(m.projector_out), int(m.predictor_hidden), probe, m.head_norm,
+                 bool(m.head_out_bias))
     # Projector and predictor get the recipe's init too.
     M.init_weights(model.online.projector, init)
     M.init_weights(model.predictor, init)
 
     no_decay = M.no_weight_decay_names(model) if cfg.optimizer.weight_decay_skip_bias else set()
+    scale = float(cfg.byol.loss_scale)
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     info = {
         "task": "byol",
@@ -154,10 +162,12 @@ def build(ctx: RunContext) -> TaskParts:
         "augmentation": augmentation,
         "head_norm": m.head_norm,
         "probe": probe.describe(),
-        "loss": "½cos(q(z1), sg z'2) + ½cos(q(z2), sg z'1); the probe's cross-entropy trains the probe only",
+        "head_out_bias": bool(m.head_out_bias),
+        "loss": (f"{scale:g} × " if scale != 1 else "") + "(½cos(q(z1), sg z'2) + ½cos(q(z2), sg z'1)); the probe's "
+                "cross-entropy trains the probe only",
     }
     evaluation = probe_evaluation(probe.module, lambda teacher, x: teacher(x)[0], test_src, image_size,
                                   float(cfg.eval.every_epochs), cfg.eval.every_base_steps)
-    return TaskParts(model=model, ema_source=model.online, train_set=train_set, loss=make_loss(probe),
+    return TaskParts(model=model, ema_source=model.online, train_set=train_set, loss=make_loss(probe, scale),
                      evaluations=[evaluation], on_step=probe.step, state=probe, progress_metric="byol_loss",
                      no_decay=no_decay, info=info)

@@ -22,6 +22,12 @@ Stacks (`data.augmentation`):
 - ``none``: resize and normalize only (tests).
 
 Views are float32 C×S×S tensors, normalized with the data set's mean and std.
+
+The jitter's operations are torchvision's (ColorJitter), not those of BYOL's own code
+(byol/utils/augmentations.py): brightness multiplies by a factor in [0.6, 1.4] where BYOL adds a
+delta in [−0.4, 0.4], contrast pulls toward the image's grayscale mean where BYOL pulls each channel
+toward its own mean, and the blur pads by reflection where BYOL's pads with zeros. The probabilities,
+strengths, random order and clipping after each operation are BYOL's.
 """
 
 from __future__ import annotations

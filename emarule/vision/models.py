@@ -85,7 +85,7 @@ class ResNet(nn.Module):
         return torch.flatten(self.pool(self.layers(self.stem(x))), 1)
 
 
-def mlp(cin: int, hidden: int, cout: int, norm: str = "batchnorm") -> nn.Sequential:
+def mlp(cin: int, hidden: int, cout: int, norm: str = "batchnorm", out_bias: bool = True) -> nn.Sequential:
     if norm == "batchnorm":
         n = nn.BatchNorm1d(hidden)
     elif norm == "layernorm":
@@ -94,7 +94,7 @@ def mlp(cin: int, hidden: int, cout: int, norm: str = "batchnorm") -> nn.Sequent
         n = nn.Identity()
     else:
         raise UserError(f"model.head_norm {norm!r}: use batchnorm, layernorm or none")
-    return nn.Sequential(nn.Linear(cin, hidden), n, nn.ReLU(inplace=True), nn.Linear(hidden, cout))
+    return nn.Sequential(nn.Linear(cin, hidden), n, nn.ReLU(inplace=True), nn.Linear(hidden, cout, bias=out_bias))
 
 
 class LinearProbe(nn.Module):

@@ -214,6 +214,15 @@ def test_bf16_autocast_trains_on_cpu_with_fp32_ema(tmp_path):
     assert all(v.dtype == torch.float32 for v in ck["emas"]["ema"]["module"].values())
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_an_ema_held_in_low_precision_is_refused_before_anything_is_written(tmp_path, precision):
+    # the loop's evaluations forward the EMA on float32 batches, which a bfloat16 EMA cannot take
+    with pytest.raises(UserError, match="ema.dtype bfloat16"):
+        run_toy(tmp_path, toy_spec(**{"precision": precision, "ema.dtype": "bfloat16", "schedule.epochs": 1}))
+    written = [p.name for p in (tmp_path / "run").iterdir()] if (tmp_path / "run").exists() else []
+    assert not [n for n in written if not n.startswith(".")], written
+
+
 def test_bn_momentum_follows_the_plan_when_bn_scale(tmp_path):
     from emarule.tasks import toy
 

@@ -96,6 +96,13 @@ def test_wer_counts_are_additive():
     assert wer.counts([], []) == (0, 0)
 
 
+def test_wer_counts_the_insertions_against_an_empty_reference():
+    assert wer.counts(["", "a"], ["x y z", "a"]) == (3, 1)
+    assert wer.counts([" "], ["x y"]) == (2, 0) and wer.counts([""], [""]) == (0, 0)
+    e, w = wer.counts(["", "a b"], ["x", "a"])  # additive: the same as the pairs counted one by one
+    assert (e, w) == tuple(map(sum, zip(wer.counts([""], ["x"]), wer.counts(["a b"], ["a"]), strict=True)))
+
+
 def test_cape_is_sinusoidal_in_eval_and_augmented_in_training():
     cape = CAPE(16, frame_seconds=0.03)
     cape.eval()
@@ -126,6 +133,8 @@ def test_model_shapes_lengths_and_dropout_switch():
     assert torch.allclose(lp.exp().sum(-1), torch.ones(2, 34), atol=1e-5)
     m.set_dropout(0.1, 0.1)
     assert m.layer_drop == 0.1 and all(d.p == 0.1 for d in m.modules() if isinstance(d, torch.nn.Dropout))
+    # attention's dropout is a float on MultiheadAttention, not an nn.Dropout module
+    assert [layer.self_attn.dropout for layer in m.layers] == [0.1, 0.1]
     assert m.layers[0].norm_first is False  # post-LayerNorm
 
 

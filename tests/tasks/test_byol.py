@@ -150,6 +150,25 @@ def test_loss_stops_gradient_at_teacher_and_keeps_its_statistics():
     assert torch.equal(m.probe.fc.weight, theta)  # the probe moves only in on_step
 
 
+def test_the_teacher_normalizes_with_batch_statistics_and_drops_no_path():
+    # A ViT with stochastic depth and a BatchNorm head: the teacher's targets are deterministic, its
+    # BatchNorm uses the batch's statistics without updating its running ones, and every mode comes back.
+    torch.manual_seed(0)
+    vit = M.backbone("vit_tiny_patch16_224", image_size=32, patch_size=8, stochastic_depth=0.5,
+                     vit_dims={"embed_dim": 32, "depth": 2, "num_heads": 2})
+    teacher = B.Online(vit, M.mlp(vit.num_features, 16, 8)).eval()
+    head_bn = teacher.projector[1]
+    stats = head_bn.running_mean.clone()
+    x = torch.randn(6, 3, 32, 32)
+    with torch.no_grad(), B.batch_statistics(teacher):
+        assert head_bn.training and not vit.blocks[1].drop_path1.training
+        a, b = teacher(x)[1], teacher(x)[1]
+        assert torch.equal(a, b)
+        assert torch.allclose(head_bn(torch.randn(6, 16) * 3 + 5).mean(0), torch.zeros(16), atol=1e-5)
+    assert torch.equal(head_bn.running_mean, stats)
+    assert not any(m.training for m in teacher.modules())
+
+
 def test_probe_is_outside_the_run_optimizer():
     from emarule.engine import optimizers
     from emarule.scaling import scale

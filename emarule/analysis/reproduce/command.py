@@ -126,16 +126,23 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
 
     with lock_dir(root, "reproduction"):
         text = command_text(family, preset, seeds, kappas, root, data, headline)
-        t0, load0 = time.monotonic(), os.getloadavg()[0]
+        t0, load0, started = time.monotonic(), os.getloadavg()[0], time.time()
         resolve_run = resolver(family.experiment, spec_preset)
         args = {"preset": preset if preset is not None else family.preset, "command": text,
                 "seeds": list(seeds if seeds is not None else family.seeds) if family.kind == "sweep" else None,
                 "kappas": kappas if kappas is not None else list(family.kappas)}
-        if family.kind == "sweep":
-            args["arms"] = R.arms_rows(family, spec_preset)
-            result = _sweep(console, family, args, root, data, resolve_run, jobs)
-        else:
-            result = _study(console, family, root, resolve_run)
+        try:
+            if family.kind == "sweep":
+                args["arms"] = R.arms_rows(family, spec_preset)
+                result = _sweep(console, family, args, root, data, resolve_run, jobs)
+            else:
+                result = _study(console, family, root, resolve_run)
+        except BaseException as e:  # Ctrl-C or a failure: the time its finished runs took is still counted
+            # bad input is refused before anything trains, and writes nothing; a run's own error (a file it
+            # cannot decode) comes after others trained
+            if not isinstance(e, UserError) or _trained_since(root, started):
+                _record_unfinished(root, text, time.monotonic() - t0, e)
+            raise
         if result is None:  # not the main process of a torchrun launch
             return {}
         claims, measured, figures, timing = result
@@ -147,6 +154,33 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
         R.print_verdicts(console, data_out)
         console.print(f"report: {root / R.REPORT}; verdicts: {root / R.VERDICT}", highlight=False)
         return data_out
+
+
+def _trained_since(root: Path, since: float) -> bool:
+    """Did a run under ROOT (ROOT/<experiment>/<run>) log anything since `since` (time.time())?"""
+    from emarule.engine.rundir import METRICS
+
+    for log in root.glob(f"*/*/{METRICS}"):
+        try:
+            if log.stat().st_mtime >= since:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _record_unfinished(root: Path, text: str, wall_s: float, error: BaseException) -> None:
+    """A ledger line for an invocation that raised before its verdict. Its runs are not known here: the ones it
+    finished are counted as reused by the next invocation."""
+    from emarule.engine import distributed
+
+    if not distributed.is_main():
+        return
+    try:
+        ledger.record(root, text, {"wall_s": wall_s, "cpus": os.cpu_count(), "ended": type(error).__name__},
+                      R.VERDICT)
+    except OSError:  # a full disk, say: the error being raised is the one to report
+        pass
 
 
 def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, resolve_run,

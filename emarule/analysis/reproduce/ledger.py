@@ -4,9 +4,11 @@ A reproduction resumes: finished runs are reused, so a family stopped half-way (
 spread over several sittings) is finished by a later invocation of the same command. That invocation's
 own wall time covers only the runs it trained. Each invocation therefore appends one line to
 OUT/invocations.jsonl, and the report gives the sum over the lines of the same command (the --out path
-aside, so a root that was moved keeps its history). An invocation that was killed before its end writes
-no line: its finished runs are reused and counted as reused, and its time is missing from the sum,
-which the report says by giving the count of runs trained against the count run.
+aside, so a root that was moved keeps its history). An invocation that raised before its verdict (Ctrl-C,
+a failed run) writes a line with its wall time and `ended` (the exception's name) but no run counts: its
+finished runs are counted as reused by the next invocation. One that was killed outright writes no line,
+and its time is missing from the sum, which the report says by giving the count of runs trained against
+the count run.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 from emarule.engine.rundir import read_json
 
 LEDGER = "invocations.jsonl"
-KEPT = ("wall_s", "runs", "reused", "load_start", "load_end", "cpus")
+KEPT = ("wall_s", "runs", "reused", "load_start", "load_end", "cpus", "ended")
 
 
 def _key(command: str) -> str:
