@@ -9,7 +9,8 @@ Data order depends only on (seed, epoch, position), never on the world size or t
   items. In seconds it is the longest run of next items whose padded cost, items × longest item,
   stays within κB seconds (padding counted, as the paper's dynamic batches do); an item longer
   than the whole budget makes a batch of its own. When the rest of an epoch cannot fill a batch,
-  it is dropped and the epoch ends.
+  it is dropped and the epoch ends; a rest whose padded cost is the budget exactly is a full batch,
+  and is kept (`full`).
 - The global batch is cut into W × A contiguous parts (W ranks, A micro-batches each): equal
   counts in samples, equal seconds of audio in seconds. Rank r computes parts rA … rA + A − 1.
 
@@ -74,6 +75,13 @@ def layout(global_batch: float, world: int, max_device_batch: float | None, unit
     return BatchLayout(b, world, acc, unit)
 
 
+def full(padded: float, size: float) -> bool:
+    """Whether an epoch's rest of this padded cost fills the budget. Only an exact fit counts: a rest with
+    room for one more item of its longest length is still dropped, so that the batches of every run made
+    before this rule are the same (their epochs' rests never fit exactly)."""
+    return padded >= size * (1 - 1e-9)
+
+
 class Batcher:
     """The epoch's order and the global batch at any position in it (see the module docstring)."""
 
@@ -115,7 +123,7 @@ class Batcher:
             longest = longer
             if len(items) == 1 and d[i] > size:
                 return items, float(d[i])
-        return None  # the rest of the epoch cannot fill a batch
+        return (items, float(sum(d[j] for j in items))) if items and full(len(items) * longest, size) else None
 
     def measure(self, items: list[int]) -> float:
         return float(len(items)) if self.durations is None else float(sum(self.durations[i] for i in items))

@@ -46,6 +46,12 @@ def check_batches_fit(ctx: RunContext, batcher: batching.Batcher, world_size: in
             raise UserError(f"the batch κB = {lay.global_batch:g} is larger than the training set "
                             f"({measure_for(unit).training_set(batcher)}); "
                             f"use a smaller κ or more data")
+        if unit == batching.SECONDS and batcher.take(0, 0, lay.global_batch) is None:
+            # every epoch's padded cost is the same (n × the longest item): none would hold a step
+            n, longest = batcher.n, max(batcher.durations)
+            raise UserError(f"the batch κB = {lay.global_batch:.7g} s never fills: the training set's {n} items, "
+                            f"padded to its longest ({longest:g} s), take {n * longest:.7g} s, less than κB, so "
+                            f"every epoch ends before its first step; use a smaller κ (or --batch-size) or more data")
 
 
 def fingerprint(ctx: RunContext) -> dict:

@@ -7,12 +7,15 @@ def counts(references: list[str], hypotheses: list[str]) -> tuple[int, int]:
     """(substitutions + deletions + insertions, reference words) over the pairs; WER = errors / words."""
     import jiwer
 
-    # jiwer rejects an empty reference; an empty hypothesis is all deletions, which it handles.
-    pairs = [(r, h) for r, h in zip(references, hypotheses, strict=True) if r.strip()]
+    # jiwer rejects an empty reference: against one, every hypothesis word is an insertion, counted here. An
+    # empty hypothesis is all deletions, which it handles.
+    both = list(zip(references, hypotheses, strict=True))
+    inserted = sum(len(h.split()) for r, h in both if not r.strip())
+    pairs = [(r, h) for r, h in both if r.strip()]
     if not pairs:
-        return 0, 0
+        return inserted, 0
     out = jiwer.process_words([r for r, _ in pairs], [h for _, h in pairs])
-    return out.substitutions + out.deletions + out.insertions, sum(len(r.split()) for r, _ in pairs)
+    return out.substitutions + out.deletions + out.insertions + inserted, sum(len(r.split()) for r, _ in pairs)
 
 
 def percent(errors: float, words: float) -> float:

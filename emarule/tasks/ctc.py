@@ -51,6 +51,7 @@ def data_root(ctx: RunContext) -> Path:
     data, c = cfg.data, cfg.corpus
     labeled = data.labeled
     unlabeled = data.unlabeled if cfg.pseudo_label else ()
+    distinct_splits(labeled, list(unlabeled), list(data.eval_splits))
     if data.source == "synthetic":
         n_eval = int(c.eval)
         wanted = {labeled: int(c.labeled), **{u: int(c.unlabeled) for u in unlabeled},
@@ -64,6 +65,20 @@ def data_root(ctx: RunContext) -> Path:
     if not Path(root).is_dir():
         raise UserError(f"--data {root}: not a directory; point it at the folder holding {labeled}/")
     return Path(root)
+
+
+def distinct_splits(labeled: str, unlabeled: list, evals: list) -> None:
+    """Each split has one role: evaluated on the training split a WER is a training score, and the generated
+    corpus, which sizes each split by its role, would give that split one size for both."""
+    roles = [("data.labeled", labeled)] + [("data.unlabeled", u) for u in unlabeled] + \
+        [("data.eval_splits", e) for e in evals]
+    seen: dict = {}
+    for key, split in roles:
+        if split in seen:
+            where = key if seen[split] == key else f"{seen[split]} and {key}"
+            raise UserError(f"split {split!r} is named twice ({where}); a split is trained on, pseudo-labeled "
+                            f"or evaluated, once: remove it from {key}")
+        seen[split] = key
 
 
 def speech_set(root: Path, split: str, featurizer: LogMel, sample_rate: int, limit: int | None = None) -> SpeechSet:

@@ -114,7 +114,8 @@ def cifar10(root: Path | None, train: bool) -> TensorSource:
         raise UserError(f"CIFAR-10 not found at {root}: expected {CIFAR_LAYOUT}; nothing is downloaded")
     try:
         x, y = read_cifar_batches(root / "cifar-10-batches-py", CIFAR_TRAIN if train else CIFAR_TEST)
-    except (RuntimeError, OSError, ValueError, KeyError, TypeError, EOFError, pickle.UnpicklingError) as e:
+    except (RuntimeError, OSError, ValueError, KeyError, TypeError, OverflowError, EOFError,
+            pickle.UnpicklingError) as e:
         raise UserError(f"CIFAR-10 at {root} is incomplete or corrupt ({' '.join(str(e).split())}); "
                         f"expected {CIFAR_LAYOUT}") from None
     bad = ((y < 0) | (y >= 10)).nonzero()
@@ -137,7 +138,7 @@ def read_cifar_batches(folder: Path, names: tuple) -> tuple[torch.Tensor, torch.
     xs, ys = [], []
     for name in names:
         with open(folder / name, "rb") as f:
-            entry = pickle.load(f, encoding="latin1")  # noqa: S301 - the data set's own format
+            entry = unpickle(f, name)
         data = np.asarray(entry["data"], dtype=np.uint8)
         labels = entry["labels"] if "labels" in entry else entry["fine_labels"]
         if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(labels) != len(data):
@@ -145,6 +146,38 @@ def read_cifar_batches(folder: Path, names: tuple) -> tuple[torch.Tensor, torch.
         xs.append(torch.from_numpy(data.reshape(-1, 3, 32, 32).copy()))
         ys.append(torch.tensor(labels, dtype=torch.int64))
     return torch.cat(xs), torch.cat(ys)
+
+
+# What a CIFAR-10 batch pickle may name: numpy's array (and scalar) reconstruction, under numpy 1's and 2's
+# module names, and the bytes of a protocol-2 pickle written by Python 3. Anything else, a damaged name or
+# a call a crafted file asks for, is refused before it is imported.
+CIFAR_GLOBALS = frozenset({(m, n) for m in ("numpy.core.multiarray", "numpy._core.multiarray")
+                           for n in ("_reconstruct", "scalar")}
+                          | {(m, "_frombuffer") for m in ("numpy.core.numeric", "numpy._core.numeric")}
+                          | {("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")})
+
+
+class CifarUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) not in CIFAR_GLOBALS:
+            raise pickle.UnpicklingError(f"it names {module}.{name}, which a CIFAR-10 batch never holds")
+        return super().find_class(module, name)
+
+
+def unpickle(f, name: str) -> dict:
+    """A batch's dict, or a ValueError naming the file: every way a damaged pickle fails (a bad opcode, a
+    name cut short, a length that asks for all memory) is one error here."""
+    import warnings
+
+    try:
+        with warnings.catch_warnings():  # numpy 2.4 on the int `align` that Python 2's numpy wrote in every batch
+            warnings.filterwarnings("ignore", message=r"dtype\(\): align should be passed")
+            entry = CifarUnpickler(f, encoding="latin1").load()
+    except Exception as e:  # noqa: BLE001 - any failure of a damaged data file is that file's fault
+        raise ValueError(f"{name}: not a CIFAR-10 batch ({type(e).__name__}: {e})") from None
+    if not isinstance(entry, dict):
+        raise ValueError(f"{name}: holds a {type(entry).__name__}, not a CIFAR-10 batch's dict")
+    return entry
 
 
 def synthetic(train: bool, n: int, size: int, num_classes: int) -> TensorSource:
@@ -180,13 +213,20 @@ class ImageFolderSource(Source):
     def image(self, i: int) -> torch.Tensor:
         from torchvision.transforms.functional import pil_to_tensor
 
+        return pil_to_tensor(self.pil(i))  # RGB uint8 C×H×W
+
+    def pil(self, i: int):
+        """Item i decoded whole (a PIL RGB image), or an ItemError naming its file: every reader of the folder
+        decodes here, so that a damaged file is named (or skipped, `data.skip_bad_items`) wherever it is met."""
+        from PIL import Image
+
         from emarule.engine.baditems import ItemError
 
         path = self.ds.samples[i][0]
         try:
-            return pil_to_tensor(self.ds.loader(path))  # RGB uint8 C×H×W
-        except (OSError, ValueError, SyntaxError) as e:  # truncated, not an image, bad header (PIL's errors)
-            raise ItemError(path, f"{type(e).__name__}: {e}") from None
+            return self.ds.loader(path)  # torchvision's loader converts to RGB, which decodes every pixel
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:  # PIL's errors: truncated,
+            raise ItemError(path, f"{type(e).__name__}: {e}") from None  # not an image, a bad header, too large
 
     def eval_view(self, i: int, size: int) -> torch.Tensor:
         """Resize the shorter side to size/0.875, center-crop size (the usual ImageNet evaluation)."""

@@ -26,6 +26,7 @@ is moved into place whole. A folder whose files do not match their manifest is r
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import os
@@ -35,11 +36,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from emarule.engine.cache import build_once
+from emarule.engine.cache import build_once, manifest_holds, sha256
 from emarule.errors import UserError
 from emarule.engine.seeding import mix
 
 VERSION = 2  # bump when the generator's output changes: a new cache key
+# colours="rgb" alone since its contrast push stays in the RGB cube (version 2 clamped the pushed glyph,
+# which left 3 % of glyphs closer than MIN_CONTRAST); grey and hue images are version 2's, byte for byte
+RGB_VERSION = 3
 CLASSES = ("I", "Y", "plus", "triangle", "ring")
 TRAIN, TEST = 30000, 5000  # images per split when the preset caps neither
 SIZE = 32
@@ -70,8 +74,12 @@ class ShapesRequest:
     # "hue" (luminances 0.3-0.6 apart, each with a random hue).
     colours: str = "gray"
 
+    @property
+    def version(self) -> int:
+        return RGB_VERSION if self.colours == "rgb" else VERSION
+
     def key(self) -> str:
-        blob = json.dumps({"version": VERSION, **asdict(self)}, sort_keys=True)
+        blob = json.dumps({"version": self.version, **asdict(self)}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -158,11 +166,17 @@ def _colours(kind: str, n: int, cells: int, g: torch.Generator) -> tuple[torch.T
     bg, fg = torch.rand(n, cells, 3, generator=g), torch.rand(n, cells, 3, generator=g)
     if kind == "gray":
         bg, fg = bg[..., :1].expand(-1, -1, 3), fg[..., :1].expand(-1, -1, 3)
-    # A glyph too close to its background is pushed from it along the grey axis (toward the farther of
-    # black and white), so that it is always visible.
-    toward = torch.where(bg.mean(-1, keepdim=True) > 0.5, -1.0, 1.0)
+    # A glyph too close to its background is pushed from it toward the farther of black and white, so that
+    # it is always visible.
+    far = bg.mean(-1, keepdim=True) > 0.5
     close = (fg - bg).norm(dim=-1, keepdim=True) < MIN_CONTRAST
-    return bg, torch.where(close, bg + toward * (MIN_CONTRAST / math.sqrt(3)), fg).clamp(0, 1)
+    if kind == "gray":  # along the grey axis, which stays in the cube from a grey (the data set's bytes)
+        return bg, torch.where(close, bg + torch.where(far, -1.0, 1.0) * (MIN_CONTRAST / math.sqrt(3)), fg).clamp(0, 1)
+    # Straight at that corner, MIN_CONTRAST of the way: a point between two points of the cube is in it, and
+    # the corner is at least √3 / 2 away (the mean of bg is on its side of 0.5).
+    toward = torch.where(far, 0.0, 1.0) - bg
+    pushed = bg + toward * (MIN_CONTRAST / toward.norm(dim=-1, keepdim=True))
+    return bg, torch.where(close, pushed, fg).clamp(0, 1)
 
 
 def draw_block(r: ShapesRequest, n: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -221,12 +235,12 @@ def generate(request: ShapesRequest) -> tuple[np.ndarray, np.ndarray]:
 # --- cache ---------------------------------------------------------------------------------------
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+def _save(path: Path, array: np.ndarray) -> None:
+    """`np.save`'s bytes, written by Python: a failed write then says why (errno), where numpy's own write
+    says only "problem writing element"."""
+    buf = io.BytesIO()
+    np.save(buf, array)
+    path.write_bytes(buf.getbuffer())
 
 
 def _jsonable(request: ShapesRequest) -> dict:
@@ -235,12 +249,7 @@ def _jsonable(request: ShapesRequest) -> dict:
 
 def _valid(root: Path, request: ShapesRequest) -> bool:
     """Whether `root` holds this request's images, byte for byte as its manifest recorded them."""
-    try:
-        manifest = json.loads((root / "manifest.json").read_text())
-        return (manifest.get("request") == _jsonable(request) and manifest.get("version") == VERSION
-                and all(_sha256(root / name) == digest for name, digest in manifest["files"].items()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
+    return manifest_holds(root, _jsonable(request), request.version)
 
 
 def ensure(request: ShapesRequest, cache: Path | None = None) -> Path:
@@ -257,14 +266,16 @@ def ensure(request: ShapesRequest, cache: Path | None = None) -> Path:
 
     def build(tmp: Path) -> None:
         x, y = generate(request)
-        np.save(tmp / "images.npy", x)
-        np.save(tmp / "labels.npy", y)
-        files = {name: _sha256(tmp / name) for name in ("images.npy", "labels.npy")}
-        (tmp / "manifest.json").write_text(json.dumps({"request": _jsonable(request), "version": VERSION,
+        for name, array in (("images.npy", x), ("labels.npy", y)):
+            _save(tmp / name, array)
+        files = {name: sha256(tmp / name) for name in ("images.npy", "labels.npy")}
+        (tmp / "manifest.json").write_text(json.dumps({"request": _jsonable(request), "version": request.version,
                                                        "files": files}, indent=1, sort_keys=True))
 
     return build_once(cache / request.key(), build, lambda root: _valid(root, request),
-                      "generated shapes: cannot write in {cache} ({reason}); set EMARULE_CACHE to a writable folder")
+                      "generated shapes: cannot write in {cache} ({reason}); set EMARULE_CACHE to a writable folder",
+                      "generated shapes: cannot write in {cache} ({reason}); free space (or raise the limit), or set "
+                      "EMARULE_CACHE to a folder with room")
 
 
 def load(request: ShapesRequest, cache: Path | None = None) -> tuple[torch.Tensor, torch.Tensor]:

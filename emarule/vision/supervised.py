@@ -37,7 +37,7 @@ def is_folder(source) -> bool:
 
 
 def pil_image(source: ImageFolderSource, i: int):
-    return source.ds.loader(source.ds.samples[i][0])  # RGB
+    return source.pil(i)  # RGB; a file that fails to decode is an ItemError naming it
 
 
 def pil_to_float(img) -> torch.Tensor:

@@ -1,5 +1,8 @@
 """A cached folder is built whole, then renamed into place (engine/cache.py: the shapes and the speech corpus)."""
 
+import errno
+import os
+
 import pytest
 
 from emarule.engine.cache import build_once
@@ -51,3 +54,17 @@ def test_an_unwritable_cache_is_one_line_naming_it(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(UserError, match=r"cannot write in .*file \(.*\); set EMARULE_CACHE"):
         build_once(tmp_path / "file" / "k", writer([]), complete, MSG)
+
+
+@pytest.mark.parametrize("code,reason,fix", [(errno.ENOSPC, "no space left on the device", "free space"),
+                                             (errno.EFBIG, "file too large for the file-size limit", "free space"),
+                                             (errno.EDQUOT, "disk quota exceeded", "free space"),
+                                             (errno.EACCES, "Permission denied", "set EMARULE_CACHE")])
+def test_a_write_that_fails_while_building_is_one_line_and_leaves_nothing(tmp_path, code, reason, fix):
+    def fails(tmp):
+        (tmp / "data").write_text("x")
+        raise OSError(code, os.strerror(code), str(tmp / "more"))
+
+    with pytest.raises(UserError) as e:
+        build_once(tmp_path / "k", fails, complete, MSG, "cannot write in {cache} ({reason}); free space")
+    assert str(e.value) == f"cannot write in {tmp_path} ({reason}); {fix}" and list(tmp_path.iterdir()) == []

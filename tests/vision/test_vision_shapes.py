@@ -1,5 +1,7 @@
 """The generated shapes (emarule/vision/shapes.py): glyphs, determinism, balance, layout, cache, build time."""
 
+import errno
+import hashlib
 import math
 import time
 
@@ -180,3 +182,32 @@ def test_every_glyph_stands_out_from_its_background(colours):
 def test_other_glyph_sets():
     x, y = S.generate(S.ShapesRequest(100, 0, size=16, classes=("square", "arc", "V")))
     assert x.shape == (100, 3, 16, 16) and set(np.unique(y)) == {0, 1, 2}
+
+
+def test_the_grey_data_sets_bytes_and_cache_keys_are_those_of_every_run_so_far():
+    # The presets' images and the folders already cached stay valid: only colours="rgb" changed (RGB_VERSION).
+    x, y = S.generate(S.ShapesRequest(S.BLOCK, 0))
+    assert hashlib.sha256(x.tobytes()).hexdigest()[:16] == "2058d8eb8b992a29"
+    assert hashlib.sha256(y.tobytes()).hexdigest()[:16] == "88e70a2d1be77d96"
+    x, _ = S.generate(S.ShapesRequest(200, 1, grid=2, colours="hue"))
+    assert hashlib.sha256(x.tobytes()).hexdigest()[:16] == "32bfe76a1cf37b39"
+    keys = [S.ShapesRequest(10000, 0), S.ShapesRequest(2000, 1), S.ShapesRequest(64, 0, colours="hue")]
+    assert [r.key() for r in keys] == ["4a3ba34492104680", "4efb54231aebafbf", "d344b50d21ed5a56"]
+
+
+def test_rgb_glyphs_keep_their_contrast_inside_the_cube():
+    bg, fg = S._colours("rgb", 50000, 1, torch.Generator().manual_seed(0))
+    assert ((fg >= 0) & (fg <= 1)).all()
+    assert (fg - bg).norm(dim=-1).min() >= S.MIN_CONTRAST - 1e-6
+    rgb = S.ShapesRequest(10, 0, colours="rgb")
+    assert rgb.version == S.RGB_VERSION != S.VERSION == S.ShapesRequest(10, 0).version
+
+
+def test_a_full_disk_while_building_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(np, "save", full)
+    with pytest.raises(UserError, match=r"cannot write in .*shapes \(no space left on the device\); free space") as e:
+        S.ensure(S.ShapesRequest(10, 0), tmp_path / "shapes")
+    assert "\n" not in str(e.value) and list((tmp_path / "shapes").iterdir()) == []
