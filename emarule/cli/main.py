@@ -153,14 +153,28 @@ def resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule,
     if no_ema_rule and ema_rule is not None:
         raise UserError(f"--no-ema-rule and --ema-rule {ema_rule.value} contradict each other; give one of them")
     s = load_spec(experiment, spec, preset, overrides or [])
+    schedule = prog.parse(progressive) if progressive is not None else None
+    _no_schedule_sets(schedule, overrides or [])
     b = number(batch_size, "--batch-size")
     k = kappa_from(s, number(kappa, "--kappa"), b)
     rule = None if no_ema_rule else (ema_rule or EmaRule.exponential).value
     # Only a command-line schedule is passed on: `plan` itself takes the spec's, or skips it (κ < 1).
-    p = plan(s, k, rule, prog.parse(progressive) if progressive is not None else None,
-             batch_multiple(s) if batch_multiple is not None else 1)
+    p = plan(s, k, rule, schedule, batch_multiple(s) if batch_multiple is not None else 1)
     checks.whole_batches(s, p, b, runs=False, batch_option=batch_option)
     return s, k, rule, p.progressive, p
+
+
+def _no_schedule_sets(schedule: dict | None, overrides: list[str]) -> None:
+    """--progressive replaces the spec's schedule, so a --set of its shape (progressive.epoch, .from_kappa, ...)
+    would be dropped unseen: refused. progressive.batch_multiple (the processes a ramp splits over) is kept."""
+    if schedule is None or schedule["kind"] == "constant":  # constant: a sweep's baseline, which has no shape
+        return
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if (key == "progressive" or key.startswith("progressive.")) and key != "progressive.batch_multiple":
+            raise UserError(f"--set {key} and --progressive both give the schedule, and --progressive replaces the "
+                            f"spec's; put it in --progressive (e.g. incremental:START,DELTA_B,EVERY,FROM_KAPPA) or "
+                            f"drop --progressive and set progressive.kind too")
 
 
 def check_seed(seed: int | None) -> None:

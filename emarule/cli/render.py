@@ -117,7 +117,8 @@ def print_plan(console: Console, p: Plan, fmt_: str, verbose: bool = False) -> N
     if fmt_ == "json":
         import json
 
-        console.print_json(json.dumps(p.as_dict()))
+        # the plan's values are finite (scale refuses others); a stage open to the end of training is "inf"
+        console.print_json(json.dumps(_finite_json(p.as_dict()), allow_nan=False))
         return
     if fmt_ == "yaml":
         import yaml
@@ -145,9 +146,10 @@ def print_plan(console: Console, p: Plan, fmt_: str, verbose: bool = False) -> N
 
 
 def ref_cells(t: RefTable) -> list[list[str]]:
-    from emarule.scaling.tables import paper_round
+    from emarule.scaling.tables import paper_round, significant
 
-    return [[str(r[0])] + [paper_round(v) for v in r[1:]] for r in t.rows]
+    show = paper_round if t.paper else significant  # the paper's five decimals only for the paper's values
+    return [[str(r[0])] + [show(v) for v in r[1:]] for r in t.rows]
 
 
 def print_ref_table(console: Console, t: RefTable, fmt_: str) -> None:
@@ -198,8 +200,6 @@ def print_limits(console: Console, lim: Limits, fmt_: str) -> None:
         return
     from rich.table import Table
 
-    lo, hi = d["meaningful_kappa"]
-    blo, bhi = d["meaningful_batch_size"]
     t = Table(title=f"ρ={exact(lim.momentum)} at batch {fmt(lim.batch_size)} in {lim.dtype} "
                     f"(p={d['significand_bits']} significand bits, relative gap r={lim.relative_gap:g})",
               title_justify="left")
@@ -209,4 +209,13 @@ def print_limits(console: Console, lim: Limits, fmt_: str) -> None:
     for name, b in d["bounds"].items():
         t.add_row(name, f"{b['kappa']:.4g}", f"{b['batch_size']:.4g}", b["formula"], b["meaning"])
     console.print(t)
-    console.print(f"meaningful: κ ∈ [{lo:.4g}, {hi:.4g}], batch size ∈ [{blo:.4g}, {bhi:.4g}]")
+    if d["meaningful_kappa"] is None:
+        lo, hi = lim.kappa_low, lim.kappa_max
+        why = (f"2^-{d['significand_bits']} / r ≥ 1: the update is lost at any κ" if math.isinf(lo) else
+               f"the lower bound {lo:.4g} is not below kappa_max {hi:.4g}")
+        console.print(f"meaningful: no κ is meaningful ({why}); use a wider --dtype, or a larger --relative-gap "
+                      f"if θ and ζ differ more", markup=False, highlight=False, soft_wrap=True)
+        return
+    lo, hi = d["meaningful_kappa"]
+    blo, bhi = d["meaningful_batch_size"]
+    console.print(f"meaningful: κ ∈ [{lo:.4g}, {hi:.4g}], batch size ∈ [{blo:.4g}, {bhi:.4g}]", markup=False)

@@ -178,6 +178,10 @@ def parse_override(item: str) -> tuple[str, Any]:
 
 def set_dotted(tree: dict, key: str, value: Any, where: str) -> None:
     parts = key.split(".")
+    if key == "task":
+        # the task decides which keys a spec may hold; the spec was checked against its own task's keys
+        raise UserError(f"{where}: task cannot be changed (a spec's keys are checked against its task); "
+                        f"pick another experiment or --spec a file with the task you want")
     node = tree
     for part in parts[:-1]:
         nxt = node.get(part)
@@ -186,6 +190,13 @@ def set_dotted(tree: dict, key: str, value: Any, where: str) -> None:
         if not isinstance(nxt, dict):
             raise UserError(f"{where}: {key}: {part} is not a section")
         node = nxt
+    old = node.get(parts[-1])
+    if isinstance(old, dict) and isinstance(value, dict):
+        # a mapping replaces the section: refused when that would silently drop keys it leaves out
+        dropped = [str(k) for k in old if k not in value]
+        if dropped:
+            raise UserError(f"{where}: {key} is a section holding {', '.join(dropped)}, which a mapping would "
+                            f"drop; set its keys one at a time, e.g. {key}.{dropped[0]}=VALUE")
     node[parts[-1]] = value
 
 
@@ -196,6 +207,35 @@ def _not_given_twice(key: str, item: str, given: dict) -> None:
             same = "twice" if key == other else "in two overlapping --set options"
             raise UserError(f"--set {key} is given {same} ({first!r}, then {item!r}); give each key once")
     given[key] = item
+
+
+def _missing(spec: dict) -> str | None:
+    """What every plan and run reads (a section left out, or emptied by `--set batch=null`), else None."""
+    for key in ("name", "task"):
+        if key not in spec:
+            return f"missing {key!r}; a spec names itself and its task (see docs/spec-keys.md)"
+    for section in ("batch", "optimizer", "ema"):
+        if not isinstance(spec.get(section), dict):
+            return (f"{section}: missing or null; every spec needs this section (see docs/spec-keys.md), "
+                    f"e.g. {_EXAMPLE[section]}")
+    if spec["batch"].get("size") is None:
+        return f"batch.size: missing; give the reference batch B of the base values, e.g. {_EXAMPLE['batch']}"
+    if spec["ema"].get("momentum") is None and _trains(spec["task"]):
+        return (f"ema.momentum: missing; a {spec['task']} run trains with a model EMA, so give its base momentum, "
+                f"e.g. {_EXAMPLE['ema']}")
+    return None
+
+
+_EXAMPLE = {"batch": "batch: {size: 256}", "optimizer": "optimizer: {name: sgd, lr: 0.1}",
+            "ema": "ema: {momentum: 0.99}"}
+
+
+def _trains(task: str) -> bool:
+    """A training task keeps a model EMA (ema.momentum); a study (parabola, precision) sweeps its own."""
+    from emarule.tasks.registry import lookup
+
+    spec = lookup(task)
+    return spec is not None and spec.kind == "training"
 
 
 def load_spec(
@@ -233,21 +273,22 @@ def load_spec(
         if err:
             raise UserError(f"{p}: preset {preset!r}: {err}")
     given: dict[str, str] = {}
-    for item in overrides:
-        key, value = parse_override(item)
+    parsed = [parse_override(item) for item in overrides]
+    for (key, _), item in zip(parsed, overrides, strict=True):  # every key first: an overlap is named as one
         _not_given_twice(key, item, given)
         if get(schema, key) is None:
-            raise UserError(f"--set {key}: unknown key for a {task} spec; see `emarule plan` for the keys")
+            raise UserError(f"--set {key}: unknown key for a {task} spec; docs/spec-keys.md lists the keys")
+    for (key, value), item in zip(parsed, overrides, strict=True):
         set_dotted(spec, key, value, f"--set {item}")
     err = check_tree("", spec, schema)
     if err:
         raise UserError(f"--set {err}")
+    err = _missing(spec)
+    if err:
+        raise UserError(f"{p}: {err}" if _missing(read_yaml(p)) else err)
     err = check_needs(spec)
     if err:
         raise UserError(f"{p}: {err}" if not overrides else err)
-    for required in ("name", "task", "batch", "optimizer", "ema"):
-        if required not in spec:
-            raise UserError(f"{p}: missing section {required!r}")
     spec["preset"] = preset
     spec["source"] = str(p)
     return spec

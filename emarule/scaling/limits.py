@@ -73,6 +73,11 @@ class Limits:
     def kappa_low(self) -> float:
         return max(self.kappa_min, self.kappa_update)
 
+    @property
+    def meaningful(self) -> bool:
+        """Whether some κ is meaningful: the lower bound lies below kappa_max."""
+        return self.kappa_low < self.kappa_max
+
     def as_dict(self) -> dict:
         p, s = FORMATS[self.dtype]
         b = self.batch_size
@@ -91,8 +96,9 @@ class Limits:
             "batch_size": b,
             "relative_gap": self.relative_gap,
             "significand_bits": p,
-            "meaningful_kappa": [self.kappa_low, self.kappa_max],
-            "meaningful_batch_size": [self.kappa_low * b, self.kappa_max * b],
+            # null where the range is empty (kappa_low ≥ kappa_max): no κ keeps both the update and ρ^κ
+            "meaningful_kappa": [self.kappa_low, self.kappa_max] if self.meaningful else None,
+            "meaningful_batch_size": [self.kappa_low * b, self.kappa_max * b] if self.meaningful else None,
             "bounds": {
                 k: {"kappa": v, "batch_size": v * b, "formula": f, "meaning": m} for k, (v, f, m) in rows.items()
             },

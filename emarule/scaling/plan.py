@@ -7,6 +7,7 @@ Each value is reported with the rule that produced it, so `emarule plan`, the ru
 from __future__ import annotations
 
 import math
+from decimal import Decimal
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -98,9 +99,17 @@ def _clean(x: Any) -> Any:
     return x
 
 
-def _linear(v: float) -> float:
-    """1 − κ(1 − x) at 15 digits: the subtraction's noise (0.6000000000000001) is not part of the value."""
-    return float(f"{v:.15g}")
+def _linear_range(name: str, what: str, x: float, kappa: float, v: float, of: str = "") -> str | None:
+    """Why 1 − κ(1 − x) = v is no momentum (outside [0, 1)), naming the κ that works, or None."""
+    if 0.0 <= v < 1.0:
+        return None
+    if v >= 1.0:
+        # 1 − κ(1 − x) reads as 1 once κ(1 − x) < 5e-16 (_linear's 15 digits); 1e-15 is the first step kept
+        least = 1e-15 / (1.0 - x)
+        return (f"{name}: {what}{of} rounds to 1 at κ={kappa:.10g} (κ(1 − {x:g}) = {kappa * (1.0 - x):.3g} is below "
+                f"float64's resolution): the average would never move; use κ ≥ {least:.3g}")
+    most = float(1 / (1 - Decimal(repr(float(x)))))
+    return f"{name}: {what} = {v:.6g} at κ={kappa:.10g}{of}, outside [0, 1); the largest valid κ is {most:.6g}"
 
 
 def ema_momentum(rho: float, kappa: float, ema_rule: str | None, name: str = "ema.momentum") -> Scaled:
@@ -111,11 +120,10 @@ def ema_momentum(rho: float, kappa: float, ema_rule: str | None, name: str = "em
     if ema_rule == "exponential":
         return Scaled(rho, rules.ema_exponential(rho, kappa), "momentum", "EMA Scaling Rule: ρ̂ = ρ^κ")
     if ema_rule == "linear":
-        v = _linear(rules.ema_linear(rho, kappa))
-        if not 0.0 <= v < 1.0:
-            raise ScalingError(
-                f"{name}: the linear EMA rule 1 − κ(1 − ρ) gives {v:.6g} at κ={kappa:g}, outside [0, 1); "
-                f"it holds up to κ={rules.max_kappa_for_beta(rho):.6g}, or use --ema-rule exponential")
+        v = rules.linear(rho, kappa)
+        err = _linear_range(name, "the linear EMA rule 1 − κ(1 − ρ)", rho, kappa, v)
+        if err:
+            raise ScalingError(err + ("" if v >= 1.0 else ", or use --ema-rule exponential"))
         return Scaled(rho, v, "momentum", "linear EMA rule: ρ̂ = 1 − κ(1 − ρ)")
     raise ScalingError(f"unknown EMA rule {ema_rule!r}; use exponential or linear")
 
@@ -126,7 +134,7 @@ def extra_ema_name(rho: float) -> str:
 
 
 def _optimizer(spec: dict, kappa: float, out: dict[str, Scaled]) -> None:
-    opt = spec.get("optimizer", {})
+    opt = spec.get("optimizer") or {}  # an API dict may hold `optimizer: None`
     name = opt.get("name", "sgd")
     lr = opt.get("lr")
     if name in ("sgd", "lars"):
@@ -160,11 +168,10 @@ def _optimizer(spec: dict, kappa: float, out: dict[str, Scaled]) -> None:
             if not adaptive:
                 scaled.append(b)
                 continue
-            v = _linear(rules.beta_linear(b, kappa))
-            if not 0.0 <= v < 1.0:
-                raise ScalingError(
-                    f"{label}: 1 − κ(1 − β) = {v:.6g} at κ={kappa:g} for β={b}, outside [0, 1); "
-                    f"the largest valid κ is {rules.max_kappa_for_beta(b):.6g}")
+            v = rules.linear(b, kappa)
+            err = _linear_range(label, "1 − κ(1 − β)", b, kappa, v, f" for β={b}")
+            if err:
+                raise ScalingError(err)
             scaled.append(v)
         rule = "Adam/RMSProp Scaling Rule: β̂ = 1 − κ(1 − β)" if adaptive else f"unchanged ({name}: no known rule)"
         out[key] = Scaled(betas, scaled if isinstance(betas, list) else scaled[0], "momentum", rule)
@@ -207,7 +214,7 @@ def _durations(prefix: str, tree: Any, kappa: float, out: dict[str, Scaled]) -> 
         elif value is None or isinstance(value, bool):
             continue
         elif key.endswith("_steps") and isinstance(value, (int, float)):
-            out[path] = Scaled(value, rules.steps(value, kappa), "steps", "step-counted: N̂ = N / κ")
+            out[path] = Scaled(value, rules.steps(value, kappa, path), "steps", "step-counted: N̂ = N / κ")
         elif key.endswith("epochs") and isinstance(value, (int, float, list)):
             out[path] = Scaled(value, value, "epochs", "epoch-counted: unchanged")
 
@@ -239,12 +246,28 @@ def _warn_rounding(spec: dict, values: dict[str, Scaled], warnings: list[str]) -
         v, base = values[key].scaled, values[key].base
         r = round_to(v, dtype)
         if r == 1.0:
+            # ρ^κ grows towards 1 as κ shrinks: the fix is a larger κ (or a wider dtype, if there is one)
+            wider = "keep it in float32 or " if dtype != "float32" else ""
             warnings.append(f"{key} = {v:.8g} rounds to 1.0 in {dtype} (ema.dtype): the EMA would "
-                            f"never move; keep it in float32 or use a smaller κ (see `emarule limits`)")
+                            f"never move; {wider}use a larger κ (see `emarule limits`)")
         elif r == 0.0 and base != 0.0:
             how = f"= {v:.3g} rounds to 0.0 in {dtype} (ema.dtype)" if v else f"scales from {base:g} to 0"
             warnings.append(f"{key} {how}: the EMA is a plain copy of the model; use a smaller κ (see `emarule "
                             f"limits`)")
+
+
+def _check_finite(kappa: float, values: dict[str, Scaled]) -> None:
+    """A scaled value past float64's range (inf, or nan from inf/inf) is no hyperparameter: refused here, so
+    nothing prints `Infinity` as JSON or trains with it."""
+    for name, s in values.items():
+        for v in s.scaled if isinstance(s.scaled, list) else [s.scaled]:
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ScalingError(f"{name}: {_short(s.base)} scales to {v} at κ={kappa:g} ({s.rule}), past float64's "
+                                   f"range; use a κ (or a base value) that keeps it finite")
+
+
+def _short(x: Any) -> str:
+    return f"{x:g}" if isinstance(x, float) else repr(x)
 
 
 def scale(spec: dict, kappa: float, ema_rule: str | None = "exponential") -> Plan:
@@ -256,13 +279,21 @@ def scale(spec: dict, kappa: float, ema_rule: str | None = "exponential") -> Pla
     batch = spec["batch"]["size"]
     unit = spec_value(spec, "batch.unit")
     values["batch_size"] = Scaled(batch, batch * kappa, unit, "B̂ = κB")
+    if not math.isfinite(batch * kappa):
+        raise ScalingError("batch size overflowed; use a smaller κ")
     _optimizer(spec, kappa, values)
     if _get(spec, "ema.momentum") is not None:
         values["ema.momentum"] = ema_momentum(spec["ema"]["momentum"], kappa, ema_rule)
         for i, rho in enumerate(spec_value(spec, "ema.also")):
-            values[f"ema.momentum/{extra_ema_name(rho)}"] = ema_momentum(rho, kappa, ema_rule, f"ema.also[{i}]")
+            name = f"ema.momentum/{extra_ema_name(rho)}"
+            if name in values or extra_ema_name(rho) == extra_ema_name(spec["ema"]["momentum"]):
+                # EMAs are named (and logged) by their momentum: a repeat would silently be one EMA
+                raise ScalingError(f"ema.also[{i}]: {rho:.10g} is already kept (ema.momentum or an earlier "
+                                   f"ema.also); list each further EMA's momentum once")
+            values[name] = ema_momentum(rho, kappa, ema_rule, f"ema.also[{i}]")
     _secondary(spec, kappa, ema_rule, values)
     _durations("", {k: v for k, v in spec.items() if k not in ("presets", "progressive")}, kappa, values)
+    _check_finite(kappa, values)
     warnings: list[str] = []
     _warn_rounding(spec, values, warnings)
     return Plan(spec.get("name", "?"), kappa, ema_rule, values, warnings)
@@ -305,6 +336,11 @@ def plan(spec: dict, kappa: float, ema_rule: str | None = "exponential",
     part of the schedule in force (`Plan.progressive`), so that the run records it."""
     final = scale(spec, kappa, ema_rule)
     prog = progressive if progressive is not None else spec.get("progressive")
+    own_multiple = _get(spec, "progressive.batch_multiple")
+    if progressive is not None and own_multiple is not None and prog.get("kind") in RAMPS:
+        # the spec's batch_multiple (processes, not a shape of the schedule) holds for a command-line ramp too
+        prog = {**prog, "batch_multiple": math.lcm(whole_multiple(own_multiple),
+                                                   whole_multiple(prog.get("batch_multiple")))}
     if prog and "kind" not in prog:
         raise ScalingError("progressive: missing kind (constant, step, incremental or smooth)")
     if prog and progressive is None and final.kappa < 1 and prog.get("kind", "constant") != "constant":
@@ -328,6 +364,4 @@ def plan(spec: dict, kappa: float, ema_rule: str | None = "exponential",
     elif _get(spec, "ema.momentum_after_transition") is not None:
         final.warnings.append("ema.momentum_after_transition has no effect without Progressive Scaling "
                               "(no transition); add --progressive")
-    if not math.isfinite(final["batch_size"]):
-        raise ScalingError("batch size overflowed; use a smaller κ")
     return final

@@ -30,6 +30,9 @@ from emarule.errors import UserError
 
 
 RAMPS = ("smooth", "incremental")  # the kinds whose batches between their ends are rounded to batch_multiple
+# A plan holds one full plan per stage; past this many the schedule is a mistake, not a recipe (the paper's
+# longest ramp has 120 stages).
+MAX_STAGES = 10_000
 
 
 def whole_multiple(m) -> int:
@@ -215,10 +218,11 @@ class BatchSchedule:
 
     def _on_ramp(self, batch: float, lo: float, hi: float, whole: bool = True) -> float:
         """A ramp's batch: a whole number of samples (`whole`: smooth's), or for a `batch_multiple` above 1 the
-        nearest multiple of it, kept within the ramp's ends [lo, hi]."""
+        nearest multiple of it, kept within the ramp's ends [lo, hi] either way: a base batch that is not a whole
+        number (0.5 samples) would otherwise round outside them, even to 0, and the batch must never shrink."""
         m = self.multiple
         if m == 1:
-            return float(round(batch)) if whole else batch
+            return float(min(max(round(batch), lo), hi)) if whole else batch
         return float(min(max(m * round(batch / m), lo), hi))
 
     def kappa_at(self, epoch: float) -> float:
@@ -234,10 +238,27 @@ class BatchSchedule:
         if self.epochs is None or self.spec.get("kind", "constant") == "constant":
             return [Stage(0.0, float(self.epochs or math.inf), self.base * self.kappa, self.kappa)]
         out: list[Stage] = []
-        for e in range(int(math.ceil(self.epochs))):
+        n, e = int(math.ceil(self.epochs)), 0
+        while e < n:
             b = self.batch_at(e)
-            if out and out[-1].batch_size == b:
-                out[-1] = Stage(out[-1].start_epoch, float(min(e + 1, self.epochs)), b, b / self.base)
-            else:
-                out.append(Stage(float(e), float(min(e + 1, self.epochs)), b, b / self.base))
+            last = self._last_epoch_at(b, e, n)
+            out.append(Stage(float(e), float(min(last + 1, self.epochs)), b, b / self.base))
+            if len(out) > MAX_STAGES:
+                raise UserError(f"progressive {self.spec['kind']}: more than {MAX_STAGES:,} stages (one per batch "
+                                f"size the ramp passes through, each a plan of its own); use a shorter ramp or a "
+                                f"larger batch_multiple")
+            e = last + 1
         return out
+
+    def _last_epoch_at(self, b: float, e: int, n: int) -> int:
+        """The last epoch before `n` whose batch is still `b`, given batch_at(e) == b. The batch never shrinks
+        with the epoch (every kind grows from B or from_kappa·B to κB), so the epochs at one batch are
+        consecutive: found by doubling then halving, not by visiting each of `schedule.epochs` (1e9) epochs."""
+        lo, step = e, 1  # batch_at(lo) == b
+        while lo + step < n and self.batch_at(lo + step) == b:
+            lo, step = lo + step, step * 2
+        hi = min(lo + step, n)  # batch_at(hi) != b, or hi == n
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self.batch_at(mid) == b else (lo, mid)
+        return lo

@@ -8,6 +8,7 @@ rule's name. References are to Busbridge et al. (2023), "How to Scale Your EMA".
 from __future__ import annotations
 
 import math
+from decimal import Decimal
 
 from emarule.errors import ScalingError
 
@@ -19,9 +20,16 @@ def ema_exponential(rho: float, kappa: float) -> float:
     return rho**kappa
 
 
+def linear(x: float, kappa: float) -> float:
+    """1 − κ(1 − x), computed exactly on the decimal values written (Decimal of their shortest repr) and then
+    rounded once: in floats, 1 − 1000(1 − 0.999) is −8.9e-16, not the 0 it is, and 1 − 10(1 − 0.9) 2.2e-16."""
+    exact = 1 - Decimal(repr(float(kappa))) * (1 - Decimal(repr(float(x))))
+    return float(f"{float(exact):.15g}")
+
+
 def ema_linear(rho: float, kappa: float) -> float:
     """ρ̂ = 1 − κ(1 − ρ): the first-order form of ρ^κ in 1 − ρ (the SDE's β₀ = (1 − ρ)/η fixed)."""
-    return 1.0 - kappa * (1.0 - rho)
+    return linear(rho, kappa)
 
 
 # --- optimizers (Appendix C.2) ----------------------------------------------------------------
@@ -39,7 +47,7 @@ def lr_sqrt(lr: float, kappa: float) -> float:
 
 def beta_linear(beta: float, kappa: float) -> float:
     """Adam / RMSProp: β̂ = 1 − κ(1 − β); an optimizer EMA whose horizon is counted in steps."""
-    return 1.0 - kappa * (1.0 - beta)
+    return linear(beta, kappa)
 
 
 def eps_sqrt(eps: float, kappa: float) -> float:
@@ -88,14 +96,19 @@ def wd_uncoupled(lam: float, kappa: float) -> float:
 # --- durations (Appendix C.1) ------------------------------------------------------------------
 
 
-def steps(n: float, kappa: float) -> int:
+def steps(n: float, kappa: float, name: str = "a step count") -> int:
     """N̂ = N / κ for quantities counted in optimizer steps; epochs and samples are unchanged.
 
     Rounded to the nearest whole step, and never to 0 when the base count is positive.
     """
     if n == 0:
         return 0
-    return max(1, int(round(n / kappa)))
+    scaled = n / kappa
+    if not math.isfinite(scaled):
+        # N / κ past float64's range (κ = 1e-310): there is no whole number of steps to round to
+        raise ScalingError(f"{name}: {n:g} / κ overflows at κ={kappa:g}; the smallest usable κ is "
+                           f"{abs(n) / 1e308:.3g}")
+    return max(1, int(round(scaled)))
 
 
 # --- validation --------------------------------------------------------------------------------

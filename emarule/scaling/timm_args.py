@@ -55,13 +55,18 @@ ADAM_DEFAULTS = {"opt_betas": [0.9, 0.999], "opt_eps": 1e-8}  # torch's Adam/Ada
 RMSPROP_EPS = {"rmsprop": 1e-8, "rmsproptf": 1e-10}
 
 
-def _family(opt: str) -> tuple[str | None, bool]:
-    """'lookahead_adamw' → adamw; 'fusedadam' → adam; an optimizer with no known rule → (None, False)."""
+def _base_name(opt: str) -> str:
+    """The optimizer as timm's create_optimizer reads it: lower-cased, the `lookahead_` wrapper dropped
+    ('Lookahead_RMSPropTF' → rmsproptf), and fused/bnb/8bit variants as their plain optimizer."""
     name = opt.lower().split("_")[-1]
     for prefix in ("fused", "bnb"):
         name = name.removeprefix(prefix)
-    name = name.removesuffix("8bit")
-    return FAMILIES.get(name, (None, False))
+    return name.removesuffix("8bit")
+
+
+def _family(opt: str) -> tuple[str | None, bool]:
+    """'lookahead_adamw' → adamw; 'fusedadam' → adam; an optimizer with no known rule → (None, False)."""
+    return FAMILIES.get(_base_name(opt), (None, False))
 
 
 def load(path: Path) -> dict:
@@ -115,10 +120,14 @@ def _check(path: Path | str, a: dict) -> None:
     for key in ("model_ema", "model_ema_warmup"):
         if not isinstance(a[key], bool):
             raise bad(key, "true or false")
-    for key in EPOCH_KEYS + BATCH_COUNTED:
+    for key in EPOCH_KEYS:  # decay_milestones is a list of epochs
         v = a.get(key)
         if v is not None and not (_number(v) or (isinstance(v, list) and all(_number(x) for x in v))):
-            raise bad(key, "a number")
+            raise bad(key, "a number or a list of numbers")
+    for key in BATCH_COUNTED:  # counts of batches, divided by κ and rounded: whole numbers, as train.py takes
+        v = a.get(key)
+        if v is not None and not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+            raise bad(key, "a whole number ≥ 0")
 
 
 def _rule_p(family: str | None) -> float | None:
@@ -163,7 +172,7 @@ def timm_plan(args: dict, name: str, *, kappa: float | None = None, batch_size: 
     betas = a["opt_betas"] if a["opt_betas"] is not None or not adaptive else ADAM_DEFAULTS["opt_betas"]
     eps = a["opt_eps"] if a["opt_eps"] is not None or not adaptive else ADAM_DEFAULTS["opt_eps"]
     if eps is None and family == "rmsprop":  # the rule scales ε too: write the default it would keep
-        eps = RMSPROP_EPS[a["opt"]]
+        eps = RMSPROP_EPS[_base_name(a["opt"])]
     base_lr = a["lr"] if a["lr"] is not None else a["lr_base"] * (base_batch / a["lr_base_size"]) ** _timm_p(a)
     opt = {"name": family or a["opt"], "lr": base_lr, "betas": betas, "eps": eps, "weight_decay": a["weight_decay"],
            "weight_decay_rule": "auto" if decoupled else "none", "momentum": a["momentum"]}
@@ -220,8 +229,11 @@ def timm_plan(args: dict, name: str, *, kappa: float | None = None, batch_size: 
                                          if family else "no known rule: unchanged")
     values["weight_decay"] = Scaled(a["weight_decay"], out["weight_decay"], "decay", wd_rule)
     if family == "rmsprop":
-        warnings.append("RMSProp's alpha (timm's default 0.9) is an EMA counted in steps: pass "
-                        f"--opt-kwargs alpha={_clean(rules.beta_linear(0.9, kappa))} (1 − κ(1 − α))")
+        alpha = rules.beta_linear(0.9, kappa)
+        warnings.append("RMSProp's alpha (timm's default 0.9) is an EMA counted in steps: "
+                        + (f"pass --opt-kwargs alpha={_clean(alpha)} (1 − κ(1 − α))" if 0.0 <= alpha < 1.0 else
+                           f"1 − κ(1 − α) = {alpha:g} leaves [0, 1) beyond κ=10, so no alpha keeps its horizon "
+                           f"at κ={kappa:g}; the Adam/RMSProp rule holds up to κ=10 for this alpha"))
     ema = core.values["ema.momentum"]
     out["model_ema_decay"] = _clean(ema.scaled)
     values["model_ema_decay"] = Scaled(a["model_ema_decay"], out["model_ema_decay"], "momentum",

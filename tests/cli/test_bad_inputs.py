@@ -187,6 +187,35 @@ CASES = [
     ("run-kappa-past-the-data", ["run", *TINY, "--kappa", "1e5"], "is larger than the training set (128 samples)"),
     # a sweep has no --batch-size to offer
     ("sweep-kappa-below-one-sample", ["sweep", *TINY, "--kappas", "0.001"], "choose κ ≥ 0.03125 (κB ≥ 1)"),
+    # what every plan reads cannot be removed; a mapping does not drop a section's keys; the task is the spec's
+    ("plan-set-batch-null", ["plan", "byol-r18", "-k", "2", "--set", "batch=null"], "batch: missing or null"),
+    ("plan-set-batch-empty", ["plan", "byol-r18", "-k", "2", "--set", "batch={}"], "which a mapping would drop"),
+    ("plan-spec-without-batch-size", ["plan", "--spec", "nosize.yaml", "-k", "2"], "nosize.yaml: batch.size: missing"),
+    ("plan-set-ema-empty", ["plan", "byol-r18", "-k", "2", "--set", "ema={}"], "ema is a section holding momentum"),
+    ("run-set-ema-null", ["run", *TINY, "--kappa", "2", "--set", "ema=null", "--out", "X"], "ema: missing or null"),
+    ("plan-set-section-mapping", ["plan", "byol-r18", "-k", "2", "--set", "optimizer={lr: 0.1}"],
+     "set its keys one at a time, e.g. optimizer.name=VALUE"),
+    ("plan-set-task", ["plan", "dino-vit", "-k", "2", "--set", "task=byol"], "task cannot be changed"),
+    ("plan-set-unknown-key", ["plan", "byol-r18", "-k", "2", "--set", "nosuch=1"], "docs/spec-keys.md lists the keys"),
+    ("plan-ema-also-twice", ["plan", "byol-r18", "-k", "2", "--set", "ema.also=[0.9, 0.9]"],
+     "ema.also[1]: 0.9 is already kept"),
+    # κ at the edges of float64: a step count or a scaled value past its range, a linear rule that rounds to 1
+    ("plan-kappa-subnormal", ["plan", "parabola", "--kappa", "1e-320"], "overflows at κ=9.99989e-321; the smallest"),
+    ("plan-lr-infinite", ["plan", "byol-r18", "--kappa", "1e300", "--set", "optimizer.lr=1e10", "-f", "json"],
+     "optimizer.lr: 1e+10 scales to inf"),
+    ("plan-wd-nan", ["plan", "byol-r18", "--kappa", "1e300", "--set", "optimizer.lr=1e10", "--set",
+                     "optimizer.weight_decay_rule=auto", "-f", "json"], "past float64's range"),
+    ("plan-beta-rounds-to-one", ["plan", "ctc-pseudo-label", "--kappa", "1e-14"], "rounds to 1 at κ=1e-14"),
+    ("plan-linear-rounds-to-one", ["plan", "byol-r18", "--kappa", "1e-14", "--ema-rule", "linear"],
+     "use κ ≥ 1.25e-13"),
+    # --progressive replaces the spec's schedule: a --set of its shape would be dropped unseen
+    ("plan-progressive-and-set-shape", ["plan", "byol-r18", "-k", "4", "--progressive", "step:10", "--set",
+                                        "progressive.from_kappa=2"], "--set progressive.from_kappa and --progressive"),
+    ("plan-too-many-stages", ["plan", "byol-r18", "-k", "64", "--progressive", "smooth:0-100000", "--set",
+                              "schedule.epochs=1e9"], "more than 10,000 stages"),
+    # a timm args.yaml: batch-counted keys are whole numbers
+    ("plan-timm-log-interval-list", ["plan", "--timm-args", "args.yaml", "-k", "2"],
+     "log_interval must be a whole number ≥ 0, got [50]"),
 ]
 
 
@@ -228,6 +257,8 @@ def workdir(tmp_path, monkeypatch):
     (tmp_path / "bomb.yaml").write_text(base + bomb)
     (tmp_path / "loop.yaml").write_text(base + "x: &l {y: *l}\n")
     (tmp_path / "preset5.yaml").write_text(base + "presets: {tiny: 5}\n")
+    (tmp_path / "nosize.yaml").write_text(base.replace("{size: 256}", "{unit: samples}"))
+    (tmp_path / "args.yaml").write_text("batch_size: 128\nopt: sgd\nlog_interval: [50]\n")
     (tmp_path / "presetnum.yaml").write_text(base + "presets: {5: {ema.momentum: 0.9}}\n")
     (tmp_path / "absname.yaml").write_text(base.replace("name: mine", f"name: {tmp_path / 'abs'}"))
     good = [_row(e, probe_top1=float(e)) for e in range(4)]
@@ -305,7 +336,12 @@ def test_what_is_not_an_error(workdir, capsys):
                   "--set", "optimizer.betas=[0.9, 0.99]", "--set", "optimizer.eps=1e-8"],
                  ["plan", "byol-r18", "--kappa", "2", "--progressive", "step:0"],
                  ["plan", "--spec", "mine.yaml", "--kappa", "2"],
-                 ["table", "lr", "--lr", "0.1", "--optimizer", "adam"]):
+                 ["table", "lr", "--lr", "0.1", "--optimizer", "adam"],
+                 # β̂ = 0 at κ = 1/(1 − β) exactly is valid (float noise made it −8.9e-16)
+                 ["plan", "byol-vit", "--kappa", "1000", "--set", "optimizer.betas=[0.999,0.999]"],
+                 ["plan", "byol-vit", "--kappa", "20", "--set", "optimizer.betas=[0.95,0.999]"],
+                 ["plan", "byol-r18", "--kappa", "125", "--ema-rule", "linear"],
+                 ["plan", "byol-r18", "--kappa", "2", "--progressive", "step:1", "--set", "schedule.epochs=1e9"]):
         with pytest.raises(SystemExit) as e:
             main(argv)
         assert e.value.code == 0, (argv, capsys.readouterr().err)

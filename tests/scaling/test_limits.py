@@ -51,3 +51,12 @@ def test_bfloat16_range_is_narrow():
     assert lim.kappa_low > 1  # at B=256 itself ρ=0.9999 rounds to 1.0 in bfloat16
     d = lim.as_dict()
     assert d["meaningful_kappa"][0] == lim.kappa_low and "formula" in d["bounds"]["kappa_max"]
+
+
+@pytest.mark.parametrize("gap", [0.00391, 0.001])
+def test_an_empty_range_is_no_range(gap):
+    lim = limits(0.9999, 256, "bfloat16", gap)
+    assert not lim.meaningful
+    d = lim.as_dict()
+    assert d["meaningful_kappa"] is None and d["meaningful_batch_size"] is None
+    assert limits(0.9999, 256, "bfloat16").as_dict()["meaningful_kappa"] == pytest.approx([39.14, 6.238e4], rel=1e-3)

@@ -96,3 +96,17 @@ def test_reference_cells_are_marked():
     t = momentum_table()
     assert (3, 1) in t.bold and (7, 4) in t.bold  # B=256 for ρ=0.9999, B=4096 for ρ=0.996
     assert len(t.bold) == 7
+
+
+def test_your_own_values_keep_their_digits():
+    """The paper's five decimals (and float32 ρ) are for its tables: an lr of 1e-6 is not 0, ρ = 0.99999999 not 1."""
+    from emarule.scaling.tables import significant
+
+    lr = lr_table([(256, 1e-6, "adam")], [32, 256])
+    assert not lr.paper and [significant(v) for v in (lr.rows[0][1], lr.rows[1][1])] == ["3.54e-07", "1e-06"]
+    rho = momentum_table([(256, 0.99999999)], [256, 25600, 256000])
+    assert not rho.paper and rho.headers[1] == "rho=0.99999999@B=256"
+    assert [significant(r[1]) for r in rho.rows] == ["0.99999999", "0.999999", "0.99999"]
+    assert momentum_table().paper and lr_table().paper
+    assert [significant(x) for x in (0.99202, 0.9841, 0.0353553, 25.6, 0.0)] == ["0.99202", "0.9841", "0.03536",
+                                                                                  "25.6", "0"]

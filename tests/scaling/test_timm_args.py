@@ -142,6 +142,9 @@ def _bad(*args, needle):
     ("batch_size: 256\nopt: adamw\nopt_betas: 0.9\n", "opt_betas must be a list"),
     ("batch_size: 256\nopt: sgd\nmodel_ema: 'yes'\n", "model_ema must be true or false"),
     ("batch_size: 256\nopt: sgd\nmodel_ema_decay: 1.5\n", "model_ema_decay must be in [0, 1)"),
+    ("batch_size: 256\nopt: sgd\nlog_interval: [50]\n", "log_interval must be a whole number ≥ 0, got [50]"),
+    ("batch_size: 256\nopt: sgd\nrecovery_interval: 2.5\n", "recovery_interval must be a whole number"),
+    ("batch_size: 256\nopt: sgd\nepochs: [1, x]\n", "epochs must be a number or a list of numbers"),
 ])
 def test_bad_files(tmp_path, content, needle):
     f = tmp_path / "args.yaml"
@@ -169,3 +172,29 @@ def test_api_refuses_a_bad_world_size_and_a_bad_dict():
         timm_args.timm_plan(timm_args.load(SGD), "x", kappa=2, world_size=0)
     with pytest.raises(UserError, match="lr must be a number or null"):
         timm_args.timm_plan({"batch_size": 64, "opt": "sgd", "lr": "0.1"}, "x", kappa=2)
+
+
+@pytest.mark.parametrize("opt,eps", [("lookahead_rmsproptf", 1e-10), ("RMSProp", 1e-8), ("Lookahead_RMSpropTF", 1e-10)])
+def test_an_optimizer_name_is_read_as_timm_reads_it(tmp_path, opt, eps):
+    f = tmp_path / "args.yaml"
+    f.write_text(f"batch_size: 128\nopt: {opt}\nlr: 0.1\n")
+    plan, out = timm_args.timm_plan(timm_args.load(f), "x", kappa=4)
+    assert out["opt_eps"] == pytest.approx(eps / 2) and out["lr"] == pytest.approx(0.2)
+
+
+def test_epoch_keys_take_lists_and_batch_counts_are_divided(tmp_path):
+    f = tmp_path / "args.yaml"
+    f.write_text("batch_size: 128\nopt: sgd\ndecay_milestones: [30, 60]\nlog_interval: 50\n")
+    plan, out = timm_args.timm_plan(timm_args.load(f), "x", kappa=2)
+    assert plan["decay_milestones"] == [30, 60] and out["log_interval"] == 25
+
+
+def test_rmsprops_alpha_is_exact_at_its_limit_and_none_is_offered_past_it():
+    # 1 − 10(1 − 0.9) is 0, not float's 2.2e-16; past κ=10 no alpha in [0, 1) keeps the horizon
+    a = timm_args.load(DEFAULTS)
+    a.update(opt="rmsproptf")
+    at_limit = timm_args.timm_plan(a, "x", kappa=10)[0]
+    assert any("alpha=0.0 " in w for w in at_limit.warnings)
+    past = timm_args.timm_plan(a, "x", kappa=20)[0]
+    assert not any("alpha=-" in w for w in past.warnings)
+    assert any("no alpha keeps its horizon at κ=20" in w for w in past.warnings)
