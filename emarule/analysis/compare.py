@@ -11,7 +11,9 @@ metric values) — and
 - reports each run's gap to the baseline: the baseline curve (the mean over its seeds) is the
   reference grid; a run is linearly interpolated onto the grid points inside the range both
   cover, and max |Δ| and mean |Δ| are taken there; Δ final is the difference at the last such
-  point.
+  point. A run whose log ends before its planned end (it diverged, was killed, or still trains) or
+  whose metric went non-finite has an infinite gap: measured on the shared epochs only, it would look
+  like a match. Each run's last epoch is reported with its final value.
 
 Pure Python + numpy + matplotlib: no torch, so it runs anywhere the run directories are.
 """
@@ -27,7 +29,7 @@ from pathlib import Path
 
 from emarule.errors import UserError
 from emarule.engine.context import progressive_label, rule_names, rule_of_hparams
-from emarule.engine.rundir import CHECKPOINT, HPARAMS, METRICS, atomic_write_bytes, numbered_rows, png_bytes
+from emarule.engine.rundir import CHECKPOINT, HPARAMS, METRICS, _jsonable, atomic_write_bytes, numbered_rows, png_bytes
 from emarule.tasks.registry import preferred_metrics
 
 # Row keys that are clocks or settings, not metrics (also with a `/suffix`: `ema_momentum/0.9999`).
@@ -88,18 +90,39 @@ class Run:
                     out.add(k)
         return out
 
+    def epoch_of(self, row: dict) -> float | None:
+        x = finite_number(row.get("epoch"))
+        if x is None and finite_number(row.get("samples_seen")) is not None and self.dataset_size:
+            x = row["samples_seen"] / self.dataset_size
+        return x
+
     def curve(self, metric: str) -> tuple[list[float], list[float]]:
         """(epochs, values) of the rows that carry `metric`, sorted, one value per time."""
         pts: dict[float, float] = {}
         for r in self.rows:
-            v = finite_number(r.get(metric))
-            x = finite_number(r.get("epoch"))
-            if x is None and finite_number(r.get("samples_seen")) is not None and self.dataset_size:
-                x = r["samples_seen"] / self.dataset_size
+            v, x = finite_number(r.get(metric)), self.epoch_of(r)
             if v is not None and x is not None:
                 pts[x] = v
         xs = sorted(pts)
         return xs, [pts[x] for x in xs]
+
+    def ending(self, metric: str) -> dict:
+        """How the run's `metric` ends: its last finite value `final` at `final_epoch` (where the curve ends),
+        `nonfinite_epoch` (its first "nan"/"inf", a diverged run's; None without one) and `stopped_early` (the
+        log ends before the run's planned end; None where hparams.json records no end)."""
+        from emarule.analysis.reproduce.measure import stopped_early  # it imports this module
+
+        xs, ys = self.curve(metric)
+        bad = [x for x in (self.epoch_of(r) for r in self.rows if r.get(metric) in DIVERGED) if x is not None]
+        return {"final": ys[-1] if ys else None, "final_epoch": xs[-1] if xs else None,
+                "nonfinite_epoch": min(bad, default=None), "stopped_early": stopped_early(self)}
+
+    def incomplete(self, metric: str) -> str | None:
+        """Why this run's gap cannot be measured ("stopped early", "nan from epoch 2"), None if it can."""
+        end = self.ending(metric)
+        if end["nonfinite_epoch"] is not None:
+            return f"nan from epoch {end['nonfinite_epoch']:g}"
+        return "stopped early" if end["stopped_early"] else None
 
 
 def arm_of_name(name: str) -> str | None:
@@ -218,6 +241,13 @@ def load_runs(paths: list[Path]) -> list[Run]:
     exps = sorted({r.experiment for r in runs})
     if len(exps) > 1:
         raise UserError(f"runs of different experiments ({', '.join(exps)}); compare one experiment at a time")
+    # One folder holds every preset's runs of an experiment (tiny-k1-..., cpu-k1-...): pooled, a tiny run would
+    # join a cpu run's baseline.
+    presets = sorted({str(r.hparams.get("preset")) for r in runs})
+    if len(presets) > 1:
+        first = next(r for r in runs if str(r.hparams.get("preset")) == presets[0])
+        raise UserError(f"runs of different presets ({', '.join(presets)}); compare one preset at a time, e.g. "
+                        f"{first.path.parent / (presets[0] + '-*')}")
     return runs
 
 
@@ -231,8 +261,11 @@ def pick_metric(runs: list[Run], metric: str | None) -> str:
             raise UserError(f"the baseline run has no metrics yet ({base[0].path / METRICS if base else '?'} is "
                             f"empty); wait for it to log or pass finished runs")
         metric = next((m for m in preferred_metrics() if m in have), sorted(have)[0])
+    from emarule.analysis.reproduce.measure import stopped_early  # it imports this module
+
     for r in runs:
-        if metric not in r.metrics():
+        # A run that stopped (diverged) before its first evaluation is shown as such, with an infinite gap.
+        if metric not in r.metrics() and not stopped_early(r):
             known = ", ".join(sorted(r.metrics())) or "none logged yet"
             raise UserError(f"metric {metric!r} is not in {r.path / METRICS} ({len(r.rows)} rows); "
                             f"available: {known}")
@@ -308,28 +341,43 @@ def compare(paths: list[Path], metric: str | None = None) -> dict:
     order = sorted(runs, key=lambda r: (not r.is_baseline, r.kappa, r.progressive or "", r.rule_label,
                                         r.seed if r.seed is not None else -1, r.name))
     for r in order:
-        xs, ys = r.curve(metric)
-        g = gap((xs, ys), (bgrid, bmean))
+        g = gap(r.curve(metric), (bgrid, bmean))
+        why = r.incomplete(metric)
+        if why:  # its shared epochs may match the baseline exactly: the run still did not get there
+            g.update(gap_max=math.inf, gap_mean=math.inf, gap_final=None)
         rows.append({"run": str(r.path), "name": r.name, "kappa": r.kappa, "batch_size": r.batch_size,
                      "ema_momentum": r.ema_momentum, "ema_rule": r.rule is not None, "ema_rule_form": r.rule,
                      "rule": r.rule_label, "progressive": r.progressive, "seed": r.seed,
-                     "baseline": r.is_baseline, "final": ys[-1] if ys else None,
-                     "final_epoch": xs[-1] if xs else None, **g})
+                     "baseline": r.is_baseline, **r.ending(metric), "incomplete": why, **g})
     groups = []
     by_group: dict = {}
     for r, row in zip(order, rows, strict=True):
         by_group.setdefault(r.group, (r, []))[1].append(row)
     for r, rs in by_group.values():
         vals = [x["gap_mean"] for x in rs if x["gap_mean"] is not None]
-        finals = [x["final"] for x in rs if x["final"] is not None]
+        finals = [x["final"] for x in rs if x["final"] is not None and not x["incomplete"]]
         groups.append({"label": r.group_label(), "kappa": r.kappa, "rule": r.rule_label, "progressive": r.progressive,
-                       "runs": len(rs), "final_mean": _mean(finals), "final_std": _std(finals),
+                       "runs": len(rs), "incomplete": sum(1 for x in rs if x["incomplete"]),
+                       "final_mean": _mean(finals), "final_std": _std(finals),
                        "gap_mean": _mean(vals), "gap_max": max((x["gap_max"] for x in rs if x["gap_max"] is not None),
                                                                default=None)})
     return {"experiment": runs[0].experiment, "metric": metric,
             "baseline": {"runs": [str(r.path) for r in base], "final": bmean[-1], "final_epoch": bgrid[-1],
                          "points": len(bgrid)},
-            "runs": rows, "groups": groups, "_runs": runs, "_baseline_curve": (bgrid, bmean, bstd)}
+            "runs": rows, "groups": groups, "notes": baseline_notes(base, metric, bgrid[-1]),
+            "_runs": runs, "_baseline_curve": (bgrid, bmean, bstd)}
+
+
+def baseline_notes(base: list[Run], metric: str, end: float) -> list[str]:
+    """What limits every gap: the baseline's mean stops where its shortest seed's curve does."""
+    notes = [f"baseline {r.name} ends at epoch {_f(r.ending(metric)['final_epoch'])} ({r.incomplete(metric)})"
+             for r in base if r.incomplete(metric)]
+    ends = {r.name: r.curve(metric)[0][-1] for r in base if r.curve(metric)[0]}
+    longest = max(ends.values(), default=end)
+    if longest > end + slack(base[0].curve(metric)[0]) + 1e-12:
+        notes.append(f"the baseline's mean ends at epoch {end:g}, where its shortest seed "
+                     f"({min(ends, key=ends.get)}) ends; the gaps are measured up to there, not to epoch {longest:g}")
+    return notes
 
 
 def _mean(v: list) -> float | None:
@@ -415,6 +463,8 @@ def public(result: dict) -> dict:
 def _f(v, digits: int = 4, signed: bool = False) -> str:
     if v is None:
         return "—"
+    if math.isinf(v):  # a run that stopped early or diverged
+        return "∞"
     return f"{v:+.{digits}g}" if signed else f"{v:.{digits}g}"
 
 
@@ -424,20 +474,25 @@ def print_table(console, result: dict) -> None:
     m = result["metric"]
     t = Table(title=f"{result['experiment']}: {m} vs the κ=1 baseline (gaps on the baseline's epoch grid)",
               title_justify="left")
-    for c in ("run", "κ", "batch", "EMA ρ", "rule", "seed", f"final {m}", "Δ final", "max |Δ|", "mean |Δ|"):
+    for c in ("run", "κ", "batch", "EMA ρ", "rule", "seed", "last epoch", f"final {m}", "Δ final", "max |Δ|",
+              "mean |Δ|"):
         t.add_column(c, justify="left" if c in ("run", "rule") else "right")
     for r in result["runs"]:
         t.add_row(r["name"], f"{r['kappa']:g}", _f(r["batch_size"], 6), _f(r["ema_momentum"], 6),
                   r["rule"] + (f" {r['progressive']}" if r["progressive"] else ""),
-                  "—" if r["seed"] is None else str(r["seed"]), _f(r["final"]), _f(r["gap_final"], 3, True),
-                  _f(r["gap_max"], 3), _f(r["gap_mean"], 3))
+                  "—" if r["seed"] is None else str(r["seed"]),
+                  _f(r["final_epoch"]) + (f" ({r['incomplete']})" if r["incomplete"] else ""),
+                  _f(r["final"]), _f(r["gap_final"], 3, True), _f(r["gap_max"], 3), _f(r["gap_mean"], 3))
     console.print(t)
+    for note in result.get("notes", ()):
+        console.print(f"note: {note}", markup=False, highlight=False)
     if any(g["runs"] > 1 for g in result["groups"]):
         s = Table(title="per setting (mean over seeds)", title_justify="left")
         for c in ("setting", "κ", "runs", f"final {m}", "± std", "mean |Δ|", "max |Δ|"):
             s.add_column(c, justify="left" if c == "setting" else "right")
         for g in result["groups"]:
-            s.add_row(g["label"], f"{g['kappa']:g}", str(g["runs"]), _f(g["final_mean"]), _f(g["final_std"], 3),
+            runs = str(g["runs"]) + (f" ({g['incomplete']} incomplete)" if g["incomplete"] else "")
+            s.add_row(g["label"], f"{g['kappa']:g}", runs, _f(g["final_mean"]), _f(g["final_std"], 3),
                       _f(g["gap_mean"], 3), _f(g["gap_max"], 3))
         console.print(s)
     if result.get("figure"):
@@ -463,8 +518,8 @@ def run_compare(console, paths: list[Path], metric: str | None, out: Path | str 
         target = out or checks.out_file(default_figure(result), "the figure", "pass --out PNG with another path")
         result["figure"] = str(plot(result, target))
     pub = public(result)
-    if fmt == "json":
-        print(json.dumps(pub, indent=2, ensure_ascii=False))
+    if fmt == "json":  # an infinite gap as "inf" text (strict JSON), as metrics.jsonl logs a non-finite value
+        print(json.dumps(_jsonable(pub), indent=2, ensure_ascii=False))
     else:
         print_table(console, result)
     return pub

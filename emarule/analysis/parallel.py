@@ -91,7 +91,8 @@ def _worker_start() -> None:
 def _train(ctx, task_spec, threads: int) -> tuple[str, dict, float, str]:
     """In a worker: one run, single- or few-threaded, its console output held. ("done", result, wall, output),
     ("stopped", {}, wall, output) when a signal stopped it at a checkpoint, ("skipped", ...) when a signal
-    came before it started."""
+    came before it started. A run that diverged is done: its result is the message (`sweep.DIVERGED_KEY`), and
+    the other runs go on, as they do one at a time."""
     global _stopping
     if _stopping:
         return "skipped", {}, 0.0, ""
@@ -103,11 +104,16 @@ def _train(ctx, task_spec, threads: int) -> tuple[str, dict, float, str]:
 
     if task_spec is not None and registry.lookup(task_spec.name) is None:  # registered in the parent only
         registry.register(task_spec)
+    from emarule.analysis.sweep import DIVERGED_KEY
+    from emarule.engine.loop import TrainingDiverged
+
     buf = io.StringIO()
     t0 = time.monotonic()
     try:
         with redirect_stdout(buf), redirect_stderr(buf):
             result = tasks.run_task(replace(ctx, quiet=True))
+    except TrainingDiverged as e:
+        return "done", {DIVERGED_KEY: str(e)}, time.monotonic() - t0, buf.getvalue() + f"  diverged: {e}\n"
     except SystemExit as e:  # the loop's exit after the checkpoint a signal asked for
         if e.code not in (130, 143):
             raise

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from emarule.analysis.compare import finite_number, is_metric
+from emarule.analysis.compare import DIVERGED, finite_number, is_metric
 from emarule.engine.context import rule_names, rule_of_hparams
 from emarule.engine.rundir import FIGURES, HPARAMS, METRICS, atomic_write_bytes, png_bytes, read_json, read_metrics
 
@@ -34,6 +34,9 @@ class Report:
     run: Path
     figures: list[Path] = field(default_factory=list)
     final: dict[str, dict[str, float]] = field(default_factory=dict)  # "target", "EMA", "EMA <name>" → metrics
+    # metric → where its final value is from ("epoch 3; nan from epoch 4"), where rows of its kind (train, eval)
+    # went on after it without a finite value of it
+    stale: dict[str, str] = field(default_factory=dict)
     where: dict = field(default_factory=dict)  # epoch, step, samples_seen, kappa of the last row
     wall_s: float | None = None
     headline: str = ""
@@ -44,7 +47,9 @@ class Report:
         lines = [f"run finished: {self.run}" + (f" ({self.headline})" if self.headline else "")]
         width = max((len(k) for k in self.final), default=0)
         for who, metrics in self.final.items():
-            lines.append(f"  {who + ':':<{width + 1}} " + ", ".join(f"{k} {_g(v)}" for k, v in metrics.items()))
+            lines.append(f"  {who + ':':<{width + 1}} " + ", ".join(
+                f"{k} {_g(v)}" + (f" ({self.stale[k]})" if k in self.stale else "")
+                for k, v in metrics.items()))
         if not self.final:
             lines.append("  no metrics logged")
         if self.skipped is not None:
@@ -113,21 +118,32 @@ def owner(key: str, extra_emas: list[str]) -> str:
     return "EMA"
 
 
-def final_metrics(train: list[dict], evals: list[dict]) -> dict[str, dict[str, float]]:
-    """The last value of each training loss and each evaluation metric, by model."""
+def _first_nonfinite(rows: list[dict], key: str) -> float | None:
+    """The epoch of the first "nan"/"inf" (a diverged run's) logged for `key`."""
+    return next((float(r["epoch"]) for r in rows if r.get(key) in DIVERGED), None)
+
+
+def final_metrics(train: list[dict], evals: list[dict]) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
+    """The last finite value of each training loss and each evaluation metric, by model, and for each whose value
+    comes before the last row of its kind (the metric went non-finite, stopped being logged, or a split is
+    evaluated less often) where it is from, so that it is not read as the headline's epoch."""
     extra = ema_names(train)
     out: dict[str, dict[str, float]] = {}
     last: dict[str, float] = {}
-    for k in _columns(train, is_loss):
-        ys = _series(train, k)[1]
-        last[k] = ys[-1]
-    for k in _columns(evals, is_metric):
-        ys = _series(evals, k)[1]
-        last[k] = ys[-1]
+    stale: dict[str, str] = {}
+    for rows, keep in ((train, is_loss), (evals, is_metric)):
+        end = max((float(r["epoch"]) for r in rows), default=None)
+        for k in _columns(rows, keep):
+            xs, ys = _series(rows, k)
+            last[k] = ys[-1]
+            if xs[-1] < end:
+                bad = _first_nonfinite(rows, k)
+                stale[k] = f"epoch {xs[-1]:.4g}" + (f"; nan from epoch {bad:.4g}" if bad is not None else "")
     for k, v in last.items():
         out.setdefault(owner(k, extra), {})[k] = v
     order = ["target", "EMA", *(f"EMA {n}" for n in extra)]
-    return {who: out[who] for who in sorted(out, key=lambda w: order.index(w) if w in order else len(order))}
+    by_model = {who: out[who] for who in sorted(out, key=lambda w: order.index(w) if w in order else len(order))}
+    return by_model, stale
 
 
 # --- figures ------------------------------------------------------------------------------------
@@ -259,7 +275,8 @@ def report(run: Path | str, wall_s: float | None = None, figures: bool = True) -
     train, evals = _rows(rows, "train"), _rows(rows, "eval")
     last = max(train + evals, key=lambda r: float(r["epoch"])) if train or evals else {}
     h = _hparams(run)
-    rep = Report(run=run, final=final_metrics(train, evals), where=last, wall_s=wall_s, headline=_headline(h, last))
+    final, stale = final_metrics(train, evals)
+    rep = Report(run=run, final=final, stale=stale, where=last, wall_s=wall_s, headline=_headline(h, last))
     skipped = [r["skipped_items"] for r in train if isinstance(r.get("skipped_items"), int)]
     rep.skipped = skipped[-1] if skipped else None
     rep.data_wait = data_wait(train, h)

@@ -5,7 +5,9 @@ For each seed: the baseline at κ=1 once (with and without the rule are the same
 ROOT/<experiment>/<name> with `emarule.engine.context.default_run_name` names (tiny-k1-rule-s0,
 tiny-k4-norule-s0, ...). Every run is resolved and checked before the first one trains. A run
 directory that already holds a checkpoint is resumed — a finished run is kept as it is — so an
-interrupted sweep picks up where it stopped with the same command. Each run ends with its figures
+interrupted sweep picks up where it stopped with the same command. A run that diverges
+(`TrainingDiverged`) is recorded as such and the sweep goes on: compare shows it as stopped early, with an
+infinite gap (run again, it resumes from its last good checkpoint). Each run ends with its figures
 and summary (`emarule.analysis.run_report`); at the end the runs are compared (`emarule.analysis.compare`) on the
 task's headline metric and on the training loss, with one figure per metric in ROOT/<experiment>/.
 """
@@ -24,6 +26,7 @@ from emarule.errors import UserError
 from emarule.engine.rundir import CHECKPOINT
 
 RULES = {r.word: r.rule for r in EMA_RULE_NAMES}  # --rule word → the plan's rule
+DIVERGED_KEY = "diverged"  # a run's result when it raised TrainingDiverged: its message
 
 
 @dataclass
@@ -111,7 +114,7 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, ta
     from emarule.engine.context import RunContext, default_run_name
 
     checks.out_dir(root)
-    ctxs = []
+    ctxs, named = [], {}
     for r in runs:
         s, k, rule, pr, p = resolve_run(r.kappa, r.rule, r.baseline, *([r.arm] if r.arm is not None else []))
         if not ctxs:  # the same spec for every run
@@ -121,6 +124,10 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, ta
         checks.whole_batches(s, p, None, runs=True, batch_option=False)  # a sweep takes κ only
         arm = r.arm.name if r.arm is not None else None
         out = checks.out_dir(root / s["name"] / default_run_name(k, rule, r.seed, pr, s.get("preset"), arm))
+        if out in named:  # names keep κ to 6 digits: a second run would resume the first one's directory
+            raise UserError(f"κ={named[out]!r} and κ={k!r} both make the run {out} (run names keep 6 significant "
+                            f"digits of κ); give κ values that differ in those")
+        named[out] = k
         ctxs.append(RunContext(spec=s, kappa=k, ema_rule=rule, plan=p, out=out, progressive=pr,
                                preset=s.get("preset"), data=data, seed=r.seed, wandb=wandb,
                                max_device_batch=max_device_batch, num_workers=num_workers))
@@ -136,6 +143,7 @@ def _run_all(console, runs: list[SweepRun], ctxs: list, metric: str | None, task
     from emarule.engine import distributed
     from emarule.analysis import parallel
     from emarule.analysis.run_report import print_report, report
+    from emarule.engine.loop import TrainingDiverged
 
     main = distributed.is_main()
     for ctx in ctxs:
@@ -182,7 +190,12 @@ def _run_all(console, runs: list[SweepRun], ctxs: list, metric: str | None, task
                 for w in ctx.plan.warnings:
                     console.print(f"  warning: {w}", markup=False, highlight=False)
             t0 = time.monotonic()
-            result = tasks.run_task(ctx) or {}
+            try:
+                result = tasks.run_task(ctx) or {}
+            except TrainingDiverged as e:  # the others still answer the sweep's question; this one is its answer
+                if main:
+                    console.print(f"  diverged: {e}", markup=False, highlight=False)
+                result = {DIVERGED_KEY: str(e)}
             finished(i, result, time.monotonic() - t0)
     done_list = [done[i] for i in sorted(done)]
     if main and done_list:
@@ -242,7 +255,8 @@ def print_summary(console, done: list[dict]) -> None:
         t.add_column(c, justify="left" if c in ("run", "rule") else "right")
     for d in done:
         res = d["result"] or {}
-        t.add_row(Path(d["run"]).name, f"{d['kappa']:g}", d["rule"], str(d["seed"]), str(res.get("steps", "—")),
+        steps = DIVERGED_KEY if DIVERGED_KEY in res else str(res.get("steps", "—"))
+        t.add_row(Path(d["run"]).name, f"{d['kappa']:g}", d["rule"], str(d["seed"]), steps,
                   f"{d['wall_s']:.1f}" + (" (resumed)" if d["resumed"] else ""),
                   *[f"{res[k]:.4g}" if isinstance(res.get(k), (int, float)) else "—" for k in keys])
     total = sum(d["wall_s"] for d in done)

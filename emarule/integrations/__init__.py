@@ -3,9 +3,10 @@
 - `emarule.integrations.lightning.EmaCallback` (`pip install 'emarule[lightning]'`)
 - `emarule.integrations.hf.EmaCallback` (`pip install 'emarule[hf]'`)
 
-Both read the global batch from the framework (per-device batch × processes × gradient accumulation),
-count samples seen as optimizer steps × that batch, and update an `emarule.ModelEma` once per optimizer
-step, so ρ is raised to global batch / base batch whatever the number of devices or accumulation steps.
+Both update an `emarule.ModelEma` once per optimizer step and charge that step the samples trained since
+the previous one (batches × processes; docs/integrations.md says where a framework hides a short last
+batch), so ρ is raised to those samples / base batch whatever the number of devices or accumulation
+steps, and a run resumed with another global batch goes on from the EMA's own clock.
 """
 
 

@@ -1,5 +1,5 @@
 """`EmaCallback` for Hugging Face's `transformers.Trainer`: an `emarule.ModelEma` of the model, updated once per
-optimizer step with ρ^(global batch / base_batch_size).
+optimizer step with ρ^(samples of that step / base_batch_size).
 
     from emarule.integrations.hf import EmaCallback
     ema = EmaCallback(0.999, base_batch_size=256)        # ρ as tuned at a global batch of 256
@@ -7,13 +7,18 @@ optimizer step with ρ^(global batch / base_batch_size).
     trainer.train()
     ema.ema.module                                       # the averaged model
 
-The global batch is what TrainingArguments make it: train_batch_size (per-device batch × GPUs of
-DataParallel) × world_size × gradient_accumulation_steps; samples seen after step t are t × that batch.
-At every checkpoint the EMA's state is saved beside it as `ema.pt`.
+An optimizer step is charged the batch the Trainer trains with (state.train_batch_size under
+auto_find_batch_size, which lowers it after an out-of-memory error; else args.train_batch_size: per-device
+batch × GPUs of DataParallel) × world_size × the micro-batches it accumulated (fewer than
+gradient_accumulation_steps at the end of an epoch). Callbacks never see the batches, so a short last batch
+(dataloader_drop_last=False) is charged in full. The EMA's clock goes on from where it was, so a resume
+with other devices or accumulation continues it. At every checkpoint the EMA's state is saved beside it
+as `ema.pt`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 
 try:
@@ -24,6 +29,16 @@ except ImportError:  # pragma: no cover - the extra is not installed
 from emarule.integrations import global_batch
 
 CHECKPOINT_FILE = "ema.pt"
+TRAINER_STATE = "trainer_state.json"  # written by the Trainer into the same checkpoint folder
+
+
+def _saved_step(folder: str) -> int | None:
+    """The optimizer step of the checkpoint in `folder`, from the Trainer's own state file (None: none)."""
+    try:
+        with open(os.path.join(folder, TRAINER_STATE)) as f:
+            return int(json.load(f)["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 class EmaCallback(TrainerCallback):
@@ -40,12 +55,21 @@ class EmaCallback(TrainerCallback):
         self.momentum, self.base_batch_size, self.ema_kwargs = momentum, base_batch_size, ema_kwargs
         self.resume_from = resume_from
         self.ema = None
-        self.global_batch: int | None = None
+        self.global_batch: int | None = None  # a full accumulation window on every process
+        self._micro = 0  # micro-batches accumulated since the last optimizer step
+
+    def _batch(self, args, state) -> int:
+        """Per process and micro-batch. auto_find_batch_size lowers the batch after an out-of-memory error and
+        records it in state.train_batch_size; otherwise that field may be the resumed checkpoint's, not ours."""
+        if args.auto_find_batch_size and state.train_batch_size:
+            return state.train_batch_size
+        return args.train_batch_size
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         from emarule import ModelEma
 
-        self.global_batch = global_batch(args.train_batch_size, args.world_size, args.gradient_accumulation_steps)
+        self.global_batch = global_batch(self._batch(args, state), args.world_size, args.gradient_accumulation_steps)
+        self._micro = 0
         if self.ema is None:
             self.ema = ModelEma(model, self.momentum, base_batch_size=self.base_batch_size, **self.ema_kwargs)
             if self.resume_from is not None:
@@ -53,16 +77,21 @@ class EmaCallback(TrainerCallback):
 
                 self.ema.load_state_dict(torch.load(os.path.join(self.resume_from, CHECKPOINT_FILE),
                                                     weights_only=False))
-        saved = self.ema.get_extra_state()["samples_seen"]
-        if self.resume_from is not None and saved is not None and state.global_step * self.global_batch < saved:
-            # The EMA's clock is global samples; a Trainer that starts again from step 0 would move it backwards.
-            raise ValueError(f"the EMA from {self.resume_from} has seen {saved:g} samples but the Trainer starts at "
-                             f"step {state.global_step}: pass the same folder to "
-                             f"trainer.train(resume_from_checkpoint=...)")
+                saved = _saved_step(self.resume_from)
+                if saved is not None and saved != state.global_step:
+                    # The EMA belongs to that step's weights; a Trainer at another step trains other ones.
+                    raise ValueError(f"the EMA in {self.resume_from} was saved at step {saved} but the Trainer "
+                                     f"starts at step {state.global_step}: pass the same folder to "
+                                     f"trainer.train(resume_from_checkpoint=...)")
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        self._micro += 1  # a micro-batch that did not end an accumulation window
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        # Called once per optimizer step, after the accumulation: global_step counts those steps.
-        self.ema.update(model, samples_seen=state.global_step * self.global_batch, batch_size=self.global_batch)
+        # Once per optimizer step, after the micro-batches it accumulated (this one included). The EMA's clock
+        # advances by them from wherever it stands: a resume with another global batch continues it.
+        micro, self._micro = self._micro + 1, 0
+        self.ema.update(model, batch_size=micro * self._batch(args, state) * args.world_size)
 
     def on_save(self, args, state, control, **kwargs):
         import torch

@@ -1,5 +1,5 @@
 """`EmaCallback` for Lightning's Trainer: an `emarule.ModelEma` of the LightningModule, updated once per
-optimizer step with ρ^(global batch / base_batch_size).
+optimizer step with ρ^(samples of that step / base_batch_size).
 
     from emarule.integrations.lightning import EmaCallback
     ema = EmaCallback(0.999, base_batch_size=256)        # ρ as tuned at a global batch of 256
@@ -7,16 +7,19 @@ optimizer step with ρ^(global batch / base_batch_size).
     trainer.fit(model, loader)                           # loader's batch_size: per device
     ema.ema.module                                       # the averaged model
 
-The global batch is the DataLoader's batch_size (or `batch_size=`, per device) × trainer.world_size ×
-trainer.accumulate_grad_batches; samples seen after step t are t × that batch. The EMA's state is saved
-in Lightning checkpoints (the callback's state_dict) and restored on resume. With `validate_with_ema=True`
-the validation loop runs with the EMA's weights swapped into the LightningModule (`ModelEma.swap_into`);
-the model's own weights are back for the next training step.
+Each update is charged the samples of the batches trained since the previous one (each batch's length,
+× trainer.world_size), so a short last batch or a short accumulation window at the end of an epoch counts
+what it held, and under manual optimization two optimizers stepping on one batch charge it once. The EMA's
+clock goes on from where it was, so a resume with other devices or accumulation continues it. The EMA is
+built in `on_fit_start`, after Lightning has moved and cast the model. Its state is saved in Lightning
+checkpoints (the callback's state_dict) and restored on resume. With `validate_with_ema=True` the
+validation loop runs with the EMA's weights swapped into the LightningModule (`ModelEma.swap_into`).
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 
 try:
     import lightning.pytorch as pl
@@ -37,6 +40,18 @@ def _per_device_batch(trainer: "pl.Trainer") -> int | None:
     return size
 
 
+def _batch_length(batch) -> int | None:
+    """The first dimension of the batch's first tensor (Lightning's own guess for logging), or None."""
+    if hasattr(batch, "shape") and len(batch.shape) > 0:
+        return int(batch.shape[0])
+    items = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else ()
+    for item in items:
+        n = _batch_length(item)
+        if n is not None:
+            return n
+    return None
+
+
 class EmaCallback(pl.Callback):
     """`momentum`: ρ at `base_batch_size` (global samples). `batch_size`: the per-device batch, when the
     train DataLoader does not state it. `validate_with_ema`: validate with the EMA's weights. Other keyword
@@ -55,8 +70,10 @@ class EmaCallback(pl.Callback):
         self.momentum, self.base_batch_size, self.batch_size = momentum, base_batch_size, batch_size
         self.ema_kwargs = ema_kwargs
         self.ema = None
-        self.global_batch: int | None = None
+        self.global_batch: int | None = None  # the nominal one: a full accumulation window on every device
+        self._per_device: int | None = None
         self._last_step = 0
+        self._unsettled = 0  # samples (this process) trained since the last update
         self._pending: dict | None = None
 
     @property
@@ -64,8 +81,10 @@ class EmaCallback(pl.Callback):
         # Two EMAs at different momenta in one Trainer keep separate states in the checkpoint.
         return self._generate_state_key(momentum=self.momentum, base_batch_size=self.base_batch_size)
 
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        if stage == "fit" and self.ema is None:
+    def on_fit_start(self, trainer, pl_module) -> None:
+        # Not in `setup`: the strategy moves the model to its device and casts it (precision="64-true",
+        # "bf16-true") between the two, and an EMA copied before would stay on the CPU in the old dtype.
+        if self.ema is None:
             from emarule import ModelEma
 
             self.ema = ModelEma(pl_module, self.momentum, base_batch_size=self.base_batch_size, **self.ema_kwargs)
@@ -77,14 +96,19 @@ class EmaCallback(pl.Callback):
         if per_device is None:
             raise ValueError("EmaCallback cannot read the per-device batch from the train DataLoader; "
                              "pass EmaCallback(..., batch_size=B) with the batch each device sees")
+        self._per_device = per_device
         self.global_batch = global_batch(per_device, trainer.world_size, trainer.accumulate_grad_batches)
+        self._last_step, self._unsettled = trainer.global_step, 0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        # global_step counts optimizer steps: under accumulation it moves every N batches.
-        step = trainer.global_step
-        if step > self._last_step:
-            self.ema.update(pl_module, samples_seen=step * self.global_batch, batch_size=self.global_batch)
-            self._last_step = step
+        n = _batch_length(batch)
+        # A batch whose first dimension is not its samples (longer than the loader's batch) counts as full.
+        self._unsettled += n if n is not None and 0 < n <= self._per_device else self._per_device
+        # global_step counts optimizer.step() calls: every N batches under accumulation, once per optimizer
+        # under manual optimization. Either way the EMA moves once, by the samples trained since the last move.
+        if trainer.global_step > self._last_step:
+            self.ema.update(pl_module, batch_size=self._unsettled * trainer.world_size)
+            self._last_step, self._unsettled = trainer.global_step, 0
 
     def on_validation_epoch_start(self, trainer, pl_module) -> None:
         if self.validate_with_ema and self.ema is not None:
@@ -102,7 +126,7 @@ class EmaCallback(pl.Callback):
     def load_state_dict(self, state: dict) -> None:
         if not state:
             return
-        if self.ema is None:  # restored before setup: applied once the EMA exists
+        if self.ema is None:  # restored before on_fit_start: applied once the EMA exists
             self._pending = state
         else:
             self._restore(state)

@@ -182,3 +182,26 @@ def test_follow_up_work_is_done_by_the_workers_and_its_errors_are_reported(tmp_p
     for d in done:
         assert (Path(d["run"]) / "followed").is_file()
     assert out.count("it is done again after the runs") == 4 and "FileNotFoundError" in out
+
+
+def test_a_run_that_diverges_in_a_worker_is_done_with_its_message(monkeypatch):
+    # Side by side, as one at a time (test_sweep): a diverged run is an answer, and the others go on.
+    from dataclasses import dataclass
+
+    from emarule import tasks
+    from emarule.analysis.sweep import DIVERGED_KEY
+    from emarule.engine.loop import TrainingDiverged
+
+    def diverge(ctx):
+        print("epoch 1")
+        raise TrainingDiverged("the loss became non-finite after epoch 2")
+
+    monkeypatch.setattr(tasks, "run_task", diverge)
+    monkeypatch.setattr(P, "_stopping", False)
+    @dataclass
+    class Ctx:
+        quiet: bool = False
+
+    status, result, _, output = P._train(Ctx(), None, 1)
+    assert status == "done" and result == {DIVERGED_KEY: "the loss became non-finite after epoch 2"}
+    assert output.startswith("epoch 1") and "diverged: the loss became non-finite" in output

@@ -45,6 +45,9 @@ def test_figures_and_summary_group_the_target_and_every_ema(tmp_path):
                                     f"40 samples seen)")
     assert "wall time: 12.3 s" in text and f"figures: {run / 'figures' / 'loss.png'}" in text
     assert "EMA 0.9999: ema_wer/0.9999 11.25" in text
+    # probe_top1 logged "nan" at epoch 4: its 30 is epoch 3's, not the headline's epoch 4
+    assert rep.stale == {"probe_top1": "epoch 3; nan from epoch 4"}
+    assert "probe_top1 30 (epoch 3; nan from epoch 4)" in text
 
 
 def test_the_tracking_probe_is_the_emas(tmp_path):
@@ -104,3 +107,13 @@ def test_the_summary_says_how_long_training_waited_for_batches(tmp_path):
     text = R.report(write_run(tmp_path / "short", short, gpu), figures=False).text()
     assert "3.0 s of the loop's 10.0 s (30 %)" in text and "--num-workers" not in text  # mostly workers' start
     assert "waiting for" not in R.report(write_run(tmp_path / "old", rows()), figures=False).text()
+
+
+def test_a_final_from_an_earlier_epoch_says_which(tmp_path):
+    """A metric the last evaluations no longer log (a split evaluated less often, a probe that stopped) is
+    shown with the epoch of its value, not under the headline's later epoch as if it were current."""
+    evals = [{"kind": "eval", "epoch": 1.0, "step": 1, "top1": 10.0, "top1/test": 9.0},
+             {"kind": "eval", "epoch": 2.0, "step": 2, "top1": 20.0}]
+    rep = R.report(write_run(tmp_path / "r", evals), figures=False)
+    assert rep.final == {"target": {"top1": 20.0, "top1/test": 9.0}} and rep.stale == {"top1/test": "epoch 1"}
+    assert "top1 20, top1/test 9 (epoch 1)" in rep.text()

@@ -123,3 +123,42 @@ def test_a_run_made_with_other_settings_fails_before_the_baseline_trains(tmp_pat
     lines = res.output.strip().splitlines()
     assert len(lines) == 1 and "was made with other settings (spec.schedule.epochs differ)" in lines[0]
     assert "--resume" not in lines[0] and "give the sweep a new --out" in lines[0]
+
+
+def test_two_kappas_that_name_the_same_run_fail_before_the_baseline_trains(tmp_path):
+    # Run names keep κ to 6 significant digits: κ=1.0000001 would resume the baseline's directory.
+    from engine_util import toy_spec
+
+    spec = toy_spec(**{"schedule.epochs": 1, "batch.size": 10_000_000})  # κ=1.0000001 makes a whole batch
+    res = _toy_sweep(tmp_path, spec, "--kappas", "1.0000001", "--rule", "with")
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and "κ=1.0 and κ=1.0000001 both make the run" in lines[0], res.output
+    assert not (tmp_path / "sw").exists()
+
+
+def test_a_diverging_run_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    from emarule import tasks
+    from emarule.engine.loop import TrainingDiverged
+    from engine_util import toy_spec
+
+    torch.set_num_threads(1)
+    real = tasks.run_task
+
+    def run_task(ctx):
+        result = real(ctx)
+        if ctx.kappa != 2:
+            return result
+        log = ctx.out / "metrics.jsonl"  # as if its loss had become nan half-way
+        lines = log.read_text().splitlines()
+        log.write_text("\n".join(lines[: len(lines) // 2]) + "\n")
+        raise TrainingDiverged("loss became nan after epoch 1; stopped: lower the learning rate or κ")
+
+    monkeypatch.setattr(tasks, "run_task", run_task)
+    res = _toy_sweep(tmp_path, toy_spec(**{"schedule.epochs": 2}), "--kappas", "2,4", "--rule", "with")
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert "  diverged: loss became nan after epoch 1" in out and "[3/3]" in out  # κ=4 trained after it
+    assert (tmp_path / "sw" / "toy" / "k4-rule-s0" / "checkpoint.pt").is_file()
+    row = next(x for x in out.splitlines() if "k2-rule-s0" in x and "stopped early" in x)
+    assert row.count("∞") == 2  # compare: max and mean |Δ|

@@ -49,14 +49,15 @@ class Reference(TrainerCallback):
         self.z = [self.rho * z + (1 - self.rho) * p.detach() for z, p in zip(self.z, model.parameters(), strict=True)]
 
 
-def train(tmp_path, callbacks, steps=4, save_steps=None, resume=None):
-    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8, gradient_accumulation_steps=2,
-                             max_steps=steps, learning_rate=0.1, lr_scheduler_type="constant", optim="sgd",
-                             weight_decay=0.0, use_cpu=True, report_to=[], disable_tqdm=True, logging_strategy="no",
-                             save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
-                             remove_unused_columns=False, dataloader_num_workers=0, seed=0)
-    model = Regression()
-    Trainer(model=model, args=args, train_dataset=Data(), callbacks=callbacks).train(resume_from_checkpoint=resume)
+def train(tmp_path, callbacks, steps=4, save_steps=None, resume=None, model=None, **kwargs):
+    """`kwargs`: TrainingArguments that differ from these (8 per device × 2 accumulated)."""
+    args = dict(per_device_train_batch_size=8, gradient_accumulation_steps=2, max_steps=steps, learning_rate=0.1,
+                lr_scheduler_type="constant", optim="sgd", weight_decay=0.0, use_cpu=True, report_to=[],
+                disable_tqdm=True, logging_strategy="no", save_strategy="steps" if save_steps else "no",
+                save_steps=save_steps or 500, remove_unused_columns=False, dataloader_num_workers=0, seed=0)
+    model = model or Regression()
+    Trainer(model=model, args=TrainingArguments(output_dir=str(tmp_path), **{**args, **kwargs}), train_dataset=Data(),
+            callbacks=callbacks).train(resume_from_checkpoint=resume)
     return model
 
 
@@ -72,7 +73,8 @@ def test_updates_once_per_optimizer_step_with_the_global_batch(tmp_path):
     model = train(tmp_path, [cb, Spy(), ref])
     assert cb.global_batch == 16  # 8 per device × 1 process × 2 accumulated batches
     assert ref.steps == [1, 2, 3, 4]
-    assert calls == [{"samples_seen": 16 * t, "batch_size": 16} for t in (1, 2, 3, 4)]
+    assert calls == [{"batch_size": 16}] * 4
+    assert cb.ema.get_extra_state()["samples_seen"] == 4 * 16
     for z, e in zip(ref.z, cb.ema.module.parameters(), strict=True):
         torch.testing.assert_close(e, z)
     assert not torch.equal(next(cb.ema.module.parameters()), next(model.parameters()))

@@ -29,19 +29,21 @@ class Regression(L.LightningModule):
 
 
 class Reference(L.Callback):
-    """The EMA computed by hand from the weights after each optimizer step, at ρ^(global batch / BASE)."""
+    """The EMA computed by hand from the weights after each optimizer step, at ρ^(samples trained since the
+    last step / BASE): a full step of 8 per device × 2 accumulated is ρ^(16 / BASE)."""
 
-    def __init__(self, batch):
-        self.rho, self.z, self.last = RHO ** (batch / BASE), None, 0
+    def __init__(self):
+        self.z, self.last, self.samples = None, 0, 0
 
     def setup(self, trainer, pl_module, stage):
         self.z = [p.detach().clone() for p in pl_module.parameters()]
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.samples += len(batch[0])
         if trainer.global_step > self.last:
-            self.last = trainer.global_step
+            self.last, rho, self.samples = trainer.global_step, RHO ** (self.samples / BASE), 0
             params = pl_module.parameters()
-            self.z = [self.rho * z + (1 - self.rho) * p.detach() for z, p in zip(self.z, params, strict=True)]
+            self.z = [rho * z + (1 - rho) * p.detach() for z, p in zip(self.z, params, strict=True)]
 
 
 def loader():
@@ -62,7 +64,7 @@ def fit(callbacks, max_steps, ckpt_path=None, accumulate=2):
 
 
 def test_updates_once_per_optimizer_step_with_the_global_batch():
-    cb, ref = EmaCallback(RHO, base_batch_size=BASE), Reference(16)
+    cb, ref = EmaCallback(RHO, base_batch_size=BASE), Reference()
     trainer, model = fit([cb, ref], max_steps=4)
     assert cb.global_batch == 16  # 8 per device × 1 process × 2 accumulated batches
     assert trainer.global_step == 4 and cb._last_step == 4
@@ -81,7 +83,8 @@ def test_samples_seen_are_steps_times_global_batch():
             cb.ema.update = lambda m, **kw: calls.append(kw) or update(m, **kw)
 
     fit([cb, Spy()], max_steps=3, accumulate=4)
-    assert calls == [{"samples_seen": 32 * t, "batch_size": 32} for t in (1, 2, 3)]
+    assert calls == [{"batch_size": 32}] * 3
+    assert cb.ema.get_extra_state()["samples_seen"] == 3 * 32
 
 
 def test_world_size_enters_the_global_batch():
@@ -102,7 +105,7 @@ def test_resume_from_a_lightning_checkpoint_continues_the_ema(tmp_path):
         def setup(self, trainer, pl_module, stage):
             self.z, self.last = [z.clone() for z in saved], 4
 
-    resumed_cb, ref = EmaCallback(RHO, base_batch_size=BASE), FromSaved(16)
+    resumed_cb, ref = EmaCallback(RHO, base_batch_size=BASE), FromSaved()
     trainer, model = fit([resumed_cb, ref], max_steps=6, ckpt_path=tmp_path / "a.ckpt")
     assert resumed_cb._last_step == 6 and ref.last == 6
     for z, e in zip(ref.z, resumed_cb.ema.module.parameters(), strict=True):
