@@ -10,5 +10,10 @@ class UserError(Exception):
         super().__init__(" ".join(str(message).split()))
 
 
+class TrainingDiverged(UserError):
+    """A non-finite loss or gradient: the run stops and the last good checkpoint is kept. Here, not in the loop,
+    so that what runs many runs (a sweep) can tell it apart without reaching into the loop."""
+
+
 class ScalingError(UserError):
     """A scaling rule produced a value outside its valid range (e.g. a beta below 0)."""

@@ -105,7 +105,7 @@ def _train(ctx, task_spec, threads: int) -> tuple[str, dict, float, str]:
     if task_spec is not None and registry.lookup(task_spec.name) is None:  # registered in the parent only
         registry.register(task_spec)
     from emarule.analysis.sweep import DIVERGED_KEY
-    from emarule.engine.loop import TrainingDiverged
+    from emarule.errors import TrainingDiverged
 
     buf = io.StringIO()
     t0 = time.monotonic()

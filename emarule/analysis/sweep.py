@@ -143,7 +143,7 @@ def _run_all(console, runs: list[SweepRun], ctxs: list, metric: str | None, task
     from emarule.engine import distributed
     from emarule.analysis import parallel
     from emarule.analysis.run_report import print_report, report
-    from emarule.engine.loop import TrainingDiverged
+    from emarule.errors import TrainingDiverged
 
     main = distributed.is_main()
     for ctx in ctxs:

@@ -41,7 +41,7 @@ from emarule.engine.baditems import SKIP_KEY, Guarded, ItemError, guarded_collat
 from emarule.engine.clock import Clock, Measure, measure_for
 from emarule.engine.context import RunContext
 from emarule.engine.ema import ModelEma
-from emarule.errors import UserError
+from emarule.errors import TrainingDiverged, UserError
 from emarule.engine.progress import Progress, Window
 from emarule.engine.rundir import FIGURES, HPARAMS, UNSAVED, DiskFull, MetricsLog, atomic_write_text, write_hparams
 from emarule.scaling import BatchSchedule
@@ -53,10 +53,6 @@ from emarule.engine.preflight import (check_batches_fit, check_same_settings, di
                                       stage_plans)
 
 EPS = 1e-6
-
-
-class TrainingDiverged(UserError):
-    """A non-finite loss: the run stops and the last good checkpoint is kept."""
 
 
 @dataclass

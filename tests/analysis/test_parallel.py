@@ -190,7 +190,7 @@ def test_a_run_that_diverges_in_a_worker_is_done_with_its_message(monkeypatch):
 
     from emarule import tasks
     from emarule.analysis.sweep import DIVERGED_KEY
-    from emarule.engine.loop import TrainingDiverged
+    from emarule.errors import TrainingDiverged
 
     def diverge(ctx):
         print("epoch 1")

@@ -139,7 +139,7 @@ def test_two_kappas_that_name_the_same_run_fail_before_the_baseline_trains(tmp_p
 
 def test_a_diverging_run_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
     from emarule import tasks
-    from emarule.engine.loop import TrainingDiverged
+    from emarule.errors import TrainingDiverged
     from engine_util import toy_spec
 
     torch.set_num_threads(1)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from emarule.errors import UserError
-from emarule.engine.loop import TrainingDiverged
+from emarule.errors import TrainingDiverged
 from engine_util import ROOT, cli, env, load_checkpoint, run_toy, tensors_equal, toy_spec, write_spec
 
 # 6 epochs of 8 steps, a checkpoint every 3 steps (so resuming mid-epoch is exercised), a

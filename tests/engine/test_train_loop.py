@@ -263,7 +263,7 @@ def test_ema_start_steps_counts_base_batches_of_data(tmp_path):
 
 def test_non_finite_gradient_stops_without_clipping(tmp_path):
     """A finite loss whose backward overflows: the run stops before any step, and says so."""
-    from emarule.engine.loop import TrainingDiverged
+    from emarule.errors import TrainingDiverged
 
     class InfGrad(torch.autograd.Function):
         @staticmethod
