@@ -3,7 +3,10 @@
 A checkpoint holds everything the next optimizer step depends on: model, EMA, optimizer,
 every rank's RNG states (torch, CUDA, numpy, python), the clock of data seen and the position in
 the data order (epoch, items consumed), the task's own state, and the run's fingerprint (plan +
-seed) so `--resume` refuses a directory made with other settings. The stage in force is not
+seed) so `--resume` refuses a directory made with other settings. It also keeps what the log needs to
+go on as if never stopped: "window", the steps since the last train row (their count and sums, which the
+next row averages) and the κ of the last step (loop.window_state; a checkpoint without it resumes with an
+empty window and a row at the first step after the resume). The stage in force is not
 stored: it is a function of the clock. Data order and schedules are functions of (seed, data
 seen), so with the RNG states restored
 a run killed at any point (SIGKILL included) and resumed from its last checkpoint ends, on CPU in

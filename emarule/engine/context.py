@@ -34,7 +34,7 @@ class RunContext:
     # a task may set the first):
     checkpoint_every_epochs: float = 1.0
     checkpoint_every_minutes: float = 30.0
-    log_every_steps: int = 0  # 0: about 50 rows per epoch
+    log_every_steps: int = 0  # 0: every ⌈S/50⌉ steps of an epoch of S (docs/cli.md)
     num_workers: int | None = None  # DataLoader workers; None: the task's (TaskParts.num_workers), else the loop's
     cfg: Section | None = None  # the typed config of `spec` (emarule/config/typed.py); made from it when not given
 

@@ -78,7 +78,8 @@ class TaskParts:
     train_set: Any
     # loss(model, teacher, batch, now) -> (scalar loss, {name: value}) on one micro-batch. The loss
     # is a mean per unit of the batch measure (per sample; per second of audio for seconds
-    # batches), so that weighting micro-batches by their measure gives the global batch's mean.
+    # batches), or of `loss_measure` where the task gives one, so that weighting micro-batches by
+    # that measure gives the global batch's mean.
     # Metric values are floats (logged) or tensors (not logged): each is averaged over the global
     # batch with the same weights and the results reach `on_step` as `reduced`.
     loss: Callable[..., tuple]
@@ -95,6 +96,11 @@ class TaskParts:
     state: Any = None
     # Seconds batches: duration(i) -> seconds of training item i (its measure). None: samples.
     duration: Callable[[int], float] | None = None
+    # loss_measure(batch) -> what the loss of this collated micro-batch is a mean over, where that is not
+    # its items' measure (a slot planned by its own seconds that trains on audio of another length). The
+    # loop weights each micro-batch by it over the step's total, summed over ranks; the clock still counts
+    # the batch measure. None: the batch measure weights.
+    loss_measure: Callable[[Any], float] | None = None
     # The metric the progress bar shows (the task's own loss, not loss plus auxiliary terms).
     progress_metric: str = "loss"
     # Parameters that get no weight decay (biases and norms when the recipe skips them).

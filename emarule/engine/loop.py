@@ -19,8 +19,8 @@ epoch's remainder that cannot fill a batch is dropped and the clock jumps to the
 
 Recipe values come from the typed config `ctx.cfg` (emarule/config/typed.py); engine settings that are not
 part of a recipe are RunContext fields: checkpoint_every_epochs (1), checkpoint_every_minutes (30),
-log_every_steps (≈50 rows/epoch), num_workers (TaskParts.num_workers, else 0 on CPU and, on GPU, the cores
-per rank less one, at most 8).
+log_every_steps (0: a row every ⌈S/50⌉ of an epoch's S steps), num_workers (TaskParts.num_workers, else 0
+on CPU and, on GPU, the cores per rank less one, at most 8).
 """
 
 from __future__ import annotations
@@ -66,6 +66,9 @@ class Segment:
     batches: list  # (items, measure, this rank's micro-batch index lists)
     loader: object
     next: int = 0
+    # the segment starts a new run of rows: its first step logs one. False for the rest of a segment that a
+    # checkpoint cut short (the resumed run's first segment, unless it starts an epoch or a stage there)
+    starts_rows: bool = True
 
     @property
     def per_epoch(self) -> int:
@@ -112,6 +115,8 @@ class Run:
     skip_bad: bool = False  # data.skip_bad_items
     new_skipped: int = 0  # this rank's skipped items not yet added to clock.skipped
     data_wait_s: float = 0.0  # time this invocation spent getting training batches (logged as data_wait_s)
+    window: Window = field(default_factory=Window)  # the steps the next train row averages; checkpointed
+    continues: bool = False  # the next segment opened goes on with one a checkpoint cut short (open_resumed)
 
     @property
     def epoch_measure(self) -> float:
@@ -290,6 +295,7 @@ def open_resumed(run: Run, log: MetricsLog) -> bool:
     run.clock = Clock(**ck["clock"])
     run.kappa = 0.0  # re-enter the stage in force: plan values into the optimizer, EMAs and BatchNorm
     enter_stage(run, run.ctx.plan.at(schedule_time(run)).kappa)
+    restore_window(run, ck.get("window"))
     if not checkpoint.restore_rng(ck):
         seed_everything(mix(ctx.seed, run.clock.samples), run.d.rank)
     run.last_ckpt = (str(checkpoint.path_in(ctx.out)), where(run))
@@ -303,6 +309,24 @@ def open_resumed(run: Run, log: MetricsLog) -> bool:
     return bool(ck.get("finished"))
 
 
+def window_state(run: Run) -> dict:
+    """What the next train row needs from the steps before a checkpoint: the steps it averages (Window's count
+    and sums) and the κ of the last step, which says whether the step after the checkpoint starts a stage."""
+    return {"n": run.window.n, "sums": dict(run.window.sums), "kappa": run.kappa}
+
+
+def restore_window(run: Run, state: dict | None) -> None:
+    """The window and the row cadence of the run the checkpoint cut short. A checkpoint without them (written
+    before checkpoints kept them) resumes as such checkpoints always did: an empty window, and a row at the
+    first step after the resume."""
+    if not isinstance(state, dict):
+        return
+    run.window.n, run.window.sums = int(state["n"]), dict(state["sums"])
+    # A segment starts at an epoch's batch 0 (checkpoint after its last step) or at a stage change (the step
+    # before the checkpoint ran at another κ): those log their first step whether or not the run was resumed.
+    run.continues = run.clock.batch > 0 and float(state["kappa"]) == run.kappa
+
+
 # How a run executes, not what it computes: these may change from one --resume to the next.
 EXECUTION_KEYS = frozenset({"layout", "world_size", "max_device_batch", "device", "num_workers", "torch", "python",
                             "sync_bn_effective", "data"})
@@ -313,7 +337,7 @@ def check_record(ctx: RunContext, copy: dict | None) -> None:
     the run wrote it would make the summary and `compare` report settings the run did not use."""
     import json
 
-    from emarule.engine.rundir import _jsonable
+    from emarule.engine.rundir import jsonable
 
     if copy is None:  # a checkpoint written before checkpoints kept a copy
         return
@@ -329,7 +353,7 @@ def check_record(ctx: RunContext, copy: dict | None) -> None:
         raise UserError(f"--resume: {p} is corrupt ({why}); {fix}") from None
     if not isinstance(record, dict):
         raise UserError(f"--resume: {p} is corrupt (not a JSON object); {fix}")
-    ours = json.loads(json.dumps(_jsonable(copy)))
+    ours = json.loads(json.dumps(jsonable(copy)))
     diff = differences({k: v for k, v in ours.items() if k not in EXECUTION_KEYS},
                        {k: v for k, v in record.items() if k not in EXECUTION_KEYS})
     if diff:
@@ -416,7 +440,8 @@ def open_segment(run: Run) -> Segment:
                         collate_fn=guarded_collate(run.parts.collate or default_collate),
                         num_workers=run.workers if lists else 0, pin_memory=run.d.device.type == "cuda",
                         generator=gen)
-    return Segment(c.epoch, lay.global_batch, c.batch, rows, iter(loader))
+    starts_rows, run.continues = not run.continues, False
+    return Segment(c.epoch, lay.global_batch, c.batch, rows, iter(loader), starts_rows=starts_rows)
 
 
 def next_batch(run: Run):
@@ -457,10 +482,23 @@ def _next_batch(run: Run):
                         f"several processes a rank cannot sit a micro-batch out: check the data set")
     if skipped and run.d.world_size == 1:
         measure = sum(measures)  # the skipped items' share of the step goes to the others
+    if run.parts.loss_measure is not None:
+        measures, measure = loss_measures(run, micro)
     c = run.clock
     last = seg.next == len(seg.batches)
     seen_after = (c.epoch + 1) * run.epoch_measure if last else c.seen + seg.batches[seg.next - 1][1]
     return micro, measures, measure, len(items), seen_after, idle
+
+
+def loss_measures(run: Run, micro: list) -> tuple[list[float], float]:
+    """Each micro-batch's weight and the step's total, in what the task's loss is a mean over (a collective:
+    every rank calls it each step, an idle one with no micro-batch)."""
+    measures = [float(run.parts.loss_measure(b)) for b in micro]
+    if run.d.world_size == 1:
+        return measures, sum(measures)  # one micro-batch: its weight is exactly 1.0
+    total = torch.tensor([sum(measures)], dtype=torch.float64, device=run.d.device)
+    distributed.all_reduce_sum_(total)
+    return measures, float(total.item())
 
 
 SHOWN_BAD = 10  # skipped items named on stderr; the count goes on
@@ -650,7 +688,7 @@ def save(run: Run, finished: bool = False) -> None:
         "model": run.model.state_dict(), "emas": {k: e.checkpoint() for k, e in run.emas.items()},
         "optimizer": run.optimizer.state_dict(), "clock": asdict(run.clock), "fingerprint": fingerprint(run.ctx),
         "task_state": run.parts.state.state_dict() if run.parts.state is not None else None,
-        "finished": finished, "final_metrics": run.final, "record": run.record})
+        "finished": finished, "final_metrics": run.final, "record": run.record, "window": window_state(run)})
     if run.d.is_main:
         (run.ctx.out / UNSAVED).unlink(missing_ok=True)
     run.last_ckpt = (str(checkpoint.path_in(run.ctx.out)), where(run))
@@ -712,7 +750,6 @@ def _locked(run: Run, ctx: RunContext, parts: TaskParts, d: distributed.Dist) ->
         write_hparams(ctx.out, hp)
     log.attach_wandb(ctx.wandb, ctx.out, ctx.out.name, hp)
     progress = Progress(run.total, run.clock.seen, unit=run.unit, enabled=d.is_main and not ctx.quiet)
-    window = Window()
     ckpt_seconds = 60.0 * float(ctx.checkpoint_every_minutes)
     log_every = int(ctx.log_every_steps)
     try:
@@ -737,13 +774,15 @@ def _locked(run: Run, ctx: RunContext, parts: TaskParts, d: distributed.Dist) ->
                 epoch_done = seg.next == len(seg.batches)
                 if parts.on_step is not None:
                     parts.on_step(run.now(), reduced)
-                window.add(loss, metrics)
+                run.window.add(loss, metrics)
                 progress.advance(run.clock.seen, metrics.get(parts.progress_metric, loss))
                 at_end = run.clock.seen >= run.total - EPS
                 every = log_every or max(1, math.ceil(seg.per_epoch / 50))
-                if (i + 1) % every == 0 or i == seg.first or epoch_done or at_end:
-                    log_train(run, log, lr, window, progress)
-                    window = Window()
+                # a row every `every` batches of the epoch, at a segment's first step (the epoch's first, or
+                # the first at a new stage's batch size) and at the epoch's and the run's end
+                if (i + 1) % every == 0 or (i == seg.first and seg.starts_rows) or epoch_done or at_end:
+                    log_train(run, log, lr, run.window, progress)
+                    run.window = Window()
                 if epoch_done:
                     end_epoch(run)
                 evaluate_due(run, log, at_end)

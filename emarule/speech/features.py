@@ -62,6 +62,12 @@ class LogMel:
     def frames(self, samples: int) -> int:
         return samples // self.hop + 1
 
+    @property
+    def min_samples(self) -> int:
+        """The shortest waveform it featurizes: the centred STFT reflects half a window at each end, and a
+        reflection needs more samples than it copies."""
+        return self.n_fft // 2 + 1
+
 
 def normalize(feats: torch.Tensor) -> torch.Tensor:
     """Zero mean and unit variance over the whole utterance (every frame and filter)."""

@@ -16,11 +16,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from emarule.engine.baditems import SKIP_KEY, ItemError
 from emarule.errors import UserError
 from emarule.speech import tokens
 from emarule.speech.features import LogMel
 
-LAYOUT = "<split>/<speaker>/<chapter>/<speaker>-<chapter>-<utt>.flac with <speaker>-<chapter>.trans.txt"
+SPLIT_LAYOUT = "<speaker>/<chapter>/<speaker>-<chapter>-<utt>.flac with <speaker>-<chapter>.trans.txt"
+LAYOUT = f"<split>/{SPLIT_LAYOUT}"
 
 # A sweep's worker trains run after run on the same corpus; what a file yields (its header, its features)
 # is kept for the process, keyed on the file's identity, so that a file written again is read again.
@@ -62,8 +64,13 @@ def split_dir(root: Path, split: str) -> Path:
                     f"(nothing is downloaded; unpack the split there or point --data at its parent)")
 
 
-def list_split(root: Path, split: str, sample_rate: int = 16000, limit: int | None = None) -> list[Utterance]:
-    """Every utterance of a split with its transcript and duration, in id order."""
+def list_split(root: Path, split: str, sample_rate: int = 16000, limit: int | None = None,
+               min_samples: int = 0, skippable: bool = False) -> list[Utterance]:
+    """Every utterance of a split with its transcript and duration, in id order.
+
+    A file shorter than `min_samples` by its header is refused here, before a run writes anything, naming
+    data.skip_bad_items where the split is `skippable` (trained on). With 0 it is listed, and reading it is
+    the item error that the loop skips and counts."""
     d = split_dir(Path(root), split)
     out = []
     for trans in sorted(d.glob("*/*/*.trans.txt")):
@@ -89,6 +96,9 @@ def list_split(root: Path, split: str, sample_rate: int = 16000, limit: int | No
             if rate != sample_rate:
                 raise UserError(f"{path}: sampled at {rate} Hz, expected {sample_rate} Hz "
                                 f"(LibriSpeech's rate)")
+            if frames < min_samples:
+                raise UserError(f"{path}: {short(frames, min_samples)}; remove its line from {trans.name}"
+                                + (f", or set {SKIP_KEY}: true to skip such training items" if skippable else ""))
             try:
                 tokens.encode(text)
             except ValueError as e:
@@ -97,16 +107,18 @@ def list_split(root: Path, split: str, sample_rate: int = 16000, limit: int | No
             if limit is not None and len(out) >= limit:
                 return out
     if not out:
-        raise UserError(f"LibriSpeech split {split!r} at {d} holds no utterances: expected {d}/{LAYOUT}")
+        raise UserError(f"LibriSpeech split {split!r} at {d} holds no utterances: expected {d}/{SPLIT_LAYOUT}")
     return out
+
+
+def short(samples: int, min_samples: int) -> str:
+    return f"{samples} samples of audio, fewer than the {min_samples} that one feature window needs"
 
 
 def read_audio(path: Path, seconds: float | None = None, sample_rate: int = 16000) -> torch.Tensor:
     """The file's samples, mono; `seconds` (its header's duration) catches a file cut short, which
     soundfile would otherwise decode to fewer samples without a word."""
     import soundfile
-
-    from emarule.engine.baditems import ItemError
 
     try:
         wave, sr = soundfile.read(str(path), dtype="float32", always_2d=True)
@@ -139,14 +151,14 @@ class SpeechSet:
             return self.cache[i]
         u = self.utts[i]
         if self.cache is None:
-            return self.featurizer(read_audio(u.path, u.seconds))
+            return self.compute(u)
         try:
             key = (identity(u.path), self.featurizer.key)
         except OSError:  # gone since it was listed: read_audio says so
             key = None
         f = _FEATURES.get(key) if key is not None else None
         if f is None:
-            f = self.featurizer(read_audio(u.path, u.seconds))
+            f = self.compute(u)
             if key is not None:
                 if _FEATURES_SECONDS[0] + u.seconds > MEMO_HOURS * 3600:
                     _FEATURES.clear()
@@ -155,3 +167,9 @@ class SpeechSet:
                 _FEATURES_SECONDS[0] += u.seconds
         self.cache[i] = f
         return f
+
+    def compute(self, u: Utterance) -> torch.Tensor:
+        wave = read_audio(u.path, u.seconds)
+        if len(wave) < self.featurizer.min_samples:  # a split listed without min_samples meets its short files here
+            raise ItemError(u.path, short(len(wave), self.featurizer.min_samples))
+        return self.featurizer(wave)

@@ -6,7 +6,9 @@ The parts handed to the shared loop (`emarule.engine.loop.train`):
 - `train_set`: slots measured in seconds (`batch.unit: seconds`, `duration`); the engine packs dynamic
   batches of κB seconds with padding counted. `emarule.speech.data` explains the slots.
 - `loss`: CTC summed over utterances (no length normalization, as the paper) divided by the micro-batch's
-  seconds of audio — the engine's contract for seconds batches. SpecAugment from `specaug.start_steps`
+  seconds of audio — the engine's contract for seconds batches. In pseudo-labeling's pre-training those are
+  the labeled stand-ins' seconds, not the slots' planned ones, so `loss_measure` hands the engine the same
+  seconds to weight micro-batches by. SpecAugment from `specaug.start_steps`
   base steps, masks drawn from (seed, epoch, slot). With pseudo-labeling on, the teacher (the main EMA,
   in eval mode: no dropout, layer drop or CAPE augmentation) transcribes the clean unlabeled audio
   greedily (hard transcription) and the student learns those transcripts on augmented audio.
@@ -81,8 +83,13 @@ def distinct_splits(labeled: str, unlabeled: list, evals: list) -> None:
         seen[split] = key
 
 
-def speech_set(root: Path, split: str, featurizer: LogMel, sample_rate: int, limit: int | None = None) -> SpeechSet:
-    utts = list_split(root, split, sample_rate, limit)
+def speech_set(root: Path, split: str, featurizer: LogMel, sample_rate: int, limit: int | None = None,
+               trains: bool = False, skip_bad: bool = False) -> SpeechSet:
+    """A split's utterances. A file too short for one feature window is refused here, before the run writes
+    anything, except in a training split under data.skip_bad_items (`skip_bad`): the loop skips and counts it."""
+    short_ok = trains and skip_bad
+    utts = list_split(root, split, sample_rate, limit, min_samples=0 if short_ok else featurizer.min_samples,
+                      skippable=trains)
     return SpeechSet(utts, featurizer, cache=sum(u.seconds for u in utts) <= CACHE_HOURS * 3600)
 
 
@@ -121,10 +128,22 @@ def with_pseudo_labels(targets: torch.Tensor, lengths: torch.Tensor, unlabeled: 
     return torch.cat(rows).to(targets.device), torch.tensor([len(r) for r in rows], device=lengths.device)
 
 
+def trained_view(batch: dict, phase: pseudo_label.Phase | None) -> dict:
+    """The rows the loss trains on: before pseudo-labeling, an unlabeled slot's labeled stand-in."""
+    pl = phase is not None and phase.pseudo_labeling
+    return batch["main"] if pl or "stand_in" not in batch else batch["stand_in"]
+
+
+def make_loss_measure(phase: pseudo_label.Phase):
+    """The seconds the loss divides by: the engine weights micro-batches by them, so that a step cut into
+    micro-batches has the whole batch's gradient although a stand-in is not its slot's length."""
+    return lambda batch: float(trained_view(batch, phase)["seconds"].sum())
+
+
 def make_loss(sa: SpecAugment, sa_start: float, seed: int, phase: pseudo_label.Phase | None):
     def loss(model, teacher, batch, now):
         pl = phase is not None and phase.pseudo_labeling
-        view = batch["main"] if pl or "stand_in" not in batch else batch["stand_in"]
+        view = trained_view(batch, phase)
         feats, frames, seconds = view["feats"], view["frames"], view["seconds"]
         targets, target_lengths = view["targets"], view["target_lengths"]
         unlabeled = batch["unlabeled"]
@@ -189,10 +208,11 @@ def build(ctx: RunContext) -> TaskParts:
     sample_rate = int(data.sample_rate)
     featurizer = LogMel(sample_rate, int(data.n_mels), float(data.window_ms), float(data.stride_ms))
     root = data_root(ctx)
-    labeled = speech_set(root, data.labeled, featurizer, sample_rate)
+    skip_bad = bool(data.skip_bad_items)
+    labeled = speech_set(root, data.labeled, featurizer, sample_rate, trains=True, skip_bad=skip_bad)
     phase = unlabeled = None
     if pl:
-        parts = [speech_set(root, u, featurizer, sample_rate) for u in data.unlabeled]
+        parts = [speech_set(root, u, featurizer, sample_rate, trains=True, skip_bad=skip_bad) for u in data.unlabeled]
         if not parts:
             raise UserError(f"{ctx.experiment}: pseudo-labeling needs data.unlabeled splits")
         unlabeled = SpeechSet([u for p in parts for u in p.utts], featurizer, cache=all(p.cache is not None
@@ -223,8 +243,9 @@ def build(ctx: RunContext) -> TaskParts:
                                   "wer", every, target, phase)
                    for i, sp in enumerate(splits)]
     if phase is not None:
-        held = SpeechSet(unlabeled.utts[:int(data.pl_eval_utterances)], featurizer,
-                         cache=unlabeled.cache is not None)
+        # evaluation items are never skipped: the probe leaves out what training skips for being too short
+        long_enough = [u for u in unlabeled.utts if round(u.seconds * sample_rate) >= featurizer.min_samples]
+        held = SpeechSet(long_enough[:int(data.pl_eval_utterances)], featurizer, cache=unlabeled.cache is not None)
         evaluations.append(wer_evaluation(EvalSet(held), "", "pl_wer", every, target, phase, models="teacher",
                                           only_when_pseudo_labeling=True))
 
@@ -257,5 +278,6 @@ def build(ctx: RunContext) -> TaskParts:
     return TaskParts(model=model, train_set=train_set, loss=make_loss(sa, float(sa_cfg.start_steps),
                                                                       ctx.seed, phase),
                      teacher=MAIN_EMA if phase is not None else None, evaluations=evaluations, on_step=on_step,
+                     loss_measure=make_loss_measure(phase) if phase is not None else None,
                      state=phase, duration=train_set.seconds, progress_metric="ctc_loss", collate=collate_train,
                      info=info)

@@ -70,8 +70,11 @@ def test_loader_errors_are_one_line(tmp_path):
     with pytest.raises(UserError, match="not in the token set"):
         list_split(tmp_path, "dev-other")
     (tmp_path / "test-clean").mkdir()
-    with pytest.raises(UserError, match="holds no utterances"):
+    with pytest.raises(UserError, match="holds no utterances") as e:
         list_split(tmp_path, "test-clean")
+    d = tmp_path / "test-clean"
+    assert str(e.value).endswith(f"expected {d}/<speaker>/<chapter>/<speaker>-<chapter>-<utt>.flac with "
+                                 f"<speaker>-<chapter>.trans.txt")  # the split named once, by its folder
 
 
 def test_generated_corpus_is_deterministic_cached_and_in_librispeech_layout(tmp_path):
