@@ -29,7 +29,7 @@ from pathlib import Path
 
 from emarule.errors import UserError
 from emarule.engine.context import progressive_label, rule_names, rule_of_hparams
-from emarule.engine.rundir import CHECKPOINT, HPARAMS, METRICS, _jsonable, atomic_write_bytes, numbered_rows, png_bytes
+from emarule.engine.rundir import CHECKPOINT, HPARAMS, METRICS, atomic_write_bytes, jsonable, numbered_rows, png_bytes
 from emarule.tasks.registry import preferred_metrics
 
 # Row keys that are clocks or settings, not metrics (also with a `/suffix`: `ema_momentum/0.9999`).
@@ -59,6 +59,8 @@ class Run:
     dataset_size: float | None = None
     hparams: dict = field(default_factory=dict)  # hparams.json as read, for what the fields above leave out
     arm: str | None = None  # a reproduction's arm (`...-arm-<name>-s<seed>`): a setting of its own
+    # A comparison asks for a run's curve and ending several times; its rows never change once read.
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def name(self) -> str:
@@ -98,6 +100,11 @@ class Run:
 
     def curve(self, metric: str) -> tuple[list[float], list[float]]:
         """(epochs, values) of the rows that carry `metric`, sorted, one value per time."""
+        if ("curve", metric) not in self._memo:
+            self._memo["curve", metric] = self._curve(metric)
+        return self._memo["curve", metric]
+
+    def _curve(self, metric: str) -> tuple[list[float], list[float]]:
         pts: dict[float, float] = {}
         for r in self.rows:
             v, x = finite_number(r.get(metric)), self.epoch_of(r)
@@ -110,12 +117,20 @@ class Run:
         """How the run's `metric` ends: its last finite value `final` at `final_epoch` (where the curve ends),
         `nonfinite_epoch` (its first "nan"/"inf", a diverged run's; None without one) and `stopped_early` (the
         log ends before the run's planned end; None where hparams.json records no end)."""
+        if ("ending", metric) not in self._memo:
+            xs, ys = self.curve(metric)
+            bad = [x for x in (self.epoch_of(r) for r in self.rows if r.get(metric) in DIVERGED) if x is not None]
+            self._memo["ending", metric] = {"final": ys[-1] if ys else None, "final_epoch": xs[-1] if xs else None,
+                                            "nonfinite_epoch": min(bad, default=None),
+                                            "stopped_early": self.stopped_early()}
+        return dict(self._memo["ending", metric])
+
+    def stopped_early(self) -> bool | None:
         from emarule.analysis.reproduce.measure import stopped_early  # it imports this module
 
-        xs, ys = self.curve(metric)
-        bad = [x for x in (self.epoch_of(r) for r in self.rows if r.get(metric) in DIVERGED) if x is not None]
-        return {"final": ys[-1] if ys else None, "final_epoch": xs[-1] if xs else None,
-                "nonfinite_epoch": min(bad, default=None), "stopped_early": stopped_early(self)}
+        if "stopped_early" not in self._memo:
+            self._memo["stopped_early"] = stopped_early(self)
+        return self._memo["stopped_early"]
 
     def incomplete(self, metric: str) -> str | None:
         """Why this run's gap cannot be measured ("stopped early", "nan from epoch 2"), None if it can."""
@@ -184,7 +199,7 @@ def load_run(path: Path) -> Run:
     return run
 
 
-DIVERGED = ("nan", "inf", "-inf")  # how `rundir._jsonable` logs a non-finite value: as text, never a JSON NaN
+DIVERGED = ("nan", "inf", "-inf")  # how `rundir.jsonable` logs a non-finite value: as text, never a JSON NaN
 
 
 def numeric_metrics(path: Path, numbered: list[tuple[int, dict]]) -> None:
@@ -261,11 +276,9 @@ def pick_metric(runs: list[Run], metric: str | None) -> str:
             raise UserError(f"the baseline run has no metrics yet ({base[0].path / METRICS if base else '?'} is "
                             f"empty); wait for it to log or pass finished runs")
         metric = next((m for m in preferred_metrics() if m in have), sorted(have)[0])
-    from emarule.analysis.reproduce.measure import stopped_early  # it imports this module
-
     for r in runs:
         # A run that stopped (diverged) before its first evaluation is shown as such, with an infinite gap.
-        if metric not in r.metrics() and not stopped_early(r):
+        if metric not in r.metrics() and not r.stopped_early():
             known = ", ".join(sorted(r.metrics())) or "none logged yet"
             raise UserError(f"metric {metric!r} is not in {r.path / METRICS} ({len(r.rows)} rows); "
                             f"available: {known}")
@@ -519,7 +532,7 @@ def run_compare(console, paths: list[Path], metric: str | None, out: Path | str 
         result["figure"] = str(plot(result, target))
     pub = public(result)
     if fmt == "json":  # an infinite gap as "inf" text (strict JSON), as metrics.jsonl logs a non-finite value
-        print(json.dumps(_jsonable(pub), indent=2, ensure_ascii=False))
+        print(json.dumps(jsonable(pub), indent=2, ensure_ascii=False))
     else:
         print_table(console, result)
     return pub

@@ -141,10 +141,11 @@ def whole(values: list[float], what: str) -> list[int]:
 
 
 def resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule, ema_rule, progressive,
-            batch_option: bool = True, batch_multiple=None):
+            batch_option: bool = True, batch_multiple=None, baseline: bool = False):
     """Spec + κ + rule + progressive schedule → (spec, κ, rule name or None, progressive dict, plan).
     `batch_option`: the command offers --batch-size (sweep and reproduce take κ only). `batch_multiple(spec)`:
-    what a run's ramp batches are multiples of (`emarule.cli.checks.batch_multiple`; None: 1)."""
+    what a run's ramp batches are multiples of (`emarule.cli.checks.batch_multiple`; None: 1). `baseline`: a
+    sweep's κ=1 run, whose `constant` schedule is the sweep's, so the overrides meant for its other runs stand."""
     from emarule.cli import checks
     from emarule.scaling import kappa_from, plan
     from emarule.scaling import progressive as prog
@@ -154,7 +155,7 @@ def resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule,
         raise UserError(f"--no-ema-rule and --ema-rule {ema_rule.value} contradict each other; give one of them")
     s = load_spec(experiment, spec, preset, overrides or [])
     schedule = prog.parse(progressive) if progressive is not None else None
-    _no_schedule_sets(schedule, overrides or [])
+    _no_schedule_sets(schedule, overrides or [], baseline)
     b = number(batch_size, "--batch-size")
     k = kappa_from(s, number(kappa, "--kappa"), b)
     rule = None if no_ema_rule else (ema_rule or EmaRule.exponential).value
@@ -164,10 +165,11 @@ def resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule,
     return s, k, rule, p.progressive, p
 
 
-def _no_schedule_sets(schedule: dict | None, overrides: list[str]) -> None:
+def _no_schedule_sets(schedule: dict | None, overrides: list[str], baseline: bool = False) -> None:
     """--progressive replaces the spec's schedule, so a --set of its shape (progressive.epoch, .from_kappa, ...)
-    would be dropped unseen: refused. progressive.batch_multiple (the processes a ramp splits over) is kept."""
-    if schedule is None or schedule["kind"] == "constant":  # constant: a sweep's baseline, which has no shape
+    would be dropped unseen: refused, `--progressive constant` included. progressive.batch_multiple (the processes
+    a ramp splits over) is kept. A sweep's baseline runs constant beside the sets its other runs take."""
+    if schedule is None or baseline:
         return
     for item in overrides:
         key = item.split("=", 1)[0].strip()
@@ -519,7 +521,8 @@ def sweep(
         from emarule.cli.checks import batch_multiple
 
         return resolve(experiment, spec, preset, overrides, repr(k), None, ema is None, ema and EmaRule(ema),
-                       "constant" if baseline else progressive, batch_option=False, batch_multiple=batch_multiple)
+                       "constant" if baseline else progressive, batch_option=False, batch_multiple=batch_multiple,
+                       baseline=baseline)
 
     from emarule.cli.checks import out_dir
 
@@ -614,7 +617,7 @@ def reproduce(
             sets = list(arm.sets) if arm is not None else []
             prog = "constant" if baseline else (arm.schedule(experiment, spec_preset) if arm is not None else None)
             return resolve(experiment, None, spec_preset, sets, repr(k), None, ema is None, ema and EmaRule(ema),
-                           prog, batch_option=False, batch_multiple=batch_multiple)
+                           prog, batch_option=False, batch_multiple=batch_multiple, baseline=baseline)
         return resolve_run
 
     from emarule.analysis.sweep import distinct_kappas

@@ -107,25 +107,25 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
-def _jsonable(x):
+def jsonable(x):
     if isinstance(x, float):
         return x if math.isfinite(x) else str(x)
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [jsonable(v) for v in x]
     if isinstance(x, (str, int, bool)) or x is None:
         return x
     if isinstance(x, Path):
         return str(x)
     try:  # numpy and torch scalars
-        return _jsonable(x.item())
+        return jsonable(x.item())
     except (AttributeError, ValueError, TypeError):
         return str(x)
 
 
 def write_hparams(out: Path, hparams: dict) -> None:
-    atomic_write_text(Path(out) / HPARAMS, json.dumps(_jsonable(hparams), indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(Path(out) / HPARAMS, json.dumps(jsonable(hparams), indent=2, ensure_ascii=False) + "\n")
 
 
 def numbered_rows(path: Path, strict: bool):
@@ -259,14 +259,14 @@ class MetricsLog:
             run_id = uuid.uuid4().hex[:8]  # wandb's id alphabet; kept so --resume continues the run
             atomic_write_text(id_file, run_id + "\n")
         self._wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "emarule"), name=name, id=run_id,
-                                 resume="allow", mode=mode, dir=str(out), config=_jsonable(config))
+                                 resume="allow", mode=mode, dir=str(out), config=jsonable(config))
         self._wandb.define_metric("samples_seen")
         self._wandb.define_metric("*", step_metric="samples_seen")
 
     def log(self, row: dict) -> None:
         if not self.enabled:
             return
-        row = _jsonable(row)
+        row = jsonable(row)
         line = json.dumps(row) + "\n"
         try:
             if self._file is None:

@@ -211,6 +211,9 @@ CASES = [
     # --progressive replaces the spec's schedule: a --set of its shape would be dropped unseen
     ("plan-progressive-and-set-shape", ["plan", "byol-r18", "-k", "4", "--progressive", "step:10", "--set",
                                         "progressive.from_kappa=2"], "--set progressive.from_kappa and --progressive"),
+    ("plan-progressive-constant-and-set-shape", ["plan", "byol-r18", "-k", "4", "--progressive", "constant",
+                                                 "--set", "progressive.epoch=3"],
+     "--set progressive.epoch and --progressive"),
     ("plan-too-many-stages", ["plan", "byol-r18", "-k", "64", "--progressive", "smooth:0-100000", "--set",
                               "schedule.epochs=1e9"], "more than 10,000 stages"),
     # a timm args.yaml: batch-counted keys are whole numbers
