@@ -49,7 +49,7 @@ repro: $(STAMP)
 	$(BIN)/python -m emarule.analysis.reproduce.table $(REPRO_OUT) --readme README.md --wall-s $$(( $$(date +%s) - start )) \
 	  && echo "make repro: README.md's table of claims rewritten from $(REPRO_OUT)"
 
-# Each prints its measured ratio; BENCH_ARGS=--quick for a smoke test of all five (seconds).
+# Each prints its measured ratio; BENCH_ARGS=--quick for a smoke test of all six (seconds).
 # The loop benchmark pins torch to 1 thread for both loops; OMP_NUM_THREADS=1 keeps the parabola's BLAS alike.
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)

@@ -102,7 +102,7 @@ def plan_runs(kappas: list[float], rules: list[str | None], seeds, arms=()) -> l
 def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, tasks, *, data: Path | None = None,
             max_device_batch: int | None = None, wandb: str = "off", metric: str | None = None,
             jobs: int | None = 1, follow_up: Callable | None = None,
-            num_workers: int | None = None) -> list[dict]:
+            num_workers: int | None = None, figures: list | None = None) -> list[dict]:
     """Resolve and check every run first (a bad κ, rule, batch, --data or --metric fails before any
     training and before anything is written), run them in turn, compare.
 
@@ -110,6 +110,8 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, ta
     `tasks` is `emarule.tasks` (RUNNABLE_TASKS, run_task, build_parts), passed in: the engine imports no task.
     `follow_up(i, run_dir)`: work for idle workers once run i has finished (`parallel.run_side_by_side`);
     runs one after another leave it to the caller.
+    `figures`: a list the comparison figures' paths are appended to as they are written (none where the
+    comparison is not drawn: not the main process, or no run done).
     """
     from emarule.engine.context import RunContext, default_run_name
 
@@ -135,11 +137,11 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, ta
     from emarule.engine.runlock import lock_dir
 
     with lock_dir(ctxs[0].out.parent, "sweep"):  # ROOT/<experiment>: its runs and compare figures
-        return _run_all(console, runs, ctxs, metric, tasks, jobs, follow_up)
+        return _run_all(console, runs, ctxs, metric, tasks, jobs, follow_up, figures)
 
 
 def _run_all(console, runs: list[SweepRun], ctxs: list, metric: str | None, tasks, jobs: int | None = 1,
-             follow_up: Callable | None = None) -> list[dict]:
+             follow_up: Callable | None = None, figures: list | None = None) -> list[dict]:
     from emarule.engine import distributed
     from emarule.analysis import parallel
     from emarule.analysis.run_report import print_report, report
@@ -204,8 +206,10 @@ def _run_all(console, runs: list[SweepRun], ctxs: list, metric: str | None, task
             console.print(f"wall time with {jobs} runs at a time: {side_by_side_s:.1f} s", highlight=False)
         # An arm shares κ and rule with a standard setting (it differs by --set or --progressive), so
         # compare, which groups by those, sees the standard runs only; the reproduction's figure draws arms.
-        compare_after(console, [Path(d["run"]) for d in done_list if d["arm"] is None], ctxs[0].out.parent, metric,
-                      tasks.registry.training_losses())
+        compared = compare_after(console, [Path(d["run"]) for d in done_list if d["arm"] is None],
+                                 ctxs[0].out.parent, metric, tasks.registry.training_losses())
+        if figures is not None:
+            figures.extend(Path(c["figure"]) for c in compared if c.get("figure"))
     return done_list
 
 

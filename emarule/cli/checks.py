@@ -223,8 +223,15 @@ def whole_batches(spec: dict, plan, batch_size: float | None, runs: bool, batch_
         raise UserError(f"batch.size {base:g}: {name} counts its batch in samples; give a whole number")
     for k, b in batches:
         if not math.isclose(b, round(b), rel_tol=0, abs_tol=1e-6):
-            raise UserError(f"κ={k:g} gives a batch of {b:g} samples (κ × {base:g}); choose κ so that κB is "
-                            f"a whole number" + (", or pass --batch-size N" if batch_option else ""))
+            raise UserError(f"κ={_exact(k)} gives a batch of {_exact(b)} samples (κ × {base:g}); choose κ so that "
+                            f"κB is a whole number" + (", or pass --batch-size N" if batch_option else ""))
+
+
+def _exact(x: float) -> str:
+    """x as `:g` writes it where that is x (2.3), else every digit it needs (2.0000001, not 2): a message
+    about a batch a hair from a whole number must not print the whole number."""
+    short = f"{x:g}"
+    return short if float(short) == float(x) else repr(float(x))
 
 
 def runnable(spec: dict, runnable_tasks, sweep: bool = False) -> None:

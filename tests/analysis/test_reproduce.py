@@ -435,6 +435,29 @@ def test_parabola_checks_come_out_each_way():
     assert S.parabola_dimensions(parabola_records())["verdict"] == "inconclusive"  # no D > 1
 
 
+def test_every_study_check_gives_its_numbers_apart_from_its_decision():
+    """The README's "measured" cell is a check's `numbers`: cut from `why` at a ": ", it lost the numbers that
+    hold one ("κ=1024: 1.11", "the paper: κ ≈ 4K")."""
+    results = [S.parabola_rho_star_higher(parabola_records(r)) for r in (0.95, 1.05)] + [
+        S.parabola_match(parabola_records(), 8), S.parabola_match(parabola_records(), 3),
+        S.parabola_target_onset(parabola_records(slope_kink=1.0)), S.parabola_lower_rho_worse(parabola_records()),
+        S.parabola_lower_rho_worse(parabola_records(order_ok=False)), S.parabola_tracks_rho_star(parabola_records()),
+        S.parabola_inflection(parabola_records()), S.parabola_no_rule_large(parabola_records()),
+        S.parabola_dimensions(parabola_records()), S.precision_fp16_variance(precision_results(1e-3)),
+        S.precision_bf16_stable(precision_results()), S.precision_fp32_stable(precision_results()),
+        S.precision_fp32_range()]
+    for r in results:
+        head = r["why"].split("; post:", 1)[0]
+        assert head in (r["numbers"], f"{r['numbers']}: {r['decision']}"), r
+        if r["verdict"] == "inconclusive":
+            assert r["decision"], r  # the reason the README's verdict cell gives
+    higher = results[1]
+    assert higher["verdict"] == "contradicted" and higher["numbers"].endswith(")") and "κ=1024: " in higher["numbers"]
+    assert higher["decision"] == "ρ* BELOW ρ_B^κ at every κ ≥ 256"
+    limits = results[-1]
+    assert limits["numbers"] == limits["why"] and limits["numbers"].endswith("the paper: κ ≈ 4K, B ≈ 8M)")
+
+
 def precision_results(fp16_std_top=1e-1, bf16=0.3):
     recs = []
     for run, diff, std in (("fp16", 0.05, None), ("bf16", bf16, 0.01), ("fp32_seed", 1e-3, 1e-4),

@@ -72,7 +72,8 @@ def test_an_invocation_that_raises_still_counts_its_time(tmp_path, monkeypatch, 
     with pytest.raises(error):
         _reproduce(tmp_path)
     (line,) = [json.loads(s) for s in (tmp_path / L.LEDGER).read_text().splitlines()]
-    assert line["ended"] == error.__name__ and line["wall_s"] >= 0.05 and "runs" not in line
+    assert line["ended"] == error.__name__ and line["wall_s"] >= 0.05
+    assert line["runs"] == line["reused"] == 0  # it trained nothing
     assert line["command"].startswith("emarule reproduce precision")
 
 
@@ -104,4 +105,85 @@ def test_a_runs_own_error_after_it_trained_still_counts_its_time(tmp_path, monke
     with pytest.raises(UserError):
         _reproduce(tmp_path)
     (line,) = [json.loads(s) for s in (tmp_path / L.LEDGER).read_text().splitlines()]
-    assert line["ended"] == "UserError"
+    assert line["ended"] == "UserError" and line["runs"] == 1 and line["reused"] == 0
+
+
+def test_an_interrupted_invocation_records_the_runs_it_trained(tmp_path, monkeypatch):
+    """Its runs are counted as trained here, so the invocation that resumes it does not make them reused."""
+    import emarule.tasks
+    from emarule.engine.rundir import METRICS
+
+    old = tmp_path / "precision" / "old-run" / METRICS
+    old.parent.mkdir(parents=True)
+    old.write_text('{"epoch": 1}\n')  # a run finished before this invocation
+    time.sleep(0.05)
+
+    def train_then_stop(ctx):
+        old.write_text('{"epoch": 1}\n')  # resumed, a finished run's log is rewritten as it was: not trained
+        for name in ("a", "b"):
+            (ctx.out.parent / name).mkdir(parents=True, exist_ok=True)
+            (ctx.out.parent / name / METRICS).write_text('{"epoch": 1}\n')
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(emarule.tasks, "run_task", train_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        _reproduce(tmp_path)
+    (line,) = [json.loads(s) for s in (tmp_path / L.LEDGER).read_text().splitlines()]
+    assert line["ended"] == "KeyboardInterrupt" and line["runs"] == 2 and line["reused"] == 0
+    assert line["args"] == {"family": "precision", "preset": "full", "seeds": None, "kappas": [], "headline": False,
+                            "data": None}
+
+
+@pytest.mark.parametrize("a, b, same", [
+    ("emarule reproduce polyak --kappas 2,1 --out /a", "emarule reproduce polyak --kappas 1,2 --out /b", True),
+    ("emarule reproduce polyak --preset cpu --out /a", "emarule reproduce polyak --out /a", True),
+    ("emarule reproduce polyak --seeds 5 --out /a", "emarule reproduce polyak --out /a", True),  # 0-4, the default
+    ("emarule reproduce polyak --seeds 3,1 --out /a", "emarule reproduce polyak --seeds 1,3 --out /a", True),
+    ("emarule reproduce polyak --kappas 1,2,4 --out /a", "emarule reproduce polyak --out /a", True),
+    ("emarule reproduce polyak --headline --out /a", "emarule reproduce polyak --headline --kappas 1,2 --out /a",
+     True),  # the headline's κ: 1 and its claim's 2
+    ("emarule reproduce precision --preset full --out /a", "emarule reproduce precision --out /a", True),
+    ("emarule reproduce polyak --preset tiny --out /a", "emarule reproduce polyak --out /a", False),
+    ("emarule reproduce polyak --seeds 100-104 --out /a", "emarule reproduce polyak --out /a", False),
+    ("emarule reproduce polyak --headline --out /a", "emarule reproduce polyak --out /a", False),
+    ("emarule reproduce polyak --data /d --out /a", "emarule reproduce polyak --out /a", False),
+    ("emarule reproduce byol --out /a", "emarule reproduce polyak --out /a", False),
+])
+def test_invocations_are_the_same_command_by_their_resolved_arguments(tmp_path, a, b, same):
+    L.record(tmp_path, a, _t(100.0), "verdict.json")
+    assert L.record(tmp_path, b, _t(20.0), "verdict.json")["invocations"] == (2 if same else 1)
+
+
+def test_old_lines_without_their_arguments_are_read_from_their_command(tmp_path):
+    (tmp_path / L.LEDGER).write_text(
+        json.dumps({"command": "emarule reproduce polyak --kappas 4,2,1 --out /old", **_t(100.0)}) + "\n"
+        + json.dumps({"command": "not a reproduce command", **_t(7.0)}) + "\n")
+    got = L.record(tmp_path, "emarule reproduce polyak --out /new", _t(20.0, 30, 30), "verdict.json",
+                   L.resolved("polyak"))
+    assert got == {"invocations": 2, "wall_s_total": 120.0, "trained": 30}
+    lines = [json.loads(s) for s in (tmp_path / L.LEDGER).read_text().splitlines()]
+    assert "args" not in lines[0] and lines[2]["args"]["kappas"] == [1.0, 2.0, 4.0]
+    # an unparsed command is still its own text's command
+    assert L.record(tmp_path, "not a reproduce command", _t(1.0), "verdict.json")["invocations"] == 2
+
+
+def test_a_resumed_runs_training_time_is_the_sum_of_its_stretches(tmp_path):
+    from emarule.analysis.reproduce.command import _logged_wall
+    from emarule.engine.rundir import METRICS
+
+    rows = [{"kind": "train", "wall_s": 3.9}, {"kind": "train", "wall_s": 7.96}, {"kind": "eval", "top1": 1.0},
+            {"kind": "train", "wall_s": 0.52}, {"kind": "train", "wall_s": 0.72},  # resumed: its clock restarts
+            {"kind": "train", "wall_s": 0.3}, {"kind": "train", "wall_s": 2.0}]  # and again
+    (tmp_path / METRICS).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert _logged_wall(tmp_path) == pytest.approx(7.96 + 0.72 + 2.0)
+    (tmp_path / METRICS).write_text("")
+    assert _logged_wall(tmp_path) == 0.0
+
+
+def test_the_report_never_says_more_runs_were_trained_than_there_are():
+    from emarule.analysis.reproduce.report import _total
+
+    t = {"invocations": 4, "wall_s_total": 102.0, "runs": 4}
+    assert _total(t | {"trained": 4}).endswith("that trained 4 of its 4 runs)")
+    # a run whose directory was deleted is trained twice in the root's history
+    assert _total(t | {"trained": 5}).endswith("that trained 4 of its 4 runs and 1 of them again)")

@@ -159,3 +159,136 @@ def test_a_claim_is_decided_at_the_kappas_where_it_applies(root):
     assert "| 4 | inconclusive (set aside: the target model strays) |" in md
     assert "| 4 | inconclusive (set aside: no EMA gap to explain) |" in md
     assert "2 of 3 decided at every κ where they apply" in md and "2 inconclusive (2 of them set aside)" in md
+
+
+# The shapes of `why` the checks write, with the numbers the "measured" cell must keep whole (README rows 4,
+# 7, 8, 9 and 13 once read "pre", "pre, D ∈ {1, 2, 16, 100}", "… κ=1024" and "… (the paper").
+WHYS = [
+    ("pre: ρ* BELOW ρ_B^κ at every κ ≥ 256 ((1−ρ*)/(1−ρ_B^κ) κ=256: 1.0225, κ=512: 1.0480, κ=1024: 1.1102); post: ρ* "
+     "above the rule at every κ ≥ 256",
+     "pre: ρ* BELOW ρ_B^κ at every κ ≥ 256 ((1−ρ*)/(1−ρ_B^κ) κ=256: 1.0225, κ=512: 1.0480, κ=1024: 1.1102)"),
+    ("pre: Err_rule larger for lower ρ_B (0.9999, 0.999, 0.99) at every κ; post: broken at κ = 64, 128",
+     "pre: Err_rule larger for lower ρ_B (0.9999, 0.999, 0.99) at every κ"),
+    ("pre, D ∈ {1, 2, 16, 100}: Err_rule differs from D=1 by ≤ 0.03%, 1 − ρ* by ≤ 0.00%",
+     "pre, D ∈ {1, 2, 16, 100}: Err_rule differs from D=1 by ≤ 0.03%, 1 − ρ* by ≤ 0.00%"),
+    ("pre: Err_no_rule / Err_rule ≥ 6.46 over every ρ_B and κ ≥ 2 (smallest at rho=0.99 κ=1024)",
+     "pre: Err_no_rule / Err_rule ≥ 6.46 over every ρ_B and κ ≥ 2 (smallest at rho=0.99 κ=1024)"),
+    ("`emarule limits --momentum 0.996 --batch-size 4096`: meaningful for batches 0.0609 … 1.77e+07 (κ up to 4323; "
+     "the paper: κ ≈ 4K, B ≈ 8M)",
+     "`emarule limits --momentum 0.996 --batch-size 4096`: meaningful for batches 0.0609 … 1.77e+07 (κ up to 4323; "
+     "the paper: κ ≈ 4K, B ≈ 8M)"),
+    ("Err (max |Δ E ζ|, pre, ρ_B=0.9999, D=1): gap with 8.08e-05, without 0.22, floor Err(ρ*) 4.62e-05: without ≥ "
+     "2× with, with ≤ 2× floor", "Err (max \\|Δ E ζ\\|, pre, ρ_B=0.9999, D=1): gap with 8.08e-05, without 0.22, floor "
+     "Err(ρ*) 4.62e-05"),
+    # a decision with a ": " of its own (`verdict.decide`'s "there is no drop")
+    ("gap with 3.54, without 3.05, baseline spread 2.21; paired difference without − with, 95 % CI [-1.18, +0.224]: "
+     "without the rule the curve stays within 2× spread, and the paired CI lies inside ±1× spread: there is no drop "
+     "for the rule to prevent",
+     "gap with 3.54, without 3.05, baseline spread 2.21; paired difference without − with, 95 % CI [-1.18, +0.224]"),
+    # numbers with labels of their own (`decide_target`, `decide_with_better`, `decide_ema_above`)
+    ("EMA metric: gap with 2.16, spread 3.7; target metric: gap with 6.51 (95 % CI [+5.41, +7.75]), spread 2.08: no "
+     "EMA gap with the rule to explain (≤ 2× spread)",
+     "EMA metric: gap with 2.16, spread 3.7; target metric: gap with 6.51 (95 % CI [+5.41, +7.75]), spread 2.08"),
+    ("with − without at the end κ=2: +0.65 [+0.31, +0.98], κ=4: +0.74 [+0.15, +1.34]; end spread 1.83: better at "
+     "every κ (every CI above 0)",
+     "with − without at the end κ=2: +0.65 [+0.31, +0.98], κ=4: +0.74 [+0.15, +1.34]; end spread 1.83"),
+    ("EMA − target at the end, per baseline seed: +0.0977, -0.0977, +0: mixed",
+     "EMA − target at the end, per baseline seed: +0.0977, -0.0977, +0"),
+]
+
+
+@pytest.mark.parametrize("why, measured", WHYS)
+def test_the_measured_cell_keeps_every_number_of_a_why(why, measured):
+    assert T._measured({"why": why}) == measured
+
+
+def test_the_measured_cell_is_a_studys_own_numbers_where_it_keeps_them_apart():
+    from emarule.analysis.reproduce import studies as S
+
+    r = S.precision_fp32_range()
+    assert r["numbers"].endswith("(κ up to 4323; the paper: κ ≈ 4K, B ≈ 8M)") and r["decision"] == ""
+    assert T._measured(r) == r["numbers"] == r["why"]
+    # an inconclusive row gives the decision as its reason, whatever ": " the numbers hold
+    c = {"verdict": "inconclusive", "why": "x: 1: a reason", "numbers": "x: 1: a reason", "decision": "the reason"}
+    assert T._measured(c) == "x: 1: a reason" and T._verdict(c) == "inconclusive (the reason)"
+
+
+def _ledger(folder, *lines):
+    (folder / "invocations.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+
+
+def test_a_family_whose_latest_invocation_did_not_finish_shows_none_of_the_earlier_verdict(root):
+    """docs/reproduce.md: "A family that did not finish gets a row saying so; no number is carried over"."""
+    before = T.markdown(root)
+    assert "gap with 1, without 1.1" in before
+    cmd = "emarule reproduce polyak --out x"
+    _ledger(root / "polyak", {"command": cmd, "wall_s": 600.0, "runs": 30, "reused": 0},
+            {"command": cmd, "wall_s": 12.0, "runs": 1, "reused": 0, "ended": "KeyboardInterrupt"})
+    md = T.markdown(root)
+    row = next(line for line in md.splitlines() if "polyak-r50.md" in line)
+    assert "did not finish: its last invocation stopped (KeyboardInterrupt)" in row
+    assert "gap with 1" not in md and "| polyak | did not finish | — | — | — | — |" in md
+    assert "Claims about neural networks: 0 of 0 decided" in md
+    # finished again: its verdict is shown
+    _ledger(root / "polyak", {"command": cmd, "wall_s": 12.0, "runs": 1, "reused": 0, "ended": "KeyboardInterrupt"},
+            {"command": cmd, "wall_s": 600.0, "runs": 30, "reused": 29})
+    assert T.markdown(root) == before
+    # a reproduction that holds the root (or was killed outright, leaving its lock file)
+    (root / "polyak" / T.LOCK).write_text("{}")
+    assert ".emarule.lock is there (a reproduction is running, or was killed)" in T.markdown(root)
+    (root / "polyak" / T.LOCK).unlink()
+    # a headline check that did not finish says so in its cells
+    _ledger(root / "polyak-headline", {"command": cmd, "wall_s": 5.0, "ended": "RuntimeError"})
+    md = T.markdown(root)
+    row = next(line for line in md.splitlines() if "polyak-r50.md" in line)
+    assert "| did not finish: polyak-headline: its last invocation stopped (RuntimeError) |" in row
+    assert "| polyak | 30 | 10.0 min | did not finish |" in md and "**contradicted** |" not in row
+
+
+def _command(root, name, command):
+    v = json.loads((root / name / "verdict.json").read_text())
+    v["command"] = command
+    (root / name / "verdict.json").write_text(json.dumps(v))
+
+
+def test_rows_made_with_other_arguments_than_make_repros_say_so(root):
+    _command(root, "polyak", "emarule reproduce polyak --out runs/reproduce/polyak")
+    _command(root, "polyak-headline", "emarule reproduce polyak --headline --seeds 100-104 --out r/polyak-headline")
+    real = T.markdown(root)
+    assert "made with" not in real
+    # the same arguments written otherwise are the same command
+    _command(root, "polyak", "emarule reproduce polyak --preset cpu --kappas 4,2,1 --seeds 0-4 --out elsewhere")
+    assert T.markdown(root) == real
+    _command(root, "polyak", "emarule reproduce polyak --preset tiny --seeds 1 --kappas 1,2 --out /tmp/x")
+    md = T.markdown(root)
+    mark = "(made with `--preset tiny --seeds 1 --kappas 1,2`, not `make repro`'s arguments)"
+    rows = [line for line in md.splitlines() if "polyak-r50.md" in line]
+    assert all(mark in r.split(" | ")[3] for r in rows) and f"| polyak {mark} | 30 |" in md
+    assert "**contradicted** |" in rows[0]  # the headline check's cell: make repro's
+    _command(root, "polyak-headline", "emarule reproduce polyak --headline --out r/polyak-headline")
+    assert "**contradicted** (made with `--headline`, not `make repro`'s arguments)" in T.markdown(root)
+
+
+@pytest.mark.parametrize("content, says", [
+    ("[]", "a JSON list, not an object"),
+    ('{"claims": [{"verdict": "reproduced"}]}', 'claim 1 has no "claim" text'),
+    ('{"claims": {}}', 'no "claims" list'),
+    ('{"claims": [], "timing": [1]}', '"timing" is not a JSON object'),
+])
+def test_a_verdict_of_the_wrong_shape_is_a_one_line_error(root, capsys, content, says):
+    (root / "polyak" / "verdict.json").write_text(content)
+    assert T.main([str(root)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err and "polyak" in err and err.startswith("error: ")
+
+
+def test_runs_trained_by_an_interrupted_invocation_are_not_reused_after_it_resumes(tmp_path):
+    """Interrupted with 3 of 4 runs trained (the third cut short), then resumed: no run was reused."""
+    from emarule.analysis.reproduce import ledger as L
+
+    cmd = "emarule reproduce polyak --preset tiny --seeds 1 --kappas 1,2 --out x"
+    L.record(tmp_path, cmd, {"wall_s": 40.0, "cpus": 2, "ended": "KeyboardInterrupt", "runs": 3, "reused": 0},
+             "verdict.json")
+    t = {"wall_s": 47.0, "runs": 4, "reused": 3}  # the resumed invocation finds 3 runs there
+    t |= L.record(tmp_path, cmd, t, "verdict.json")
+    assert t["trained"] == 4 and T._reused(t) == 0

@@ -43,6 +43,8 @@ def test_parse_rules():
     (["--set", "model.nope=1"], "unknown key"),
     (["--metric", "top5"], "--metric 'top5'"),
     (["--kappas", "1,2.3"], "κ=2.3 gives a batch of 73.6 samples"),
+    # a κ a hair from a whole batch is printed with the digits that make it one (not "κ=2 gives a batch of 64")
+    (["--kappas", "2,2.0000001"], "κ=2.0000001 gives a batch of 64.0000032 samples"),
     (["--data", "/tmp"], "uses bundled data"),
 ])
 def test_bad_arguments_fail_before_training(tmp_path, args, needle):

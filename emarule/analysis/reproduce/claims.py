@@ -64,7 +64,7 @@ class Claim:
     # ("pseudo_label.pretrain_steps": the pre-training phase, where the student is blind to the EMA).
     until: str = ""
     settings: tuple = STANDARD  # (A, B): A plays "with", B "without" in the decision rules
-    short: str = ""  # one line for the README's table of claims (scripts/claims_table.py)
+    short: str = ""  # one line for the README's table of claims (emarule/analysis/reproduce/table.py)
 
 
 @dataclass(frozen=True)

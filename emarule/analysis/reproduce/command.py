@@ -126,7 +126,9 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
 
     with lock_dir(root, "reproduction"):
         text = command_text(family, preset, seeds, kappas, root, data, headline)
-        t0, load0, started = time.monotonic(), os.getloadavg()[0], time.time()
+        same_as = ledger.resolved(family.name, preset=preset, seeds=seeds, kappas=kappas, headline=headline,
+                                  data=data)
+        t0, load0, logs = time.monotonic(), os.getloadavg()[0], _logs(root)
         resolve_run = resolver(family.experiment, spec_preset)
         args = {"preset": preset if preset is not None else family.preset, "command": text,
                 "seeds": list(seeds if seeds is not None else family.seeds) if family.kind == "sweep" else None,
@@ -140,15 +142,16 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
         except BaseException as e:  # Ctrl-C or a failure: the time its finished runs took is still counted
             # bad input is refused before anything trains, and writes nothing; a run's own error (a file it
             # cannot decode) comes after others trained
-            if not isinstance(e, UserError) or _trained_since(root, started):
-                _record_unfinished(root, text, time.monotonic() - t0, e)
+            trained = _trained_since(root, logs)
+            if not isinstance(e, UserError) or trained:
+                _record_unfinished(root, text, time.monotonic() - t0, e, trained, same_as)
             raise
         if result is None:  # not the main process of a torchrun launch
             return {}
         claims, measured, figures, timing = result
         timing |= {"wall_s": time.monotonic() - t0, "load_start": load0, "load_end": os.getloadavg()[0],
                    "cpus": os.cpu_count(), "omp_threads": os.environ.get("OMP_NUM_THREADS", "unset (torch's default)")}
-        timing |= ledger.record(root, text, timing, R.VERDICT)
+        timing |= ledger.record(root, text, timing, R.VERDICT, same_as)
         data_out = R.payload(family, args, claims, measured, figures, timing)
         R.write(root, family, data_out)
         R.print_verdicts(console, data_out)
@@ -156,29 +159,40 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
         return data_out
 
 
-def _trained_since(root: Path, since: float) -> bool:
-    """Did a run under ROOT (ROOT/<experiment>/<run>) log anything since `since` (time.time())?"""
+def _logs(root: Path) -> dict[str, bytes]:
+    """A digest of every run's log under ROOT (ROOT/<experiment>/<run>/metrics.jsonl), by path."""
+    import hashlib
+
     from emarule.engine.rundir import METRICS
 
+    out = {}
     for log in root.glob(f"*/*/{METRICS}"):
         try:
-            if log.stat().st_mtime >= since:
-                return True
+            out[str(log)] = hashlib.blake2b(log.read_bytes(), digest_size=16).digest()
         except OSError:
             continue
-    return False
+    return out
 
 
-def _record_unfinished(root: Path, text: str, wall_s: float, error: BaseException) -> None:
-    """A ledger line for an invocation that raised before its verdict. Its runs are not known here: the ones it
-    finished are counted as reused by the next invocation."""
+def _trained_since(root: Path, before: dict[str, bytes]) -> int:
+    """How many runs under ROOT logged something new since `before` (`_logs`). A log's time is no guide: a
+    finished run that is resumed rewrites its log as it was (`MetricsLog.truncate_after`), trained or not."""
+    now = _logs(root)
+    return sum(1 for path, digest in now.items() if before.get(path) != digest)
+
+
+def _record_unfinished(root: Path, text: str, wall_s: float, error: BaseException, trained: int,
+                       same_as: dict | None) -> None:
+    """A ledger line for an invocation that raised before its verdict: its wall time and the runs it trained
+    (finished or not; none of them reused). The next invocation counts the finished ones as reused, and the
+    ledger's sum over both lines counts them as trained in this root."""
     from emarule.engine import distributed
 
     if not distributed.is_main():
         return
     try:
-        ledger.record(root, text, {"wall_s": wall_s, "cpus": os.cpu_count(), "ended": type(error).__name__},
-                      R.VERDICT)
+        ledger.record(root, text, {"wall_s": wall_s, "cpus": os.cpu_count(), "ended": type(error).__name__,
+                                   "runs": int(trained), "reused": 0}, R.VERDICT, same_as)
     except OSError:  # a full disk, say: the error being raised is the one to report
         pass
 
@@ -195,8 +209,9 @@ def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, r
     probes = family.ema_metric.name == "probe_top1"  # does the tracking probe measure the teacher?
     from emarule.analysis.reproduce import probe_check as P
 
+    drawn: list = []  # the comparison figures the sweep wrote, this time
     done = sweep.execute(console, runs, resolve_run, root, tasks, data=data, metric=family.target_metric.name,
-                         jobs=jobs, follow_up=P.follow_up(runs) if probes else None)
+                         jobs=jobs, follow_up=P.follow_up(runs) if probes else None, figures=drawn)
     from emarule.engine import distributed
 
     if not distributed.is_main():
@@ -223,12 +238,8 @@ def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, r
     fig = figures.plot(family, measured, loaded, root / "figures" / f"{family.name}.png",
                        f"{family.experiment} ({family.section}), preset {args['preset']}: mean ± std over "
                        f"seeds {seeds_label(args['seeds'])}")
-    figs = [str(fig.relative_to(root))]
-    exp_dir = Path(done[0]["run"]).parent
-    for name in measured["tables"]:  # emarule sweep's own per-κ panel, when it drew one
-        p = exp_dir / f"compare-{name}.png"
-        if p.exists():
-            figs.append(os.path.relpath(p, root))
+    # and emarule sweep's own per-κ panels, those it drew now (not any compare-*.png an earlier command left)
+    figs = [str(fig.relative_to(root))] + [os.path.relpath(p, root) for p in drawn]
     for c in measured["claims"]:
         c["figure"] = figs[0]
     timing = {"runs": len(done), "reused": sum(1 for d in done if d["resumed"]),
@@ -237,10 +248,19 @@ def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, r
 
 
 def _logged_wall(run: Path) -> float:
+    """The training time a run's log records: its rows' `wall_s` restarts from 0 when the run resumes, so
+    each stretch between two drops is one process's time, and the run's is the sum of their last values."""
     from emarule.engine.rundir import METRICS, read_metrics
 
-    return max((float(r["wall_s"]) for r in read_metrics(run / METRICS) if isinstance(r.get("wall_s"), (int, float))),
-               default=0.0)
+    total, last = 0.0, None
+    for r in read_metrics(run / METRICS):
+        w = r.get("wall_s")
+        if not isinstance(w, (int, float)) or isinstance(w, bool):
+            continue
+        if last is not None and w < last:  # a resume: the stretch before it ended at `last`
+            total += last
+        last = float(w)
+    return total + (last or 0.0)
 
 
 def _study(console, family: Family, root: Path, resolve_run) -> tuple:

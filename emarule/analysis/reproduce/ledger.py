@@ -3,12 +3,18 @@
 A reproduction resumes: finished runs are reused, so a family stopped half-way (or a `make repro`
 spread over several sittings) is finished by a later invocation of the same command. That invocation's
 own wall time covers only the runs it trained. Each invocation therefore appends one line to
-OUT/invocations.jsonl, and the report gives the sum over the lines of the same command (the --out path
-aside, so a root that was moved keeps its history). An invocation that raised before its verdict (Ctrl-C,
-a failed run) writes a line with its wall time and `ended` (the exception's name) but no run counts: its
-finished runs are counted as reused by the next invocation. One that was killed outright writes no line,
-and its time is missing from the sum, which the report says by giving the count of runs trained against
-the count run.
+OUT/invocations.jsonl, and the report gives the sum over the lines of the same command. "The same
+command" is the same resolved arguments (`resolved`: the family, the preset, the seeds and κ as sets,
+--headline and --data; the --out path aside, so a root that was moved keeps its history): `--kappas 2,1`
+is `--kappas 1,2`, and `--preset cpu` is polyak's default. Each line keeps them as `args`; a line written
+before lines had them is read from its command text, resolved with today's defaults.
+
+An invocation that raised before its verdict (Ctrl-C, a failed run) writes a line with its wall time,
+`ended` (the exception's name) and the runs it trained, found by their logs' changes (`runs`, with
+`reused` 0): the next invocation counts the ones it finds finished as reused, and the sum over the lines
+still counts them as trained here. (A line written before interrupted lines had run counts has none, so
+its runs are counted as reused.) One that was killed outright writes no line, and its time is missing
+from the sum, which the report says by giving the count of runs trained against the count run.
 """
 
 from __future__ import annotations
@@ -23,7 +29,60 @@ LEDGER = "invocations.jsonl"
 KEPT = ("wall_s", "runs", "reused", "load_start", "load_end", "cpus", "ended")
 
 
-def _key(command: str) -> str:
+def resolved(name: str, *, preset: str | None = None, seeds=None, kappas=None, headline: bool = False,
+             data=None) -> dict | None:
+    """The arguments an `emarule reproduce NAME ...` ran with, defaults filled in: what makes two invocations
+    the same command. None for a family this version does not know."""
+    from emarule.analysis.reproduce.claims import FAMILIES, FULL, headline_only
+
+    family = FAMILIES.get(name)
+    if family is None:
+        return None
+    if headline:
+        family = headline_only(family)
+    chosen = family.preset if preset is None else preset
+    sweep = family.kind == "sweep"
+    return {"family": name, "preset": FULL if chosen is None else chosen,  # no preset is the base spec: full
+            "seeds": sorted(int(s) for s in (family.seeds if seeds is None else seeds)) if sweep else None,
+            "kappas": sorted(float(k) for k in (family.kappas if kappas is None else kappas)),
+            "headline": bool(headline), "data": None if data is None else str(data)}
+
+
+def parse_command(command: str) -> dict | None:
+    """`resolved` for an `emarule reproduce ...` command text as `command.command_text` writes it; None if it
+    is not one (or names what cannot be parsed)."""
+    from emarule.cli.seeds import parse_seeds
+    from emarule.errors import UserError
+
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    if words[:2] != ["emarule", "reproduce"] or len(words) < 3:
+        return None
+    opts: dict = {}
+    rest = words[3:]
+    try:
+        while rest:
+            w = rest.pop(0)
+            if w == "--headline":
+                opts["headline"] = True
+            elif w in ("--preset", "--seeds", "--kappas", "--data", "--out") and rest:
+                v = rest.pop(0)
+                if w == "--seeds":
+                    opts["seeds"] = parse_seeds(v)
+                elif w == "--kappas":
+                    opts["kappas"] = [float(k) for k in v.split(",")]
+                elif w != "--out":
+                    opts[w[2:]] = v
+            else:
+                return None
+    except (UserError, ValueError):
+        return None
+    return resolved(words[2], **opts)
+
+
+def _text_key(command: str) -> str:
     """The command without its --out argument (its last two words, as `command.command_text` joins them)."""
     try:
         words = shlex.split(command)
@@ -32,7 +91,18 @@ def _key(command: str) -> str:
     return shlex.join(words[:-2]) if len(words) > 2 and words[-2] == "--out" else command
 
 
-def _entries(path: Path) -> list[dict]:
+def key(entry: dict) -> str:
+    """What identifies an entry's command: its `args`, else its command text resolved, else that text."""
+    args = entry.get("args")
+    if not isinstance(args, dict):
+        args = parse_command(str(entry.get("command", "")))
+    if args is None:
+        return "text:" + _text_key(str(entry.get("command", "")))
+    return json.dumps(args, sort_keys=True)
+
+
+def entries(path: Path) -> list[dict]:
+    """The readable lines of a ledger, in order."""
     if not path.is_file():
         return []
     out = []
@@ -49,7 +119,7 @@ def _entries(path: Path) -> list[dict]:
 def families(root: Path) -> set[str]:
     """The families whose reproductions ROOT's ledger records (`emarule reproduce FAMILY ...`)."""
     out = set()
-    for e in _entries(Path(root) / LEDGER):
+    for e in entries(Path(root) / LEDGER):
         try:
             words = shlex.split(str(e.get("command", "")))
         except ValueError:
@@ -68,16 +138,17 @@ def _earlier_verdict(root: Path, verdict_name: str) -> list[dict]:
     return [{"command": old["command"], **{k: t[k] for k in KEPT if k in t}}]
 
 
-def record(root: Path, command: str, timing: dict, verdict_name: str) -> dict:
+def record(root: Path, command: str, timing: dict, verdict_name: str, args: dict | None = None) -> dict:
     """Appends this invocation to ROOT's ledger (rewritten under a temporary name, then renamed) and
-    returns the totals over the invocations of the same command: `invocations`, `wall_s_total` and
-    `trained` (runs trained, not reused, summed)."""
+    returns the totals over the invocations of the same command (`key`): `invocations`, `wall_s_total`
+    and `trained` (runs trained, not reused, summed). `args`: the invocation's `resolved` arguments."""
     from emarule.engine.rundir import atomic_write_text
 
     path = Path(root) / LEDGER
-    entries = _entries(path) or _earlier_verdict(Path(root), verdict_name)
-    entries.append({"command": command, **{k: timing[k] for k in KEPT if k in timing}})
-    atomic_write_text(path, "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in entries))
-    same = [e for e in entries if _key(str(e.get("command", ""))) == _key(command)]
+    old = entries(path) or _earlier_verdict(Path(root), verdict_name)
+    line = {"command": command, **({"args": args} if args is not None else {}),
+            **{k: timing[k] for k in KEPT if k in timing}}
+    atomic_write_text(path, "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in [*old, line]))
+    same = [e for e in [*old, line] if key(e) == key(line)]
     return {"invocations": len(same), "wall_s_total": sum(float(e["wall_s"]) for e in same),
             "trained": sum(int(e.get("runs", 0)) - int(e.get("reused", 0)) for e in same)}

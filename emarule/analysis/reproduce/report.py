@@ -122,8 +122,11 @@ def _total(t: dict) -> str:
     """The sum over the invocations of the same command (`ledger.record`), when there was more than one."""
     if (t.get("invocations") or 1) <= 1:
         return ""
+    trained, runs = int(t["trained"]), int(t["runs"])
+    # a run trained again (its directory deleted, say) counts once per training in the ledger's sum
+    again = f" and {trained - runs} of them again" if trained > runs else ""
     return (f" ({t['wall_s_total']:.0f} s over the {t['invocations']} invocations of this command that trained "
-            f"{t['trained']} of its {t['runs']} runs)")
+            f"{min(trained, runs)} of its {runs} runs{again})")
 
 
 def markdown(data: dict, family) -> str:

@@ -1,8 +1,10 @@
 """The parabola's and the precision study's claims, computed from their results.json. Torch-free.
 
 Each check returns the measured numbers and a verdict by a rule written next to it (and in the
-README). The parabola's numbers are exact expectations for D = 1 (no seeds: nothing to average),
-so its "floor" is Err(ρ*), the error no momentum beats at that κ, in place of a seed spread. Every
+README). The numbers (`numbers`, the README table's "measured" cell) and the rule's closing words
+(`decision`, the reason an inconclusive row gives) are kept apart; `why` joins them as "numbers:
+decision" for the report. The parabola's numbers are exact expectations for D = 1 (no seeds: nothing
+to average), so its "floor" is Err(ρ*), the error no momentum beats at that κ, in place of a seed spread. Every
 parabola check is judged under the paper's own EMA Definition (pre: ζ_{k+1} = ρζ_k + (1 − ρ)θ_k)
 at ρ_B = 0.9999, D = 1 (Fig. 1) unless it says otherwise; the post convention's numbers are
 reported beside it.
@@ -38,9 +40,18 @@ def _slopes(rows: dict, key: str) -> list[tuple[float, float, float]]:
     return [(a, b, math.log(rows[b][key] / rows[a][key]) / math.log(b / a)) for a, b in zip(ks, ks[1:], strict=False)]
 
 
-def _result(verdict: str, why: str, measured: dict, **gaps) -> dict:
-    return {"verdict": verdict, "why": why, "measured": measured, "gap_with_rule": gaps.get("with"),
-            "gap_without_rule": gaps.get("without"), "baseline_spread": gaps.get("floor")}
+def _result(verdict: str, numbers: str, measured: dict, decision: str = "", post: str = "", **gaps) -> dict:
+    """`numbers`: what was measured; `decision`: the rule's closing words ("" where the numbers say it all);
+    `post`: the post convention's reading, reported beside the verdict. `why` is "numbers: decision; post"."""
+    why = numbers + (f": {decision}" if decision else "") + (f"; {post}" if post else "")
+    return {"verdict": verdict, "why": why, "numbers": numbers, "decision": decision, "measured": measured,
+            "gap_with_rule": gaps.get("with"), "gap_without_rule": gaps.get("without"),
+            "baseline_spread": gaps.get("floor")}
+
+
+def _unmeasured(why: str, measured: dict) -> dict:
+    """Inconclusive for want of data: the reason is both what was measured and the decision."""
+    return _result("inconclusive", why, measured) | {"decision": why}
 
 
 def parabola_match(records: list, kappa: float) -> dict:
@@ -48,7 +59,7 @@ def parabola_match(records: list, kappa: float) -> dict:
     rows, post = _rows(records), _rows(records, convention="post")
     k = int(kappa)
     if k not in rows:
-        return _result("inconclusive", f"not measured: κ={k} is not in parabola.kappas", {})
+        return _unmeasured(f"not measured: κ={k} is not in parabola.kappas", {})
     r, p = rows[k], post.get(k)
     v, why = decide("rule_needed", r["err_rule"], r["err_no_rule"], r["err_star"])
     measured = {"err_rule": r["err_rule"], "err_no_rule": r["err_no_rule"], "err_rho_star": r["err_star"],
@@ -57,7 +68,9 @@ def parabola_match(records: list, kappa: float) -> dict:
         measured["post"] = {"err_rule": p["err_rule"], "err_no_rule": p["err_no_rule"], "err_rho_star": p["err_star"],
                             "verdict": decide("rule_needed", p["err_rule"], p["err_no_rule"], p["err_star"])[0]}
     why = why.replace("baseline spread", "floor Err(ρ*)").replace("2× spread", "2× floor")
-    return _result(v, f"Err (max |Δ E ζ|, pre, ρ_B={MAIN_RHO}, D=1): {why}", measured,
+    # `decide` without an interval writes "gap with …, without …, floor …: its decision", no ": " before it
+    numbers, _, decision = why.partition(": ")
+    return _result(v, f"Err (max |Δ E ζ|, pre, ρ_B={MAIN_RHO}, D=1): {numbers}", measured, decision,
                    **{"with": r["err_rule"], "without": r["err_no_rule"], "floor": r["err_star"]})
 
 
@@ -69,7 +82,7 @@ def parabola_tracks_rho_star(records: list) -> dict:
         out[conv] = {k: abs(_ratio(r) - 1.0) for k, r in rows.items() if 1 < k <= ONSET_KAPPA}
     dev = out["pre"]
     if not dev:
-        return _result("inconclusive", "no κ in 2…256 was computed", {})
+        return _unmeasured("no κ in 2…256 was computed", {})
     worst = max(dev.values())
     early = max((d for k, d in dev.items() if k <= 64), default=0.0)
     measured = {"max_relative_deviation_1_minus_rho": {c: max(d.values()) if d else None for c, d in out.items()},
@@ -77,10 +90,10 @@ def parabola_tracks_rho_star(records: list) -> dict:
     why = (f"max over κ ≤ {ONSET_KAPPA} of |(1 − ρ*)/(1 − ρ_B^κ) − 1| = {worst:.2%} (pre), "
            f"{max(out['post'].values()) if out['post'] else float('nan'):.2%} (post)")
     if worst <= TRACK_TOLERANCE:
-        return _result("reproduced", f"{why}: within {TRACK_TOLERANCE:.0%} at every κ ≤ {ONSET_KAPPA}", measured)
+        return _result("reproduced", why, measured, f"within {TRACK_TOLERANCE:.0%} at every κ ≤ {ONSET_KAPPA}")
     if early > TRACK_TOLERANCE:
-        return _result("contradicted", f"{why}: beyond {TRACK_TOLERANCE:.0%} already at κ ≤ 64", measured)
-    return _result("inconclusive", f"{why}: beyond {TRACK_TOLERANCE:.0%} between κ = 128 and {ONSET_KAPPA}", measured)
+        return _result("contradicted", why, measured, f"beyond {TRACK_TOLERANCE:.0%} already at κ ≤ 64")
+    return _result("inconclusive", why, measured, f"beyond {TRACK_TOLERANCE:.0%} between κ = 128 and {ONSET_KAPPA}")
 
 
 def parabola_rho_star_higher(records: list) -> dict:
@@ -94,16 +107,19 @@ def parabola_rho_star_higher(records: list) -> dict:
                 "ratio_pre": {k: _ratio(r) for k, r in _rows(records).items() if k >= ONSET_KAPPA},
                 "ratio_post": {k: _ratio(r) for k, r in _rows(records, convention="post").items() if k >= ONSET_KAPPA}}
     if not d:
-        return _result("inconclusive", f"no κ ≥ {ONSET_KAPPA} was computed", measured)
+        return _unmeasured(f"no κ ≥ {ONSET_KAPPA} was computed", measured)
     post = ("post: ρ* above the rule at every κ ≥ 256" if signs["post"] and all(v > 0 for v in signs["post"].values())
             else "post: mixed")
     ratios = ", ".join(f"κ={k}: {v:.4f}" for k, v in sorted(measured["ratio_pre"].items()))
+    # The sign is the measurement here, so `numbers` keeps it; `decision` repeats it for the verdict's reason.
     if all(v > 0 for v in d.values()):
-        return _result("reproduced", f"pre: ρ* above ρ_B^κ at every κ ≥ {ONSET_KAPPA} ({ratios}); {post}", measured)
+        said = f"ρ* above ρ_B^κ at every κ ≥ {ONSET_KAPPA}"
+        return _result("reproduced", f"pre: {said} ({ratios})", measured, post=post) | {"decision": said}
     if all(v < 0 for v in d.values()):
-        return _result("contradicted", f"pre: ρ* BELOW ρ_B^κ at every κ ≥ {ONSET_KAPPA} ((1−ρ*)/(1−ρ_B^κ) {ratios}); "
-                                       f"{post}", measured)
-    return _result("inconclusive", f"pre: mixed signs ({ratios}); {post}", measured)
+        said = f"ρ* BELOW ρ_B^κ at every κ ≥ {ONSET_KAPPA}"
+        return _result("contradicted", f"pre: {said} ((1−ρ*)/(1−ρ_B^κ) {ratios})", measured, post=post) | {
+            "decision": said}
+    return _result("inconclusive", f"pre: mixed signs ({ratios})", measured, post=post) | {"decision": "mixed signs"}
 
 
 def parabola_target_onset(records: list) -> dict:
@@ -118,14 +134,14 @@ def parabola_target_onset(records: list) -> dict:
                 "err_target_over_err_rule": {k: r["err_target"] / r["err_rule"] for k, r in rows.items()
                                              if k > 1 and r["err_rule"]}}
     if not small or not at:
-        return _result("inconclusive", "needs κ ≤ 64 and an interval ending at 256", measured)
+        return _unmeasured("needs κ ≤ 64 and an interval ending at 256", measured)
     med, s = small[len(small) // 2], at[0]
     why = f"log–log slope of Err_target: {s:.3f} into κ={ONSET_KAPPA}, median {med:.3f} for κ ≤ 64"
     if s >= ONSET_SLOPE * med:
-        return _result("reproduced", f"{why}: it steepens at 256", measured)
+        return _result("reproduced", why, measured, "it steepens at 256")
     if abs(s - med) <= SAME_SLOPE * med:
-        return _result("contradicted", f"{why}: one power law from κ = 2 on, no onset at 256", measured)
-    return _result("inconclusive", why, measured)
+        return _result("contradicted", why, measured, "one power law from κ = 2 on, no onset at 256")
+    return _result("inconclusive", why, measured, "neither 1.5× the small-κ slope nor within 20 % of it")
 
 
 def parabola_inflection(records: list) -> dict:
@@ -137,16 +153,17 @@ def parabola_inflection(records: list) -> dict:
     sl = out["pre"]
     measured = {f"slopes_{c}": {f"{a:g}→{b:g}": s for a, b, s in v} for c, v in out.items()}
     if len(sl) < 3:
-        return _result("inconclusive", "too few κ to see a slope change", measured)
+        return _unmeasured("too few κ to see a slope change", measured)
     i = min(range(len(sl)), key=lambda j: sl[j][2])
     a, b, s = sl[i]
     rise = sl[-1][2] - s
     why = f"pre: slope minimum {s:.3f} at κ {a:g}→{b:g}, last slope {sl[-1][2]:.3f}"
     if i == len(sl) - 1:
-        return _result("contradicted", f"{why}: the slope keeps falling, no inflection", measured)
+        return _result("contradicted", why, measured, "the slope keeps falling, no inflection")
     if 32 <= a <= 128 and rise >= 0.02:
-        return _result("reproduced", f"{why}: the slope turns up after κ ≈ {a:g}", measured)
-    return _result("inconclusive", why, measured)
+        return _result("reproduced", why, measured, f"the slope turns up after κ ≈ {a:g}")
+    return _result("inconclusive", why, measured,
+                   "no minimum in an interval from κ = 32…128 with a rise of 0.02 after it")
 
 
 def parabola_lower_rho_worse(records: list) -> dict:
@@ -162,16 +179,16 @@ def parabola_lower_rho_worse(records: list) -> dict:
     ok = res["pre"]
     measured = {"rho_bases": rhos, "ordered_pre": ok, "ordered_post": res["post"]}
     if len(rhos) < 2 or not ok:
-        return _result("inconclusive", "needs two ρ_B or more in D = 1", measured)
+        return _unmeasured("needs two ρ_B or more in D = 1", measured)
     broken = [k for k, v in ok.items() if not v]
     post_broken = [k for k, v in res["post"].items() if not v]
-    tail = f"; post: broken at κ = {', '.join(map(str, post_broken))}" if post_broken else "; post: ordered too"
+    post = f"post: broken at κ = {', '.join(map(str, post_broken))}" if post_broken else "post: ordered too"
     if not broken:
-        return _result("reproduced", f"pre: Err_rule larger for lower ρ_B ({', '.join(map(str, rhos))}) at every κ"
-                       + tail, measured)
-    if len(broken) >= len(ok) / 2:
-        return _result("contradicted", f"pre: order broken at κ = {', '.join(map(str, broken))}" + tail, measured)
-    return _result("inconclusive", f"pre: order broken at κ = {', '.join(map(str, broken))}" + tail, measured)
+        return _result("reproduced", f"pre: Err_rule larger for lower ρ_B ({', '.join(map(str, rhos))}) at every κ",
+                       measured, post=post)
+    said = f"order broken at κ = {', '.join(map(str, broken))}"
+    return _result("contradicted" if len(broken) >= len(ok) / 2 else "inconclusive", f"pre: {said}", measured,
+                   post=post) | {"decision": said}
 
 
 def parabola_dimensions(records: list) -> dict:
@@ -189,7 +206,7 @@ def parabola_dimensions(records: list) -> dict:
     measured = {"dims": dims, "max_relative_err_rule_difference": worst_err,
                 "max_relative_1_minus_rho_star_difference": worst_rho}
     if not dims:
-        return _result("inconclusive", "no D > 1 was computed", measured)
+        return _unmeasured("no D > 1 was computed", measured)
     worst = max(worst_err, worst_rho)
     why = (f"pre, D ∈ {{1, {', '.join(map(str, dims))}}}: Err_rule differs from D=1 by ≤ {worst_err:.2%}, "
            f"1 − ρ* by ≤ {worst_rho:.2%}")
@@ -197,7 +214,7 @@ def parabola_dimensions(records: list) -> dict:
         return _result("reproduced", why, measured)
     if worst > DIM_CONTRADICTION:
         return _result("contradicted", why, measured)
-    return _result("inconclusive", why, measured)
+    return _result("inconclusive", why, measured, "between 5 % and 25 %")
 
 
 def parabola_no_rule_large(records: list) -> dict:
@@ -208,7 +225,7 @@ def parabola_no_rule_large(records: list) -> dict:
         if r["dim"] == 1 and r["convention"] == "pre" and r["kappa"] >= 2 and r["err_rule"] > 0:
             ratios[f"rho={r['rho_base']:g} κ={r['kappa']}"] = r["err_no_rule"] / r["err_rule"]
     if not ratios:
-        return _result("inconclusive", "no κ ≥ 2 was computed", {})
+        return _unmeasured("no κ ≥ 2 was computed", {})
     lo_key = min(ratios, key=ratios.get)
     lo = ratios[lo_key]
     main = _rows(records)
@@ -224,7 +241,7 @@ def parabola_no_rule_large(records: list) -> dict:
         return _result("reproduced", why, measured, **g)
     if lo <= 1.0:
         return _result("contradicted", why, measured, **g)
-    return _result("inconclusive", why, measured, **g)
+    return _result("inconclusive", why, measured, "between 1× and 2× somewhere", **g)
 
 
 # --- precision ----------------------------------------------------------------------------------
@@ -239,7 +256,7 @@ def precision_fp16_variance(results: dict) -> dict:
     below half of the largest spread at a smaller ρ (contradicted)."""
     rows = _by_run(results, "fp16")
     if not rows:
-        return _result("inconclusive", "no fp16 run in results.json", {})
+        return _unmeasured("no fp16 run in results.json", {})
     std = {r["momentum"]: r["ema_maxabsdiff_std"] for r in rows}
     top = rows[-1]["momentum"]
     peak = max(std, key=std.get)
@@ -251,8 +268,9 @@ def precision_fp16_variance(results: dict) -> dict:
     if peak == top:
         return _result("reproduced", why, measured)
     if std[top] < 0.5 * std[peak]:
-        return _result("contradicted", f"{why}: it does not grow toward ρ={top:g}", measured)
-    return _result("inconclusive", why, measured)
+        return _result("contradicted", why, measured, f"it does not grow toward ρ={top:g}")
+    return _result("inconclusive", why, measured,
+                   f"the largest is at a smaller ρ, but the spread at ρ={top:g} is at least half of it")
 
 
 def precision_bf16_stable(results: dict) -> dict:
@@ -260,7 +278,7 @@ def precision_bf16_stable(results: dict) -> dict:
     (reproduced); > 10 × it at every ρ (contradicted)."""
     bf, seed, fp16 = _by_run(results, "bf16"), _by_run(results, "fp32_seed"), _by_run(results, "fp16")
     if not bf or not seed:
-        return _result("inconclusive", "needs the bf16 and fp32_seed runs", {})
+        return _unmeasured("needs the bf16 and fp32_seed runs", {})
     ratio = {b["momentum"]: b["ema_maxabsdiff"] / s["ema_maxabsdiff"] for b, s in zip(bf, seed, strict=True)}
     measured = {"bf16_over_fp32_seed": ratio,
                 "bf16_ema_maxabsdiff_relative": {r["momentum"]: r["ema_maxabsdiff_relative"] for r in bf},
@@ -272,8 +290,8 @@ def precision_bf16_stable(results: dict) -> dict:
     if all(v <= 2 for v in ratio.values()):
         return _result("reproduced", why, measured)
     if all(v > 10 for v in ratio.values()):
-        return _result("contradicted", f"{why}: far outside FP32's own run-to-run spread at every ρ", measured)
-    return _result("inconclusive", why, measured)
+        return _result("contradicted", why, measured, "far outside FP32's own run-to-run spread at every ρ")
+    return _result("inconclusive", why, measured, "neither ≤ 2× at every ρ nor > 10× at every ρ")
 
 
 def precision_fp32_stable(results: dict) -> dict:
@@ -281,7 +299,7 @@ def precision_fp32_stable(results: dict) -> dict:
     the weights, at every ρ (reproduced); beyond 1e-3 somewhere (contradicted)."""
     rows = _by_run(results, "fp32_reorder")
     if not rows:
-        return _result("inconclusive", "no fp32_reorder run in results.json", {})
+        return _unmeasured("no fp32_reorder run in results.json", {})
     rel = {r["momentum"]: r["ema_maxabsdiff_relative"] for r in rows}
     worst = max(rel.values())
     measured = {"fp32_reorder_ema_maxabsdiff_relative": rel,
@@ -291,7 +309,7 @@ def precision_fp32_stable(results: dict) -> dict:
         return _result("reproduced", why, measured)
     if worst > 1e-3:
         return _result("contradicted", why, measured)
-    return _result("inconclusive", why, measured)
+    return _result("inconclusive", why, measured, "between 1e-5 and 1e-3")
 
 
 def precision_fp32_range(results: dict | None = None, lim=None) -> dict:

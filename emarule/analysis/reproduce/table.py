@@ -8,31 +8,118 @@ claim on seeds no preset was tuned on). One row per judged claim (an "up to κ" 
 the order of `claims.FAMILIES`; then one row per family with its runs and wall times. With --readme the
 text between the two markers below is replaced (written to a temporary name, then renamed); else it
 is printed. A family with no verdict.json gets a row that says so: the table never borrows a number
-from another run.
+from another run. Nor does a family whose latest invocation did not finish: where its root's ledger
+(`ledger.LEDGER`) ends with an invocation that raised (`ended`), or its reproduction's lock file is still
+there (a reproduction running, or one killed outright), its verdict.json is an earlier invocation's, and
+the row says the reproduction did not finish. A reproduction made with other arguments than `make
+repro`'s (`--preset tiny`, other κ, other seeds) has them named in each of its rows.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+from emarule.analysis.reproduce import ledger
 from emarule.analysis.reproduce.claims import FAMILIES, Family
 from emarule.errors import UserError
 
 START = "<!-- claims table: written by `make repro` (python -m emarule.analysis.reproduce.table) -->"
 END = "<!-- end of claims table -->"
 HEADLINE = "-headline"  # ROOT/<family><HEADLINE>: the headline claim on new seeds
+NEW_SEEDS = tuple(range(100, 105))  # the Makefile's REPRO_SEEDS_NEW: the headline checks' seeds
+LOCK = ".emarule.lock"  # emarule.engine.runlock.LOCK: there while a reproduction holds its root
 
 
 def _load(path: Path) -> dict | None:
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except FileNotFoundError:
         return None
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         raise UserError(f"{path}: not valid JSON ({e}); run that reproduction again") from None
+    problem = _shape(data)
+    if problem:
+        raise UserError(f"{path}: not a reproduction's verdict.json ({problem}); run that reproduction again")
+    return data
+
+
+def _shape(data) -> str:
+    """What is wrong with a verdict.json's shape for this table ("" when nothing is)."""
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, not an object"
+    if not isinstance(data.get("claims"), list):
+        return 'no "claims" list'
+    for i, c in enumerate(data["claims"]):
+        if not isinstance(c, dict) or not isinstance(c.get("claim"), str):
+            return f'claim {i + 1} has no "claim" text'
+        if c.get("kappa") is not None and (isinstance(c["kappa"], bool) or not isinstance(c["kappa"], (int, float))):
+            return f'claim {i + 1}\'s "kappa" is not a number'
+    for k, kinds in (("timing", dict), ("optimizer_check", dict), ("probe_check", dict), ("seeds", list),
+                     ("command", str)):
+        if data.get(k) is not None and not isinstance(data[k], kinds):
+            return f'"{k}" is not a JSON {"object" if kinds is dict else "list" if kinds is list else "string"}'
+    return ""
+
+
+@dataclass
+class Root:
+    """One reproduction's folder as the table reads it: its verdict.json, unless its latest invocation did
+    not finish (`unfinished` says how), and how its arguments differ from `make repro`'s (`other_args`)."""
+
+    verdict: dict | None
+    unfinished: str = ""
+    other_args: str = ""
+
+
+def _unfinished(folder: Path) -> str:
+    """Why the latest invocation in FOLDER did not finish ("" if it did, or none ran)."""
+    if (folder / LOCK).exists():
+        return f"{folder.name}/{LOCK} is there (a reproduction is running, or was killed)"
+    lines = ledger.entries(folder / ledger.LEDGER)
+    if lines and lines[-1].get("ended"):
+        return f"its last invocation stopped ({lines[-1]['ended']})"
+    return ""
+
+
+def _repro_args(family: Family, headline: bool) -> dict | None:
+    """The resolved arguments of `make repro`'s command for FAMILY (its headline check with `headline`)."""
+    return ledger.resolved(family.name, seeds=NEW_SEEDS if headline else None, headline=headline)
+
+
+def _other_args(family: Family, verdict: dict, headline: bool) -> str:
+    """The options of the verdict's command (its --out aside) where they resolve to other arguments than
+    `make repro`'s; "" where they are the same."""
+    command = str(verdict.get("command") or "")
+    if not command:  # nothing to tell it by
+        return ""
+    args = ledger.parse_command(command)
+    if args is None:
+        return f"`{command}`"
+    # verdict.json's own lists are exact where the command text rounds κ to 6 digits
+    if isinstance(verdict.get("kappas"), list) and verdict["kappas"]:
+        args["kappas"] = sorted(float(k) for k in verdict["kappas"])
+    if args == _repro_args(family, headline):
+        return ""
+    words = shlex.split(command)[3:]
+    if "--out" in words:
+        i = words.index("--out")
+        words = words[:i] + words[i + 2:]
+    return f"`{shlex.join(words)}`" if words else "`the defaults of another version`"
+
+
+def _root(folder: Path, family: Family, headline: bool = False) -> Root:
+    verdict = _load(folder / "verdict.json")
+    unfinished = _unfinished(folder) if folder.is_dir() else ""
+    if verdict is None and not unfinished:
+        return Root(None)
+    other = _other_args(family, verdict, headline) if verdict is not None else ""
+    return Root(None if unfinished else verdict, unfinished, other)
 
 
 def _seeds(seeds) -> str:
@@ -46,13 +133,32 @@ def _kappa(c: dict) -> str:
     return "—" if k is None else f"{float(k):g}"
 
 
+# Where the numbers of a `why` end and its decision rule's words begin, in a claim without `numbers` and
+# `decision` (the sweep families' `verdict.decide*`, and verdict.json files written before they were kept
+# apart): the ": " after a number, "]" or ")" and before a word, the last such. A number's own label
+# ("κ=2: +0.65", "κ=1024: 1.11") is followed by a number, and a decision's inner ": " ("±1× spread: there is
+# no drop") follows a word, so neither is taken for it.
+_DECISION = re.compile(r"(?<=[\d\])]): (?=[^\d+\-−.∞—])")
+
+
+def _split(c: dict) -> tuple[str, str]:
+    """(numbers, decision) of a claim: its own where it keeps them apart, else cut from its `why`."""
+    if isinstance(c.get("numbers"), str):
+        return c["numbers"], str(c.get("decision") or "")
+    why = str(c.get("why") or "").split("; post:", 1)[0]
+    cuts = list(_DECISION.finditer(why))
+    if not cuts:
+        return why, why
+    return why[:cuts[-1].start()], why[cuts[-1].end():]
+
+
 def _verdict(c: dict) -> str:
     v, why = c.get("verdict", "—"), str(c.get("why") or "")
     text = "**contradicted**" if v == "contradicted" else v
     if c.get("set_aside"):
         text = f"inconclusive (set aside: {c['set_aside']})"
     elif v == "inconclusive":  # the decision rule's last words say what was missing
-        reason = why.split("post:", 1)[0].rstrip("; ").rsplit(": ", 1)[-1].strip().rstrip(".")
+        reason = _split(c)[1].split("post:", 1)[0].strip().rstrip(";.").strip()
         if len(reason) > 70:
             reason = reason[:70].rsplit(" ", 1)[0] + " …"
         text = f"inconclusive ({reason})" if reason else "inconclusive"
@@ -62,10 +168,8 @@ def _verdict(c: dict) -> str:
 
 
 def _measured(c: dict, width: int = 140) -> str:
-    """The numbers behind a verdict: its `why` up to the decision rule's closing words."""
-    why = str(c.get("why") or "").split("; post:", 1)[0]
-    head = why.rsplit(": ", 1)[0] if ": " in why else why
-    head = head.replace("|", "\\|")
+    """The numbers behind a verdict (`_split`), without the decision rule's closing words."""
+    head = _split(c)[0].replace("|", "\\|")
     return head if len(head) <= width else head[:width].rsplit(" ", 1)[0] + " …"
 
 
@@ -77,62 +181,75 @@ def _same_claim(a: dict, b: dict) -> bool:
     return a.get("short") == b.get("short") and a.get("kappa") == b.get("kappa") and a.get("claim") == b.get("claim")
 
 
-def reproductions(root: Path) -> list[tuple[str, Family, dict | None, dict | None]]:
-    """(name, family, its verdict.json, its headline check's verdict.json) for every family, in order."""
-    return [(name, family, _load(root / name / "verdict.json"),
-             _load(root / f"{name}{HEADLINE}" / "verdict.json") if family.kind == "sweep" else None)
+def reproductions(root: Path) -> list[tuple[str, Family, Root, Root | None]]:
+    """(name, family, its reproduction, its headline check's) for every family, in order."""
+    return [(name, family, _root(root / name, family),
+             _root(root / f"{name}{HEADLINE}", family, True) if family.kind == "sweep" else None)
             for name, family in FAMILIES.items()]
+
+
+def _made_with(r: Root) -> str:
+    """What a row adds where its reproduction ran with other arguments than `make repro`'s."""
+    return f" (made with {r.other_args}, not `make repro`'s arguments)" if r.other_args else ""
 
 
 def rows(root: Path, loaded: list | None = None) -> tuple[list[list[str]], list[list[str]], set, set]:
     """(claim rows, family rows, the seed labels of the full reproductions, those of the headline checks);
     a verdict cell names its seeds only where the families' seeds differ (`markdown`)."""
     claims, runs, seen, seen_new = [], [], set(), set()
-    for name, family, main, new in loaded if loaded is not None else reproductions(root):
+    for name, family, r_main, r_new in loaded if loaded is not None else reproductions(root):
+        main, new = r_main.verdict, r_new.verdict if r_new is not None else None
         if main is None:
-            claims.append([f"{family.section}: every claim of the family", "—", f"not run: no {name}/verdict.json",
-                           "—", "—", _page(family)])
-            runs.append([name, "—", "—", "—", "—", "—"])
+            why = (f"did not finish: {r_main.unfinished}; no verdict of an earlier invocation is shown"
+                   if r_main.unfinished else f"not run: no {name}/verdict.json")
+            claims.append([f"{family.section}: every claim of the family", "—", why, "—", "—", _page(family)])
+            runs.append([name, "did not finish" if r_main.unfinished else "—", "—", "—", "—", "—"])
             continue
         bar, bar_new = _bar(main), _bar(new or {})
         for i, c in enumerate(main["claims"]):
             head = "—"
             if new is None and family.kind == "sweep" and i == 0:  # the headline row, its check not run
-                head = f"not run: no {name}{HEADLINE}/verdict.json"
+                head = (f"did not finish: {name}{HEADLINE}: {r_new.unfinished}" if r_new and r_new.unfinished
+                        else f"not run: no {name}{HEADLINE}/verdict.json")
             elif new is not None:
                 match = [h for h in new["claims"] if _same_claim(h, c)]
                 if match:
                     seen_new.add(_seeds(new.get("seeds")))
-                    head = (_verdict(match[0]) + _caveat(match[0], bar_new), _seeds(new.get("seeds")))
+                    head = (_verdict(match[0]) + _caveat(match[0], bar_new) + _made_with(r_new),
+                            _seeds(new.get("seeds")))
             if main.get("seeds"):
                 seen.add(_seeds(main["seeds"]))
             label = c.get("short") or c["claim"]
-            verdict = _verdict(c) + _caveat(c, bar)
+            verdict = _verdict(c) + _caveat(c, bar) + _made_with(r_main)
             claims.append([label, _kappa(c), (verdict, _seeds(main.get("seeds"))), _measured(c), head,
                            _page(family)])
         t = main.get("timing") or {}
         check = (main.get("optimizer_check") or {}).get("summary", "—")
         n_reused = _reused(t)
         reused = f" ({n_reused} reused)" if n_reused else ""
-        runs.append([name, f"{t.get('runs', '—')}{reused}", _wall(t), _headline_time(family, new), check,
-                     bar["text"]])
+        runs.append([name + _made_with(r_main), f"{t.get('runs', '—')}{reused}", _wall(t),
+                     _headline_time(family, r_new), check, bar["text"]])
     return claims, runs, seen, seen_new
 
 
 def _reused(timing: dict) -> int:
     """Runs no invocation in this root trained: a later invocation that only re-judged (and reused every
-    run) does not make the runs earlier ones trained count as reused."""
+    run) does not make the runs earlier ones trained count as reused, nor does one that resumed an
+    interrupted invocation, whose ledger line counts the runs it trained (`ledger`; a line written before
+    interrupted lines had run counts leaves its runs counted as reused)."""
     if "trained" in timing and "runs" in timing:
         return max(0, int(timing["runs"]) - int(timing["trained"]))
     return int(timing.get("reused") or 0)
 
 
-def _headline_time(family, new: dict | None) -> str:
+def _headline_time(family, r_new: Root | None) -> str:
     """The family row's headline-check cell: its wall time and runs, or why there is none."""
-    if new is None:
+    if r_new is None or r_new.verdict is None:
+        if r_new is not None and r_new.unfinished:
+            return "did not finish"
         return "not run" if family.kind == "sweep" else "—"
-    t = new.get("timing") or {}
-    return _wall(t) + (f" ({t.get('runs')} runs)" if t else "")
+    t = r_new.verdict.get("timing") or {}
+    return _wall(t) + (f" ({t.get('runs')} runs)" if t else "") + _made_with(r_new)
 
 
 # A verdict on the tracking probe where the data bar of issue 18 §1 is missed: the probe does not read what
@@ -171,7 +288,8 @@ def _wall(timing: dict) -> str:
 
 
 def total_wall_s(loaded: list) -> float:
-    return sum(wall_s((v or {}).get("timing") or {}) or 0.0 for _, _, main, new in loaded for v in (main, new))
+    return sum(wall_s((r.verdict or {}).get("timing") or {}) or 0.0
+               for _, _, main, new in loaded for r in (main, new) if r is not None)
 
 
 def tally(root: Path, loaded: list | None = None) -> dict:
@@ -185,7 +303,8 @@ def tally(root: Path, loaded: list | None = None) -> dict:
     aside = 0
     by_claim: dict = {}
     agree, checked = 0, 0
-    for name, family, main, new in loaded if loaded is not None else reproductions(root):
+    for name, family, r_main, r_new in loaded if loaded is not None else reproductions(root):
+        main, new = r_main.verdict, r_new.verdict if r_new is not None else None
         if family.kind != "sweep" or main is None:
             continue
         for c in main["claims"]:
