@@ -14,8 +14,9 @@ For a format with p significand bits (implicit bit included), numbers just below
       κ_underflow = log(2^-(s+1)) / log ρ
 
 The paper's numerical-stability appendix (ρ_B = 0.996 at B = 4096, FP32) writes the two κ
-formulas the other way round, log ρ / log ε; its magnitudes (≈1/32K and ≈4K) come from the
-formulas above, and 4K × 4096 is ≈16M samples, not the ≈8M it quotes.
+formulas the other way round, log ρ / log ε; its magnitudes (≈1/32K and ≈4K) come from
+log(1 − ε) / log ρ and log ε / log ρ with ε = 2^-23, one binary digit looser than the thresholds of
+round-to-nearest above (docs/cli.md), and 4K × 4096 is ≈16M samples, not the ≈8M it quotes.
 """
 
 from __future__ import annotations

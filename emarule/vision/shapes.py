@@ -13,10 +13,10 @@ colour jitter: brightness and contrast); docs/data.md has what a probe reads on 
 - a random background and glyph grey level, at least `MIN_CONTRAST` apart (or colours: `colours`);
 - pixel noise.
 
-Images are N×3×S×S uint8 (S = 32 by default), labels balanced over the classes. Generation is
-vectorised torch, in blocks of `BLOCK` images, each block drawn from its own generator seeded by
-(seed, split, block): the first n images do not depend on how many are asked for, and a small subset
-costs only its own blocks.
+Images are N×3×S×S uint8 (S = 32 by default), labels balanced over the classes in every block of `BLOCK`
+images (exactly, when N is a multiple of it). Generation is vectorised torch, in those blocks, each
+drawn from its own generator seeded by (seed, split, block): the first n images do not depend on how
+many are asked for, and a small subset costs only its own blocks.
 
 Cached like the speech corpus: `<cache>/shapes/<key>/` with `images.npy`, `labels.npy` and
 `manifest.json` (the request and both files' SHA-256) written last, built in a temporary folder that

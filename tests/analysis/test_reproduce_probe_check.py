@@ -119,7 +119,8 @@ def test_probe_fits_with_one_blas_thread_whatever_the_caller_allows(monkeypatch)
     assert 0.0 <= top1 <= 100.0
 
 
-CACHED = '{"offline_probe_top1": 50.0, "pixels_probe_top1": 60.0}'  # a reading, for whichever cache it stands in
+# a reading, for whichever cache it stands in
+CACHED = json.dumps({"offline_probe_top1": 50.0, "pixels_probe_top1": 60.0, "method": PC.METHOD_INIT})
 
 
 def test_follow_up_gives_each_finished_run_its_fits_once(tmp_path):
@@ -141,6 +142,10 @@ def test_follow_up_gives_each_finished_run_its_fits_once(tmp_path):
     assert [kinds(i) for i in range(4)] == [["final", "init", "pixels"], ["final"], [], ["final", "init"]]
     (tmp_path / "0" / PC.CACHE).write_text(CACHED)
     assert kinds(0) == ["init", "pixels"]
+    (tmp_path / "0" / PC.CACHE_INIT).write_text(CACHED)
+    assert kinds(0) == ["pixels"]
+    (tmp_path / "0" / PC.CACHE_INIT).write_text(json.dumps({"offline_probe_top1": 50.0, "method": PC.METHOD}))
+    assert kinds(0) == ["init", "pixels"]  # an initialization probed without BatchNorm statistics is fitted again
     (tmp_path / "0" / PC.CACHE).write_text("{")  # a damaged cache is fitted again
     assert kinds(0) == ["final", "init", "pixels"]
 
@@ -158,3 +163,68 @@ def test_warm_caches_starts_no_worker_when_every_fit_is_cached(tmp_path, monkeyp
             (tmp_path / name / c).write_text(CACHED)
     runs = [type("Run", (), {"is_baseline": True, "path": tmp_path / n})() for n in ("a", "b")]
     PC.warm_caches(runs, jobs=2)
+
+
+def test_batchnorm_statistics_are_those_of_the_data_with_everything_else_in_eval_mode():
+    """The teacher at initialization normalizes as its first training step would: BatchNorm holds the mean and
+    variance of the data passed (averaged over its batches), dropout stays off during that pass, and the model
+    comes back in eval mode with its BatchNorm momentum as it was."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    seen = []
+
+    class Spy(nn.Module):
+        def forward(self, x):
+            seen.append(self.training)
+            return x
+
+    net = nn.Sequential(nn.Conv2d(3, 4, 1), Spy(), nn.BatchNorm2d(4, momentum=0.3), nn.Dropout(0.5))
+    batches = [torch.randn(8, 3, 5, 5) * 3 + 2 for _ in range(3)]
+    PC.batchnorm_statistics(net, lambda: [net(b) for b in batches])
+    bn = net[2]
+    with torch.no_grad():
+        acts = [net[0](b) for b in batches]
+    want_mean = torch.stack([a.mean((0, 2, 3)) for a in acts]).mean(0)
+    want_var = torch.stack([a.var((0, 2, 3), unbiased=True) for a in acts]).mean(0)
+    torch.testing.assert_close(bn.running_mean, want_mean)
+    torch.testing.assert_close(bn.running_var, want_var)
+    assert seen == [False] * 3 and not net.training and not bn.training and bn.momentum == 0.3
+    assert int(bn.num_batches_tracked) == 3
+
+
+def test_the_teacher_at_initialization_is_probed_with_its_batchnorm_statistics(tmp_path, monkeypatch):
+    """As built, BatchNorm holds mean 0 and variance 1 and passes activations through unnormalized; the probe
+    of the initial teacher must read the network its statistics make, not that one."""
+    import copy
+    import torch
+
+    monkeypatch.setattr(PC, "_PIXELS", {})
+    path = tiny_run(tmp_path, "k1", "schedule.epochs=1")
+    got = PC.offline_probe(path, at_init=True)
+    assert got["method"] == PC.METHOD_INIT and got["tracking_probe_top1"] is None and got["step"] == 0
+
+    from emarule.vision.probe import EvalImages
+
+    parts, evaluation = PC._build(path)
+    built = copy.deepcopy(parts.ema_source).eval()
+    train = EvalImages(parts.train_set.source, evaluation.data.size)
+
+    def top1(teacher):
+        xtr, ytr = PC._features(evaluation, teacher, train)
+        xte, yte = PC._features(evaluation, teacher, evaluation.data)
+        return PC.fit_and_score(xtr.numpy(), ytr.numpy(), xte.numpy(), yte.numpy())
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the probe reads them, so that the features agree to the last bit
+    try:
+        as_built = top1(built)
+        PC.batchnorm_statistics(built, lambda: PC._features(evaluation, built, train))
+        estimated = top1(built)
+    finally:
+        torch.set_num_threads(threads)
+    assert got["offline_probe_top1"] == estimated != as_built
+    # an old cache, fitted without the statistics, is fitted again rather than read
+    (path / PC.CACHE_INIT).write_text(json.dumps({**got, "offline_probe_top1": 99.0, "method": PC.METHOD}))
+    assert PC.offline_probe(path, at_init=True) == got
