@@ -1,7 +1,7 @@
 """Generated shapes: an image set whose class is a glyph's structure, hidden under nuisances.
 
-`data.source: shapes` for the self-supervised tasks. On scikit-learn's digits a linear probe of a teacher
-at initialization reads as much as a trained one (the pixels already separate the classes), so the
+`data.source: shapes` for the self-supervised tasks. On scikit-learn's digits a linear probe of the raw
+pixels reads more than one of any trained teacher (the pixels already separate the classes), so the
 probe cannot see what BYOL or DINO learned. Here the class is which glyph is drawn, and the rest is
 nuisance of the kinds BYOL's and DINO's augmentations are built to remove (crops: position and scale;
 colour jitter: brightness and contrast); docs/data.md has what a probe reads on it:

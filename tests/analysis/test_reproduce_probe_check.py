@@ -119,8 +119,11 @@ def test_probe_fits_with_one_blas_thread_whatever_the_caller_allows(monkeypatch)
     assert 0.0 <= top1 <= 100.0
 
 
-# a reading, for whichever cache it stands in
-CACHED = json.dumps({"offline_probe_top1": 50.0, "pixels_probe_top1": 60.0, "method": PC.METHOD_INIT})
+
+
+def cached(method: str = PC.METHOD) -> str:
+    """A reading, for whichever cache it stands in, fitted by `method`."""
+    return json.dumps({"offline_probe_top1": 50.0, "pixels_probe_top1": 60.0, "method": method})
 
 
 def test_follow_up_gives_each_finished_run_its_fits_once(tmp_path):
@@ -140,9 +143,9 @@ def test_follow_up_gives_each_finished_run_its_fits_once(tmp_path):
         return [args[1] for _, _, args in got]
 
     assert [kinds(i) for i in range(4)] == [["final", "init", "pixels"], ["final"], [], ["final", "init"]]
-    (tmp_path / "0" / PC.CACHE).write_text(CACHED)
+    (tmp_path / "0" / PC.CACHE).write_text(cached())
     assert kinds(0) == ["init", "pixels"]
-    (tmp_path / "0" / PC.CACHE_INIT).write_text(CACHED)
+    (tmp_path / "0" / PC.CACHE_INIT).write_text(cached(PC.METHOD_INIT))
     assert kinds(0) == ["pixels"]
     (tmp_path / "0" / PC.CACHE_INIT).write_text(json.dumps({"offline_probe_top1": 50.0, "method": PC.METHOD}))
     assert kinds(0) == ["init", "pixels"]  # an initialization probed without BatchNorm statistics is fitted again
@@ -160,7 +163,7 @@ def test_warm_caches_starts_no_worker_when_every_fit_is_cached(tmp_path, monkeyp
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
         for c in (PC.CACHE, PC.CACHE_INIT, PC.CACHE_PIXELS):
-            (tmp_path / name / c).write_text(CACHED)
+            (tmp_path / name / c).write_text(cached(PC.METHOD_INIT if c == PC.CACHE_INIT else PC.METHOD))
     runs = [type("Run", (), {"is_baseline": True, "path": tmp_path / n})() for n in ("a", "b")]
     PC.warm_caches(runs, jobs=2)
 
@@ -228,3 +231,18 @@ def test_the_teacher_at_initialization_is_probed_with_its_batchnorm_statistics(t
     # an old cache, fitted without the statistics, is fitted again rather than read
     (path / PC.CACHE_INIT).write_text(json.dumps({**got, "offline_probe_top1": 99.0, "method": PC.METHOD}))
     assert PC.offline_probe(path, at_init=True) == got
+
+
+def test_a_cache_fitted_by_another_method_is_fitted_again_for_every_teacher(tmp_path):
+    (tmp_path / PC.CACHE).write_text(cached(PC.METHOD_INIT))  # a final teacher's cache with another method
+    (tmp_path / PC.CACHE_INIT).write_text(cached(PC.METHOD_INIT))
+    (tmp_path / PC.CACHE_PIXELS).write_text(cached("any"))
+    assert [k for _, k in PC._work(tmp_path, True, True)] == ["final"]
+
+
+@pytest.mark.parametrize("n, want", [(513, [(0, 256), (256, 513)]), (512, [(0, 256), (256, 512)]),
+                                     (1, [(0, 1)]), (258, [(0, 256), (256, 258)]), (0, [])])
+def test_no_batch_of_one_reaches_batchnorm_in_train_mode(n, want):
+    """BatchNorm in train mode refuses a batch of one (a train split of 256k + 1 views): it joins the batch
+    before it."""
+    assert PC._chunks(n, 256) == want

@@ -194,6 +194,10 @@ WHYS = [
      "with − without at the end κ=2: +0.65 [+0.31, +0.98], κ=4: +0.74 [+0.15, +1.34]; end spread 1.83"),
     ("EMA − target at the end, per baseline seed: +0.0977, -0.0977, +0: mixed",
      "EMA − target at the end, per baseline seed: +0.0977, -0.0977, +0"),
+    # numbers that end in a percentage or in a diverged run's inf
+    ("max over κ ≤ 256 of |(1 − ρ*)/(1 − ρ_B^κ) − 1| = 2.25%: within 5%",
+     "max over κ ≤ 256 of \\|(1 − ρ*)/(1 − ρ_B^κ) − 1\\| = 2.25%"),
+    ("gap with inf, without 3.05: the run with the rule diverged", "gap with inf, without 3.05"),
 ]
 
 

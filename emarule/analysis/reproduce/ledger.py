@@ -82,7 +82,7 @@ def parse_command(command: str) -> dict | None:
     return resolved(words[2], **opts)
 
 
-def _text_key(command: str) -> str:
+def text_key(command: str) -> str:
     """The command without its --out argument (its last two words, as `command.command_text` joins them)."""
     try:
         words = shlex.split(command)
@@ -97,7 +97,7 @@ def key(entry: dict) -> str:
     if not isinstance(args, dict):
         args = parse_command(str(entry.get("command", "")))
     if args is None:
-        return "text:" + _text_key(str(entry.get("command", "")))
+        return "text:" + text_key(str(entry.get("command", "")))
     return json.dumps(args, sort_keys=True)
 
 

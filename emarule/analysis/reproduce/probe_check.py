@@ -56,13 +56,22 @@ def captured_features(store: list):
 def _features(evaluation, teacher, data) -> tuple[torch.Tensor, torch.Tensor]:
     feats, labels = [], []
     with torch.no_grad(), captured_features(feats):
-        for start in range(0, len(data), 256):
-            items = [data[i] for i in range(start, min(start + 256, len(data)))]
+        for start, end in _chunks(len(data), 256):
+            items = [data[i] for i in range(start, end)]
             x = torch.stack([torch.as_tensor(a) for a, _ in items])
             y = torch.as_tensor([int(b) for _, b in items])
             evaluation.score(teacher, (x, y), None)
             labels.append(y)
     return torch.cat(feats), torch.cat(labels)
+
+
+def _chunks(n: int, size: int) -> list[tuple[int, int]]:
+    """[start, end) of batches of `size`, a last batch of one item joined to the one before: BatchNorm in
+    train mode (`batchnorm_statistics`) refuses a batch of one, and in eval mode the split changes nothing."""
+    out = [(a, min(a + size, n)) for a in range(0, n, size)]
+    if len(out) > 1 and out[-1][1] - out[-1][0] == 1:
+        out[-2:] = [(out[-2][0], n)]
+    return out
 
 
 def _cached(path: Path, key: str) -> dict | None:
@@ -98,7 +107,7 @@ def offline_probe(run_dir: Path, at_init: bool = False) -> dict | None:
     step = 0 if at_init else teacher_step(ck, ck_path)
     cache = run_dir / (CACHE_INIT if at_init else CACHE)
     got = _cached(cache, "offline_probe_top1")
-    if got is not None and got.get("step") == step and got.get("method") == _method(at_init):
+    if _fresh(got, "init" if at_init else "final") and got.get("step") == step:
         return got
     from emarule.vision.probe import EvalImages
 
@@ -252,13 +261,14 @@ def _work(path: Path, is_baseline: bool, first_baseline: bool) -> list[tuple[Pat
     baseline: the others share its data and so its fit). A cache of another step is left to `offline_probe`,
     which checks it."""
     kinds = ["final"] + (["init"] if is_baseline else []) + (["pixels"] if first_baseline else [])
-    return [(path, k) for k in kinds if not _done(path, k)]
+    return [(path, k) for k in kinds if not _fresh(_cached(path / _CACHE_OF[k], _TOP1[k]), k)]
 
 
-def _done(path: Path, kind: str) -> bool:
-    got = _cached(path / _CACHE_OF[kind], _TOP1[kind])
-    # an initialization probed by another method (before its BatchNorm statistics were estimated) is fitted again
-    return got is not None and (kind != "init" or got.get("method") == METHOD_INIT)
+def _fresh(got: dict | None, kind: str) -> bool:
+    """Whether a cache's reading (`_cached`) is this code's fit of `kind`: a teacher probed by another method
+    (an initialization without its BatchNorm statistics) is fitted again. The step is `offline_probe`'s to
+    check, against the checkpoint."""
+    return got is not None and (kind == "pixels" or got.get("method") == _method(kind == "init"))
 
 
 def follow_up(runs: list) -> Callable[[int, Path], list]:

@@ -27,13 +27,13 @@ from pathlib import Path
 
 from emarule.analysis.reproduce import ledger
 from emarule.analysis.reproduce.claims import FAMILIES, Family
+from emarule.engine.runlock import LOCK  # there while a reproduction holds its root
 from emarule.errors import UserError
 
 START = "<!-- claims table: written by `make repro` (python -m emarule.analysis.reproduce.table) -->"
 END = "<!-- end of claims table -->"
 HEADLINE = "-headline"  # ROOT/<family><HEADLINE>: the headline claim on new seeds
 NEW_SEEDS = tuple(range(100, 105))  # the Makefile's REPRO_SEEDS_NEW: the headline checks' seeds
-LOCK = ".emarule.lock"  # emarule.engine.runlock.LOCK: there while a reproduction holds its root
 
 
 def _load(path: Path) -> dict | None:
@@ -106,10 +106,7 @@ def _other_args(family: Family, verdict: dict, headline: bool) -> str:
         args["kappas"] = sorted(float(k) for k in verdict["kappas"])
     if args == _repro_args(family, headline):
         return ""
-    words = shlex.split(command)[3:]
-    if "--out" in words:
-        i = words.index("--out")
-        words = words[:i] + words[i + 2:]
+    words = shlex.split(ledger.text_key(command))[3:]
     return f"`{shlex.join(words)}`" if words else "`the defaults of another version`"
 
 
@@ -134,11 +131,12 @@ def _kappa(c: dict) -> str:
 
 
 # Where the numbers of a `why` end and its decision rule's words begin, in a claim without `numbers` and
-# `decision` (the sweep families' `verdict.decide*`, and verdict.json files written before they were kept
-# apart): the ": " after a number, "]" or ")" and before a word, the last such. A number's own label
+# `decision` (the sweep families' `verdict.decide*`, and verdict.json files that do not keep them apart):
+# the ": " after a number (a percentage, ∞, inf or nan too), "]" or ")" and before a word, the last such.
+# A number's own label
 # ("κ=2: +0.65", "κ=1024: 1.11") is followed by a number, and a decision's inner ": " ("±1× spread: there is
 # no drop") follows a word, so neither is taken for it.
-_DECISION = re.compile(r"(?<=[\d\])]): (?=[^\d+\-−.∞—])")
+_DECISION = re.compile(r"(?:(?<=[\d\])%∞—])|(?<=inf)|(?<=nan)): (?=[^\d+\-−.∞—])")
 
 
 def _split(c: dict) -> tuple[str, str]:
