@@ -66,6 +66,33 @@ def run_toy(tmp: Path, spec: dict, kappa: float = 1.0, out: str = "run", **kw) -
     return run_task(ctx), ctx
 
 
+def crash_toy(tmp: Path, spec: dict, out: str, *, checkpoint_every_epochs: float, at_call: int,
+              error: Exception) -> None:
+    """Train the toy in this process, checkpointing every `checkpoint_every_epochs`, until the loss's call
+    `at_call` raises `error`: a process that dies mid-run, with only its periodic checkpoints behind it."""
+    import pytest
+
+    from emarule.engine.loop import train
+    from emarule.tasks import toy
+
+    torch.set_num_threads(1)
+    ctx = make_ctx(tmp, spec, out=out)
+    ctx.checkpoint_every_epochs = checkpoint_every_epochs
+    parts = toy.make_parts(ctx)
+    inner, calls = parts.loss, {"n": 0}
+
+    def loss(model, teacher, batch, now=None):
+        calls["n"] += 1
+        if calls["n"] == at_call:
+            raise error
+        return inner(model, teacher, batch, now)
+
+    parts.loss = loss
+    with pytest.raises(type(error)) as raised:
+        train(ctx, parts)
+    assert raised.value is error  # the injected death, not another failure of the same type
+
+
 # metrics.jsonl keys that time the machine, not the run
 WALL_CLOCK = frozenset({"samples_per_s", "wall_s", "data_wait_s"})
 

@@ -230,8 +230,10 @@ def whole_batches(spec: dict, plan, batch_size: float | None, runs: bool, batch_
 def _exact(x: float) -> str:
     """x as `:g` writes it where that is x (2.3), else every digit it needs (2.0000001, not 2): a message
     about a batch a hair from a whole number must not print the whole number."""
+    from emarule.cli.render import exact
+
     short = f"{x:g}"
-    return short if float(short) == float(x) else repr(float(x))
+    return short if float(short) == float(x) else exact(x)
 
 
 def runnable(spec: dict, runnable_tasks, sweep: bool = False) -> None:

@@ -316,9 +316,8 @@ def window_state(run: Run) -> dict:
 
 
 def restore_window(run: Run, state: dict | None) -> None:
-    """The window and the row cadence of the run the checkpoint cut short. A checkpoint without them (written
-    before checkpoints kept them) resumes as such checkpoints always did: an empty window, and a row at the
-    first step after the resume."""
+    """The window and the row cadence of the run the checkpoint cut short. A checkpoint without them resumes
+    with an empty window and a row at the first step after the resume."""
     if not isinstance(state, dict):
         return
     run.window.n, run.window.sums = int(state["n"]), dict(state["sums"])

@@ -171,26 +171,10 @@ class Crash(Exception):
 def test_crash_mid_epoch_then_resume_is_bitwise_uninterrupted(tmp_path, reference):
     """Deterministic twin of the SIGKILL test: the process dies at step 11, the last checkpoint is at
     step 9 (epoch 1, batch 1), so the resumed run re-enters an epoch part-way."""
-    from emarule.tasks import toy
-    from emarule.engine.loop import train
-    from engine_util import make_ctx
+    from engine_util import crash_toy
 
     ref_ck, _ = reference
-    torch.set_num_threads(1)
-    ctx = make_ctx(tmp_path, SPEC, out="crash")
-    ctx.checkpoint_every_epochs = 0.375
-    parts = toy.make_parts(ctx)
-    inner, calls = parts.loss, {"n": 0}
-
-    def loss(model, teacher, batch, now=None):
-        calls["n"] += 1
-        if calls["n"] == 11:
-            raise Crash()
-        return inner(model, teacher, batch, now)
-
-    parts.loss = loss
-    with pytest.raises(Crash):
-        train(ctx, parts)
+    crash_toy(tmp_path, SPEC, "crash", checkpoint_every_epochs=0.375, at_call=11, error=Crash())
     want = {"seen": 144.0, "samples": 144, "step": 9, "epoch": 1, "pos": 16, "batch": 1, "skipped": 0}
     assert load_checkpoint(tmp_path / "crash")["clock"] == want
     resume_in_process(tmp_path, "crash")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from emarule.engine import loop
-from engine_util import load_checkpoint, make_ctx, rows_without_wall_clock, run_toy, toy_spec
+from engine_util import crash_toy, load_checkpoint, rows_without_wall_clock, run_toy, toy_spec
 
 # 408 samples at B = 4: 102 steps an epoch, a train row every ceil(102 / 50) = 3 steps (steps 1, 3, 6, 9, ...
 # of each epoch, and its last), each the mean of the steps since the row before. AdamW and dropout, so the
@@ -70,24 +70,7 @@ def test_a_checkpoint_between_rows_resumes_to_the_uninterrupted_log(tmp_path, mo
 def test_a_periodic_checkpoint_between_rows_then_a_crash_resumes_to_the_uninterrupted_log(tmp_path, uninterrupted):
     """The SIGKILL case: the last checkpoint is a periodic one (every 0.5 epoch: step 51, batch 51), written
     between two rows, and the run dies later; the resumed run rewrites the rows after it exactly."""
-    from emarule.tasks import toy
-    from emarule.engine.loop import train
-
-    torch.set_num_threads(1)
-    ctx = make_ctx(tmp_path, SPEC, out="crash")
-    ctx.checkpoint_every_epochs = 0.5
-    parts = toy.make_parts(ctx)
-    inner, calls = parts.loss, {"n": 0}
-
-    def loss(model, teacher, batch, now=None):
-        calls["n"] += 1
-        if calls["n"] == 80:
-            raise RuntimeError("killed")
-        return inner(model, teacher, batch, now)
-
-    parts.loss = loss
-    with pytest.raises(RuntimeError, match="killed"):
-        train(ctx, parts)
+    crash_toy(tmp_path, SPEC, "crash", checkpoint_every_epochs=0.5, at_call=80, error=RuntimeError("killed"))
     assert load_checkpoint(tmp_path / "crash")["clock"]["step"] == 51
     run_toy(tmp_path, SPEC, out="crash", resume=True)
     assert rows_without_wall_clock(tmp_path / "crash") == uninterrupted["ref"]

@@ -6,14 +6,14 @@ own wall time covers only the runs it trained. Each invocation therefore appends
 OUT/invocations.jsonl, and the report gives the sum over the lines of the same command. "The same
 command" is the same resolved arguments (`resolved`: the family, the preset, the seeds and κ as sets,
 --headline and --data; the --out path aside, so a root that was moved keeps its history): `--kappas 2,1`
-is `--kappas 1,2`, and `--preset cpu` is polyak's default. Each line keeps them as `args`; a line written
-before lines had them is read from its command text, resolved with today's defaults.
+is `--kappas 1,2`, and `--preset cpu` is polyak's default. Each line keeps them as `args`; a line without
+them is read from its command text, resolved with the current defaults.
 
 An invocation that raised before its verdict (Ctrl-C, a failed run) writes a line with its wall time,
 `ended` (the exception's name) and the runs it trained, found by their logs' changes (`runs`, with
 `reused` 0): the next invocation counts the ones it finds finished as reused, and the sum over the lines
-still counts them as trained here. (A line written before interrupted lines had run counts has none, so
-its runs are counted as reused.) One that was killed outright writes no line, and its time is missing
+still counts them as trained here. (An interrupted line without run counts leaves its runs counted as
+reused.) One that was killed outright writes no line, and its time is missing
 from the sum, which the report says by giving the count of runs trained against the count run.
 """
 
@@ -149,6 +149,7 @@ def record(root: Path, command: str, timing: dict, verdict_name: str, args: dict
     line = {"command": command, **({"args": args} if args is not None else {}),
             **{k: timing[k] for k in KEPT if k in timing}}
     atomic_write_text(path, "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in [*old, line]))
-    same = [e for e in [*old, line] if key(e) == key(line)]
+    mine = key(line)
+    same = [e for e in [*old, line] if key(e) == mine]
     return {"invocations": len(same), "wall_s_total": sum(float(e["wall_s"]) for e in same),
             "trained": sum(int(e.get("runs", 0)) - int(e.get("reused", 0)) for e in same)}

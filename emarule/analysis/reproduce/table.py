@@ -233,8 +233,8 @@ def rows(root: Path, loaded: list | None = None) -> tuple[list[list[str]], list[
 def _reused(timing: dict) -> int:
     """Runs no invocation in this root trained: a later invocation that only re-judged (and reused every
     run) does not make the runs earlier ones trained count as reused, nor does one that resumed an
-    interrupted invocation, whose ledger line counts the runs it trained (`ledger`; a line written before
-    interrupted lines had run counts leaves its runs counted as reused)."""
+    interrupted invocation, whose ledger line counts the runs it trained (`ledger`; an interrupted line
+    without run counts leaves its runs counted as reused)."""
     if "trained" in timing and "runs" in timing:
         return max(0, int(timing["runs"]) - int(timing["trained"]))
     return int(timing.get("reused") or 0)
