@@ -19,6 +19,7 @@ from emarule.analysis.compare import load_runs
 from emarule.errors import UserError
 from emarule.analysis.reproduce import claims as K
 from emarule.analysis.reproduce import measure as M
+from emarule.analysis.reproduce import probe_check as PC
 from emarule.analysis.reproduce import studies as S
 from emarule.analysis.reproduce import verdict as V
 
@@ -570,7 +571,10 @@ def test_registry_matches_the_specs_and_the_checks():
         if f.kind == "sweep":
             assert f.ema_metric.depends_on_ema and 1.0 in f.kappas
             known = checks.TASK_METRICS.get(spec["task"])
-            for m in f.metrics:  # what the registry judges is what the task logs
+            for m in f.metrics:  # what the registry judges is what the task logs, or the probe check's file
+                if m.file:
+                    assert m.file == PC.CACHE and "probe_top1" in known, (f.name, m.name)
+                    continue
                 bare = m.name.split("/", 1)[0]  # `ema_wer/0.9`: a further EMA of `wer`
                 bare = bare[4:] if bare.startswith("ema_") else bare
                 assert known is None or bare in (*known, *checks.LOOP_METRICS), (f.name, m.name)
@@ -677,10 +681,14 @@ def test_tiny_byol_reproduction_end_to_end_then_reused(tiny_byol, tmp_path):
     for c in v["claims"]:
         assert {"claim", "paper", "metric", "kappa", "gap_with_rule", "gap_without_rule", "baseline_spread",
                 "verdict"} <= set(c)
-        assert c["kappa"] == 2.0 and c["metric"] == "probe_top1" and c["verdict"] in V.VERDICTS
+        assert c["kappa"] == 2.0 and c["verdict"] in V.VERDICTS
         assert c["baseline_spread"] is not None and c["gap_with_rule"] is not None
         assert len(c["ci_with"]) == 2 and len(c["paired_difference"]["per_seed"]) == 2
-    assert {r["metric"] for r in v["settings"]} == {"probe_top1", "byol_loss"}
+    # over the run the tracking probe; at the end the final teachers' converged probe, the arms' too
+    assert [c["metric"] for c in v["claims"]] == ["probe_top1", "offline_probe_top1", "offline_probe_top1"]
+    assert all((tmp_path / "byol-r18" / d / "offline_probe.json").is_file()
+               for d in ("tiny-k2-rule-arm-k8-s0", "tiny-k2-rule-step1-arm-k8-after-warmup-s1"))
+    assert {r["metric"] for r in v["settings"]} == {"probe_top1", "byol_loss", "offline_probe_top1"}
     assert {r["setting"] for r in v["settings"]} == {"κ=1 baseline (its own spread)", "with", "without", "k8",
                                                     "k8-after-warmup"}
     assert (tmp_path / "figures" / "byol.png").stat().st_size > 10_000
@@ -722,9 +730,12 @@ def test_headline_only_keeps_the_runs_its_claim_reads():
     fig5_right = K.headline_only(replace(K.BYOL, headline=2))  # a claim on two arms keeps them, and only κ=1
     assert [a.name for a in fig5_right.arms] == ["k8", "k8-after-warmup"] and fig5_right.kappas == (1.0,)
     assert K.headline_only(K.PARABOLA) is K.PARABOLA
-    for f in K.FAMILIES.values():  # every family's headline is its first claim, judged on its EMA metric
-        assert f.headline == 0 and (f.kind == "study" or f.claims[0].metric == f"{f.ema_metric.name}"
-                                    or f.claims[0].metric == f.target_metric.name)
+    for f in K.FAMILIES.values():  # a headline is the first claim, judged on the EMA or target metric; byol's
+        # the second, on the final teachers' converged probe (claims.py says why)
+        claim = f.claims[f.headline]
+        assert f.headline == (1 if f is K.BYOL else 0)
+        assert f.kind == "study" or claim.metric in (f.ema_metric.name, f.target_metric.name, "offline_probe_top1")
+    assert K.BYOL.claims[1].metric == K.OFFLINE_PROBE.name and K.BYOL.claims[1].over == "end"
 
 
 def test_headline_on_a_study_is_refused(tmp_path):
@@ -741,5 +752,5 @@ def test_tiny_headline_reuses_the_full_reproductions_runs(tiny_byol, tmp_path):
     assert res.exit_code == 0, res.output
     head = json.loads((tmp_path / "verdict.json").read_text())
     assert head["timing"]["runs"] == head["timing"]["reused"] == 6 and head["arms"] == []
-    assert head["claims"] == full["claims"][:1] and head["claims"][0]["short"] == K.BYOL.claims[0].short
+    assert head["claims"] == full["claims"][1:2] and head["claims"][0]["short"] == K.BYOL.claims[1].short
     assert head["command"].startswith("emarule reproduce byol --headline --preset tiny")

@@ -283,7 +283,7 @@ def test_matches_or_better_on_final_values_per_seed(tmp_path):
 def test_an_arm_takes_its_kappa_and_schedule_from_the_preset():
     k8, after = K.BYOL.arms
     assert k8.for_preset("tiny").kappa == 2.0 and k8.for_preset("cpu").kappa == 8.0
-    assert after.schedule("byol-r18", "cpu") == "step:3"  # the cpu preset's warm-up ends at epoch 3
+    assert after.schedule("byol-r18", "cpu") == "step:2"  # the cpu preset's warm-up ends at epoch 2
     (ramp,) = K.BYOL_R50_LARS.arms
     assert ramp.schedule("byol-r50-lars", "cpu") == "smooth:4-12"  # from epoch 4 over twice 4 → 8
     assert ramp.schedule("byol-r50-lars", None) == "smooth:60-180"  # the paper's 120-epoch ramp

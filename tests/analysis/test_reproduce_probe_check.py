@@ -127,8 +127,9 @@ def cached(method: str = PC.METHOD) -> str:
 
 
 def test_follow_up_gives_each_finished_run_its_fits_once(tmp_path):
-    """The fits a sweep's idle workers do as runs finish: the final teacher of every run that is not an
-    arm, the initial teacher of each baseline, the pixels on the first baseline only; none already cached."""
+    """The fits a sweep's idle workers do as runs finish: the final teacher of every run (an arm's only
+    where a claim on the final teachers may compare arms), the initial teacher of each baseline, the pixels
+    on the first baseline only; none already cached."""
     from emarule.analysis.sweep import SweepRun
 
     runs = [SweepRun(1.0, "exponential", 0, True), SweepRun(4.0, None, 0, False),
@@ -143,6 +144,8 @@ def test_follow_up_gives_each_finished_run_its_fits_once(tmp_path):
         return [args[1] for _, _, args in got]
 
     assert [kinds(i) for i in range(4)] == [["final", "init", "pixels"], ["final"], [], ["final", "init"]]
+    arm = tmp_path / "2"
+    assert PC.follow_up(runs, arms=True)(2, arm) == [("probe 2 (final)", PC._warm, (arm, "final"))]
     (tmp_path / "0" / PC.CACHE).write_text(cached())
     assert kinds(0) == ["init", "pixels"]
     (tmp_path / "0" / PC.CACHE_INIT).write_text(cached(PC.METHOD_INIT))

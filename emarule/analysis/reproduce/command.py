@@ -207,11 +207,12 @@ def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, r
     # The sweep's own comparison on the target model's metric, which every run logs from its first
     # evaluation (a teacher's `pl_wer` exists only once pseudo-labeling starts, at κ=4 sometimes never).
     probes = family.ema_metric.name == "probe_top1"  # does the tracking probe measure the teacher?
+    finals = any(m.file for m in family.metrics)  # a claim on the final teachers: the arms' are probed too
     from emarule.analysis.reproduce import probe_check as P
 
     drawn: list = []  # the comparison figures the sweep wrote, this time
     done = sweep.execute(console, runs, resolve_run, root, tasks, data=data, metric=family.target_metric.name,
-                         jobs=jobs, follow_up=P.follow_up(runs) if probes else None, figures=drawn)
+                         jobs=jobs, follow_up=P.follow_up(runs, arms=finals) if probes else None, figures=drawn)
     from emarule.engine import distributed
 
     if not distributed.is_main():
@@ -222,16 +223,23 @@ def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, r
     # Only the runs this invocation planned: runs of other seeds (or κ) in the same root are not mixed in.
     loaded = load_runs([Path(d["run"]) for d in done])
     arms = {str(Path(d["run"])): d["arm"] for d in done if d.get("arm")}
-    measured = measure.measure(family, loaded, arms)
+    # The probe check groups by κ and rule, so the arms (which share them) are left out of it; a claim on
+    # the final teachers (`claims.OFFLINE_PROBE`) may compare arms, so for it they are fitted too.
+    probed = [r for r in loaded if str(r.path) not in arms]
     if probes:
-        # The probe check groups by κ and rule, so the arms (which share them) are left out of it.
-        probed = [r for r in loaded if str(r.path) not in arms]
-        console.print(f"offline probe of {len(probed)} final teachers, the baselines' teachers at initialization "
-                      f"and the raw pixels (cached in each run directory)", highlight=False)
         from emarule.analysis.parallel import jobs_for
 
-        measured["probe_check"] = check_probe = P.probe_check(
-            probed, jobs_for(jobs, len(probed), distributed.world_size()))
+        fitted = loaded if finals else probed
+        console.print(f"offline probe of {len(fitted)} final teachers, the baselines' teachers at initialization "
+                      f"and the raw pixels (cached in each run directory)", highlight=False)
+        # Before the claims, which read these caches: each is checked against its run's checkpoint (and
+        # refitted if stale) by `offline_probe`.
+        P.warm_caches(fitted, jobs_for(jobs, len(fitted), distributed.world_size()))
+        for r in fitted:
+            P.offline_probe(r.path)
+    measured = measure.measure(family, loaded, arms)
+    if probes:
+        measured["probe_check"] = check_probe = P.probe_check(probed)
         for c in measured["claims"]:
             if c["metric"] == "probe_top1" and check_probe:
                 c["probe_check"] = check_probe["summary"]

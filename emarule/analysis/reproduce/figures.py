@@ -7,7 +7,8 @@ mean over seeds with a band of ± one standard deviation. A sparse curve (evalua
 losses) has a marker at each point, so that a setting evaluated once is a point: a small filled dot for
 the baseline, hollow and larger for the others (a square with the rule, a triangle without), so that
 settings that coincide stay visible. Side by side the two panels separate an
-EMA failure (left strays, right tracks) from an optimizer-rule one (both stray).
+EMA failure (left strays, right tracks) from an optimizer-rule one (both stray). A metric measured once
+on each finished run (the final teachers' converged probe) gets a panel of its own: a column per setting.
 """
 
 from __future__ import annotations
@@ -76,6 +77,35 @@ def _band(ax, xs, mean, std, color, alpha):
                         [m + s for m, s in zip(mean, std, strict=True)], color=color, alpha=alpha, lw=0)
 
 
+def _finals(ax, family, metric, table: dict, pos: dict) -> None:
+    """A metric measured once on each finished run (`Metric.file`): one column per setting, each seed's
+    value a dot and the mean over seeds a bar with ± one standard deviation."""
+    import matplotlib.pyplot as plt
+
+    names = [a.name for a in getattr(family, "arms", ())]
+    labels = []
+    for i, ((rule, k), row) in enumerate(table["rows"].items()):
+        values = [c[1][0] for c in row["curves"] if c[1]]
+        if rule == "baseline":
+            color, label = "k", "κ=1 baseline"
+        elif rule in COLORMAPS:
+            color, label = plt.get_cmap(COLORMAPS[rule])(pos.get(k, 0.75)), f"κ={k:g} {LABELS[rule]}"
+        else:
+            j = names.index(rule) if rule in names else 0
+            color, label = plt.get_cmap(ARM_COLORMAPS[j % len(ARM_COLORMAPS)])(0.75), f"κ={k:g} arm {rule}"
+        labels.append(f"{label} (n={len(values)})")
+        if not values:
+            continue
+        m = sum(values) / len(values)
+        sd = (sum((v - m) ** 2 for v in values) / len(values)) ** 0.5
+        ax.bar(i, m, width=0.6, color=color, alpha=0.35, yerr=sd, capsize=4)
+        ax.plot([i] * len(values), values, "o", color=color, ms=4)
+    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=7)
+    ax.set_title(f"{metric.name}: the final teachers, each seed a dot", fontsize=9)
+    ax.set_ylabel(metric.label)
+    ax.grid(alpha=0.3, axis="y")
+
+
 def plot(family, measured: dict, runs: list, out: Path, title: str) -> Path:
     import matplotlib
 
@@ -90,6 +120,9 @@ def plot(family, measured: dict, runs: list, out: Path, title: str) -> Path:
     fig, axes = plt.subplots(1, len(metrics), figsize=(6.0 * len(metrics), 4.2), squeeze=False)
     for ax, metric in zip(axes[0], metrics, strict=True):
         table = measured["tables"][metric.name]
+        if metric.file:
+            _finals(ax, family, metric, table, pos)
+            continue
         bx, bm, bs = table["baseline"]
         n_base = len(table["rows"][("baseline", 1.0)]["curves"])
         rho_b = panel_momentum(base_runs[0], metric.name) if base_runs else None

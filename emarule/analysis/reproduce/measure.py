@@ -38,7 +38,7 @@ def metric_table(metric: Metric, base: list, settings: dict, until: float | None
     (on the epochs in [since, until] only, when given)."""
 
     def curve(r):
-        xs, ys = V.run_curve(r, metric.name, metric.smooth_epochs)
+        xs, ys = final_reading(r, metric) if metric.file else V.run_curve(r, metric.name, metric.smooth_epochs)
         keep = [i for i, x in enumerate(xs) if (until is None or x <= until + 1e-9)
                 and (since is None or x >= since - 1e-9)]
         return [xs[i] for i in keep], [ys[i] for i in keep]
@@ -67,6 +67,17 @@ def metric_table(metric: Metric, base: list, settings: dict, until: float | None
     return {"metric": metric, "baseline": (bgrid, bmean, bstd), "rows": rows}
 
 
+def final_reading(run, metric: Metric) -> tuple[list, list]:
+    """A metric measured once on the finished run (`Metric.file`) as a curve of one point, at the run's
+    last logged epoch; no point where the file or its value is missing."""
+    from emarule.engine.rundir import read_json
+
+    got = read_json(run.path / metric.file)
+    v = V.finite_number(got.get(metric.name)) if isinstance(got, dict) else None
+    last = max((x for x in map(run.epoch_of, run.rows) if x is not None), default=None)
+    return ([last], [v]) if v is not None and last is not None else ([], [])
+
+
 def finals_of(curves: list, stopped: list) -> list:
     """Each curve's final value; none for a run that stopped before its end."""
     return [None if st else V.final(c) for c, st in zip(curves, stopped, strict=True)]
@@ -93,7 +104,8 @@ def measure(family: Family, runs: list, arms: dict | None = None) -> dict:
         raise UserError("no κ=1 baseline among the runs; the reproduction needs one (it runs first for every seed)")
     family = for_spec(family, base[0].hparams.get("spec") or {})
     logged = set.intersection(*(r.metrics() for r in base))
-    # A further metric (a control EMA) is judged only where the preset logs it.
+    logged |= {m.name for m in family.metrics if m.file and all(final_reading(r, m)[0] for r in base)}
+    # A further metric (a control EMA, a probe of the final teachers) is judged only where the runs have it.
     metrics = [m for m in family.metrics if m in (family.ema_metric, family.target_metric) or m.name in logged]
     # Each comparison starts where its own settings first leave κ=1: which other settings (arms) were run
     # must not change a claim's statistic, so a --headline check reads its claim as the full reproduction does.
@@ -111,7 +123,7 @@ def measure(family: Family, runs: list, arms: dict | None = None) -> dict:
     claims = []
     for c in expand(family.claims, kappas):
         if c.metric not in tables:
-            claims.append(not_logged(c))
+            claims.append(not_logged(c, family))
             continue
         x = claim_since(family, c, settings, since)
         if c.until:  # the claim's part of the run only
@@ -167,7 +179,7 @@ def goal(family: Family, tables: dict, kappas: list) -> dict:
     if None in (gw, gwo):
         return out | {"met": None, "why": f"not measured: a run at κ={k:g} never logged {family.ema_metric.name}"}
     if s is None:
-        return out | {"met": None, "why": "the baseline spread is undefined (fewer than 2 baseline seeds)"}
+        return out | {"met": None, "why": V.NO_SPREAD}
     a, b = bool(gwo >= V.FACTOR * gw), bool(gw <= s)
     out |= {"met": a and b, "without_at_least_2x_with": a, "with_within_spread": b}
     if not (a and b):
@@ -198,13 +210,15 @@ def epochs_of_base_steps(run, key: str) -> float:
     return float(steps) * float(base) / float(measure)
 
 
-def not_logged(c: Claim) -> dict:
+def not_logged(c: Claim, family: Family) -> dict:
+    file = next((m.file for m in family.metrics if m.name == c.metric), "")
     why = ("the spec has no ema.also, so no further EMA is evaluated" if SHORTEST_ALSO in c.metric
+           else f"a baseline run has no {file} (its final teacher was not probed)" if file
            else f"this preset does not log {c.metric}")
-    return {"claim": c.text, "short": c.short, "paper": c.paper, "where": c.where, "kind": c.kind, "metric": c.metric,
-            "kappa": c.kappa, "statistic": STATISTIC[c.over], "gap_with_rule": None, "gap_without_rule": None,
-            "baseline_spread": None, "note": c.note, "verdict": "inconclusive",
-            "why": f"not measured: {why}"}
+    out = {"claim": c.text, "short": c.short, "paper": c.paper, "where": c.where, "kind": c.kind, "metric": c.metric,
+           "kappa": c.kappa, "statistic": STATISTIC[c.over], "gap_with_rule": None, "gap_without_rule": None,
+           "baseline_spread": None, "note": c.note}
+    return decided(out, "inconclusive", f"not measured: {why}")
 
 
 def _stat(table: dict, rule: str, kappa: float | None, over: str) -> float | None:
@@ -272,8 +286,17 @@ def stopped_verdict(out: dict, seeds: list) -> None:
     """A claim on final values with a seed whose run stopped before its end is inconclusive: that seed has
     no final value, and judging the others would hide a run that diverged."""
     if seeds:
-        out.update(verdict="inconclusive", why=f"{out['why']}; but the run of seed{'s' if len(seeds) > 1 else ''} "
-                   f"{', '.join(str(s) for s in seeds)} stopped before its end, so it has no final value")
+        tail = (f"; but the run of seed{'s' if len(seeds) > 1 else ''} {', '.join(str(s) for s in seeds)} "
+                f"stopped before its end, so it has no final value")
+        decided(out, "inconclusive", V.Why(out["numbers"], out["decision"] + tail))
+
+
+def decided(out: dict, verdict: str, why: str) -> dict:
+    """`out` with its verdict and reason, and the reason's numbers and decision apart for the README's table
+    (`verdict.Why`); a plain string is a reason for want of data, both at once."""
+    w = why if isinstance(why, V.Why) else V.Why.unmeasured(why)
+    out.update(verdict=verdict, why=str(w), numbers=w.numbers, decision=w.decision)
+    return out
 
 
 def setting_key(family: Family, name: str, kappa: float | None) -> tuple:
@@ -311,14 +334,14 @@ def judge(family: Family, claim: Claim, tables: dict, base: list, kappas: list, 
         absent = [key for key in need if key not in table["rows"]]
         if absent:
             what = " and ".join(_label(*key) for key in absent)
-            out.update(verdict="inconclusive", why=f"not measured: {what} {'were' if len(absent) > 1 else 'was'} not "
-                                                   f"run (see --kappas)")
+            decided(out, "inconclusive", f"not measured: {what} {'were' if len(absent) > 1 else 'was'} not "
+                                         f"run (see --kappas)")
             return out
     if claim.kind == "optimizer_strays":
         gw = _stat(table, *ka, over)
         out.update(gap_with_rule=gw, gap_without_rule=_stat(table, *kb, over), ci_with=_ci_of(table, *ka, over))
         v, why = V.decide_optimizer(gw, out["baseline_spread"], out["ci_with"])
-        out.update(verdict=v, why=why)
+        decided(out, v, why)
         return out
     if claim.kind in pairwise:
         gw, gwo, s = _stat(table, *ka, over), _stat(table, *kb, over), out["baseline_spread"]
@@ -326,12 +349,12 @@ def judge(family: Family, claim: Claim, tables: dict, base: list, kappas: list, 
                    ci_without=_ci_of(table, *kb, over))
         missing = {key: ((_row(table, *key) or {}).get("gaps") or {}).get("missing", 0) for key in (ka, kb)}
         if any(missing.values()):
-            out.update(verdict="inconclusive", why=f"not measured: {missing[ka]} run(s) of {_label(*ka)} and "
-                       f"{missing[kb]} of {_label(*kb)} never logged {claim.metric}")
+            decided(out, "inconclusive", f"not measured: {missing[ka]} run(s) of {_label(*ka)} and "
+                                         f"{missing[kb]} of {_label(*kb)} never logged {claim.metric}")
             return out
         if any(((_row(table, *key) or {}).get("gaps") or {}).get("no_overlap") for key in (ka, kb)):
-            out.update(verdict="inconclusive", why=f"not measured: a run at κ={k:g} logged {claim.metric} only after "
-                       f"the baseline's last evaluation of it")
+            decided(out, "inconclusive", f"not measured: a run at κ={k:g} logged {claim.metric} only after "
+                                         f"the baseline's last evaluation of it")
             return out
         diff = paired_difference(table, ka, kb, over)
         out["paired_difference"] = {"mean": diff["mean"], "ci": diff["ci"], "per_seed": diff["per_seed"]}
@@ -350,7 +373,7 @@ def judge(family: Family, claim: Claim, tables: dict, base: list, kappas: list, 
             v, why = V.decide(claim.kind, gw, gwo, s, diff["ci"])
             if claim.kind == "rule_needed" and None not in (gw, gwo, s):
                 out["meets_issue_goal"] = bool(gwo >= V.FACTOR * gw and gw <= s)
-        out.update(verdict=v, why=why)
+        decided(out, v, why)
         if v != "reproduced" and claim.settings == STANDARD:
             out["diagnosis"] = diagnose(family, tables, k, over, claim.metric)
     elif claim.kind == "matches_or_better":
@@ -359,7 +382,7 @@ def judge(family: Family, claim: Claim, tables: dict, base: list, kappas: list, 
         out.update(gap_with_rule=_stat(table, *ka, "end"), ci_with=_ci_of(table, *ka, "end"),
                    baseline_spread=_spread(table, "end"), a_minus_baseline=d)
         v, why = V.decide_matches_or_better(d["mean"], d["ci"], out["baseline_spread"])
-        out.update(verdict=v, why=why)
+        decided(out, v, why)
         stopped_verdict(out, d["stopped"])
     elif claim.kind == "with_better":
         sign = 1.0 if metric.higher_is_better else -1.0
@@ -376,7 +399,7 @@ def judge(family: Family, claim: Claim, tables: dict, base: list, kappas: list, 
         out["with_minus_without"] = {f"{kk:g}": d for kk, d in diffs.items()}
         out["with_minus_without_ci"] = {f"{kk:g}": c for kk, c in cis.items()}
         v, why = V.decide_with_better(diffs, s, cis)
-        out.update(verdict=v, why=why)
+        decided(out, v, why)
         stopped_verdict(out, sorted(stopped))
     elif claim.kind == "ema_above_target":
         ema, target = tables[family.ema_metric.name], tables[family.target_metric.name]
@@ -387,7 +410,7 @@ def judge(family: Family, claim: Claim, tables: dict, base: list, kappas: list, 
         out["ema_minus_target"] = diffs
         out["ema_minus_target_ci"] = V.bootstrap_ci(diffs)
         v, why = V.decide_ema_above(diffs)
-        out.update(verdict=v, why=why)
+        decided(out, v, why)
     else:
         raise ValueError(f"{family.name}: unknown claim kind {claim.kind!r}")
     return gated(family, claim, out, gate, [ka] if claim.kind != "with_better" else
@@ -422,7 +445,9 @@ def gated(family: Family, claim: Claim, out: dict, gate: dict | None, keys: list
                     f"{_f(r['spread'])}" for key, r in bad)
     return out | {"verdict_if_target_tracked": out["verdict"], "verdict": "inconclusive", "set_aside": ASIDE_STRAYS,
                   "why": f"the target model strays ({why}): a claim about the EMA is not meaningful where the "
-                         f"optimizer rule already fails. Measured: {out['why']}"}
+                         f"optimizer rule already fails. Measured: {out['why']}",
+                  "numbers": f"target: {why}; EMA: {out.get('numbers', out['why'])}",
+                  "decision": "a claim about the EMA is not meaningful where the optimizer rule already fails"}
 
 
 def track_table(family: Family, tables: dict, base: list, settings: dict, since: float | None) -> dict | None:

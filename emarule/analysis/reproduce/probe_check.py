@@ -28,10 +28,11 @@ from pathlib import Path
 
 import torch
 
+from emarule.analysis.reproduce.claims import OFFLINE_PROBE
 from emarule.engine.rundir import CHECKPOINT, HPARAMS, atomic_write_text, read_json
 from emarule.errors import UserError
 
-CACHE, CACHE_INIT, CACHE_PIXELS = "offline_probe.json", "offline_probe_init.json", "offline_probe_pixels.json"
+CACHE, CACHE_INIT, CACHE_PIXELS = OFFLINE_PROBE.file, "offline_probe_init.json", "offline_probe_pixels.json"
 BAR = 15.0  # top-1 points a trained teacher should gain over both its initialization and the pixels
 
 
@@ -271,13 +272,14 @@ def _fresh(got: dict | None, kind: str) -> bool:
     return got is not None and (kind == "pixels" or got.get("method") == _method(kind == "init"))
 
 
-def follow_up(runs: list) -> Callable[[int, Path], list]:
+def follow_up(runs: list, arms: bool = False) -> Callable[[int, Path], list]:
     """For a sweep's workers (`emarule.analysis.sweep.execute`): the fits of sweep run i, once it has
-    finished, as picklable work. Arms are not probed (`probe_check` groups by κ and rule)."""
+    finished, as picklable work. An arm's final teacher only with `arms` (a family with a claim on the final
+    teachers, which may compare arms); `probe_check` groups by κ and rule and leaves arms out."""
     first = next((i for i, r in enumerate(runs) if r.baseline and r.arm is None), None)
 
     def work(i: int, run_dir: Path) -> list:
-        if runs[i].arm is not None:
+        if runs[i].arm is not None and not arms:
             return []
         return [(f"probe {run_dir.name} ({kind})", _warm, (run_dir, kind))
                 for _, kind in _work(run_dir, runs[i].baseline, i == first)]

@@ -67,9 +67,8 @@ def parabola_match(records: list, kappa: float) -> dict:
     if p:
         measured["post"] = {"err_rule": p["err_rule"], "err_no_rule": p["err_no_rule"], "err_rho_star": p["err_star"],
                             "verdict": decide("rule_needed", p["err_rule"], p["err_no_rule"], p["err_star"])[0]}
-    why = why.replace("baseline spread", "floor Err(ρ*)").replace("2× spread", "2× floor")
-    # `decide` without an interval writes "gap with …, without …, floor …: its decision", no ": " before it
-    numbers, _, decision = why.partition(": ")
+    numbers = why.numbers.replace("baseline spread", "floor Err(ρ*)")
+    decision = why.decision.replace("2× spread", "2× floor")
     return _result(v, f"Err (max |Δ E ζ|, pre, ρ_B={MAIN_RHO}, D=1): {numbers}", measured, decision,
                    **{"with": r["err_rule"], "without": r["err_no_rule"], "floor": r["err_star"]})
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from emarule.analysis.reproduce import ledger
-from emarule.analysis.reproduce.claims import FAMILIES, Family
+from emarule.analysis.reproduce.claims import FAMILIES, OFFLINE_PROBE, Family
 from emarule.engine.runlock import LOCK  # there while a reproduction holds its root
 from emarule.errors import UserError
 
@@ -131,7 +131,7 @@ def _kappa(c: dict) -> str:
 
 
 # Where the numbers of a `why` end and its decision rule's words begin, in a claim without `numbers` and
-# `decision` (the sweep families' `verdict.decide*`, and verdict.json files that do not keep them apart):
+# `decision` (a verdict.json whose claims do not keep them apart as `verdict.Why` does):
 # the ": " after a number (a percentage, ∞, inf or nan too), "]" or ")" and before a word, the last such.
 # A number's own label
 # ("κ=2: +0.65", "κ=1024: 1.11") is followed by a number, and a decision's inner ": " ("±1× spread: there is
@@ -206,7 +206,7 @@ def rows(root: Path, loaded: list | None = None) -> tuple[list[list[str]], list[
         bar, bar_new = _bar(main), _bar(new or {})
         for i, c in enumerate(main["claims"]):
             head = "—"
-            if new is None and family.kind == "sweep" and i == 0:  # the headline row, its check not run
+            if new is None and family.kind == "sweep" and i == family.headline:  # the headline row, unchecked
                 head = (f"did not finish: {name}{HEADLINE}: {r_new.unfinished}" if r_new and r_new.unfinished
                         else f"not run: no {name}{HEADLINE}/verdict.json")
             elif new is not None:
@@ -250,14 +250,16 @@ def _headline_time(family, r_new: Root | None) -> str:
     return _wall(t) + (f" ({t.get('runs')} runs)" if t else "") + _made_with(r_new)
 
 
-# A verdict on the tracking probe where the data bar of issue 18 §1 is missed: the probe does not read what
-# the teacher learned there, so the verdict is shown with that caveat.
+# A verdict on a probe (the tracking one, or the final teachers' converged one) where the data bar of issue
+# 18 §1 is missed: the probe does not read enough of what the teacher learned there, so the verdict is shown
+# with that caveat.
 BAR_MISSED = " (the probe misses the data bar)"
+PROBES = ("probe_top1", OFFLINE_PROBE.name)
 
 
 def _caveat(claim: dict, bar: dict) -> str:
-    """BAR_MISSED where a verdict on the probe rests on seeds whose own probe check missed the data bar."""
-    return BAR_MISSED if claim.get("metric") == "probe_top1" and not bar["met"] else ""
+    """BAR_MISSED where a verdict on a probe rests on seeds whose own probe check missed the data bar."""
+    return BAR_MISSED if claim.get("metric") in PROBES and not bar["met"] else ""
 
 
 def _bar(verdict: dict) -> dict:
@@ -295,7 +297,7 @@ def tally(root: Path, loaded: list | None = None) -> dict:
     A claim judged at several κ ("up to κ") is one claim with several rows. It counts as decided when it
     is decided at every κ where it applies: every row not set aside (`measure.gated`, and a
     target_explains row with no EMA gap) is reproduced or contradicted, and at least one row is not set
-    aside. Headlines agree when the family's first claim gets the same verdict on both seed sets (at the
+    aside. Headlines agree when the family's headline claim gets the same verdict on both seed sets (at the
     κ the headline check judged)."""
     rows_n = {"reproduced": 0, "contradicted": 0, "inconclusive": 0}
     aside = 0

@@ -294,64 +294,86 @@ def final(curve: tuple[list, list]) -> float | None:
 # --- decisions ----------------------------------------------------------------------------------
 
 
+NO_SPREAD = "the baseline spread is undefined (fewer than 2 baseline seeds)"
+NO_GAP = "a setting has no gap (not run, or a run never logged the metric)"
+
+
+class Why(str):
+    """A decision's reason, "numbers: decision", that keeps its two parts apart for the README's table
+    (`numbers`: what was measured; `decision`: the rule's words). It is the string everywhere else."""
+
+    numbers: str
+    decision: str
+
+    def __new__(cls, numbers: str, decision: str):
+        self = super().__new__(cls, f"{numbers}: {decision}" if decision and decision != numbers else numbers)
+        self.numbers, self.decision = numbers, decision
+        return self
+
+    @classmethod
+    def unmeasured(cls, reason: str) -> Why:
+        """Inconclusive for want of data: the reason is both what there is to show and the decision."""
+        return cls(reason, reason)
+
+
 def _ci(ci) -> str:
     return "—" if ci is None else f"[{_n(ci[0], signed=True)}, {_n(ci[1], signed=True)}]"
 
 
 def decide(kind: str, g_with: float | None, g_without: float | None, s: float | None,
-           diff_ci: tuple | None = None) -> tuple[str, str]:
+           diff_ci: tuple | None = None) -> tuple[str, Why]:
     """(verdict, why) for the gap-based kinds, by the rules in the module docstring. `diff_ci`: the
     bootstrap interval of the paired difference g_without − g_with over seeds; None where there are no
     seeds to pair (the parabola's exact numbers), and then the rules without it apply."""
     if s is None:
-        return "inconclusive", "the baseline spread is undefined (fewer than 2 baseline seeds)"
+        return "inconclusive", Why.unmeasured(NO_SPREAD)
     if g_with is None or g_without is None:
-        return "inconclusive", "a setting has no gap (not run, or a run never logged the metric)"
+        return "inconclusive", Why.unmeasured(NO_GAP)
     f, big = FACTOR, max(g_with, g_without)
     r = f"gap with {_n(g_with)}, without {_n(g_without)}, baseline spread {_n(s)}"
     if math.isinf(g_with) and math.isinf(g_without):
-        return "inconclusive", f"{r}: runs stopped early in both settings, so their gaps cannot be compared"
+        return "inconclusive", Why(r, "runs stopped early in both settings, so their gaps cannot be compared")
     if diff_ci is not None:
         r += f"; paired difference without − with, 95 % CI {_ci(diff_ci)}"
     apart = diff_ci is None or diff_ci[0] > 0  # the paired difference excludes 0: without is farther
     if kind == "rule_needed":
         if g_without >= f * g_with and g_with <= f * s:
             if apart:
-                return "reproduced", f"{r}: without ≥ 2× with, with ≤ 2× spread" + (
-                    ", and the paired CI excludes 0" if diff_ci is not None else "")
-            return "inconclusive", f"{r}: without ≥ 2× with and with ≤ 2× spread, but the paired CI includes 0"
+                return "reproduced", Why(r, "without ≥ 2× with, with ≤ 2× spread" + (
+                    ", and the paired CI excludes 0" if diff_ci is not None else ""))
+            return "inconclusive", Why(r, "without ≥ 2× with and with ≤ 2× spread, but the paired CI includes 0")
         if g_with >= g_without and big > f * s:
-            return "contradicted", f"{r}: the rule does not bring the curve closer, and the gaps exceed 2× spread"
+            return "contradicted", Why(r, "the rule does not bring the curve closer, and the gaps exceed 2× spread")
         if g_without >= f * g_with:
-            return "inconclusive", f"{r}: the rule closes most of the gap, but with > 2× spread"
+            return "inconclusive", Why(r, "the rule closes most of the gap, but with > 2× spread")
         if diff_ci is not None and g_without <= f * s and -s < diff_ci[0] and diff_ci[1] < s:
-            return "contradicted", (f"{r}: without the rule the curve stays within 2× spread, and the paired CI "
-                                    f"lies inside ±1× spread: there is no drop for the rule to prevent")
-        return "inconclusive", f"{r}: without < 2× with"
+            return "contradicted", Why(r, "without the rule the curve stays within 2× spread, and the paired CI "
+                                          "lies inside ±1× spread: there is no drop for the rule to prevent")
+        return "inconclusive", Why(r, "without < 2× with")
     if kind == "rule_closer" and diff_ci is not None:
         if g_without >= f * g_with and diff_ci[0] > 0:
-            return "reproduced", f"{r}: without ≥ 2× with, and the paired CI lies above 0"
+            return "reproduced", Why(r, "without ≥ 2× with, and the paired CI lies above 0")
         if g_with >= g_without and (big > f * s or diff_ci[1] < 0):
-            return "contradicted", f"{r}: the rule does not bring the curve closer" + (
-                ", and the paired CI lies below 0" if diff_ci[1] < 0 else ", and the gaps exceed 2× spread")
+            return "contradicted", Why(r, "the rule does not bring the curve closer" + (
+                ", and the paired CI lies below 0" if diff_ci[1] < 0 else ", and the gaps exceed 2× spread"))
         if g_without >= f * g_with:
-            return "inconclusive", f"{r}: without ≥ 2× with, but the paired CI includes 0"
-        return "inconclusive", f"{r}: without < 2× with"
+            return "inconclusive", Why(r, "without ≥ 2× with, but the paired CI includes 0")
+        return "inconclusive", Why(r, "without < 2× with")
     if kind == "rule_closer":  # unpaired: no interval
         if g_without >= f * g_with and g_without > f * s:
-            return "reproduced", f"{r}: without ≥ 2× with, and without > 2× spread"
+            return "reproduced", Why(r, "without ≥ 2× with, and without > 2× spread")
         if g_with >= g_without and big > f * s:
-            return "contradicted", f"{r}: the rule does not bring the curve closer, and the gaps exceed 2× spread"
-        return "inconclusive", f"{r}: neither rule applies"
+            return "contradicted", Why(r, "the rule does not bring the curve closer, and the gaps exceed 2× spread")
+        return "inconclusive", Why(r, "neither rule applies")
     if kind == "same_either_way":
         if g_with <= f * s and g_without <= f * s:
-            return "reproduced", f"{r}: both within 2× spread"
+            return "reproduced", Why(r, "both within 2× spread")
         if g_without > f * s and g_without > f * g_with:
             if apart:
-                return "contradicted", f"{r}: without > 2× spread and > 2× with" + (
-                    ", and the paired CI excludes 0" if diff_ci is not None else "")
-            return "inconclusive", f"{r}: without > 2× spread and > 2× with, but the paired CI includes 0"
-        return "inconclusive", f"{r}: neither rule applies"
+                return "contradicted", Why(r, "without > 2× spread and > 2× with" + (
+                    ", and the paired CI excludes 0" if diff_ci is not None else ""))
+            return "inconclusive", Why(r, "without > 2× spread and > 2× with, but the paired CI includes 0")
+        return "inconclusive", Why(r, "neither rule applies")
     raise ValueError(f"decide: unknown kind {kind!r}")
 
 
@@ -371,107 +393,110 @@ def nothing_to_explain(g_ema_with: float | None, s_ema: float | None, g_target_w
 
 
 def decide_target(g_ema_with: float | None, s_ema: float | None, g_target_with: float | None,
-                  s_target: float | None, target_ci: tuple | None = None) -> tuple[str, str]:
+                  s_target: float | None, target_ci: tuple | None = None) -> tuple[str, Why]:
     """target_explains: an EMA gap with the rule is the optimizer rule's when the target strays too."""
     if s_ema is None or s_target is None:
-        return "inconclusive", "the baseline spread is undefined (fewer than 2 baseline seeds)"
+        return "inconclusive", Why.unmeasured(NO_SPREAD)
     if g_ema_with is None or g_target_with is None:
-        return "inconclusive", "a setting has no gap (not run, or a run never logged the metric)"
+        return "inconclusive", Why.unmeasured(NO_GAP)
     r = (f"EMA metric: gap with {_n(g_ema_with)}, spread {_n(s_ema)}; target metric: gap with "
          f"{_n(g_target_with)}" + (f" (95 % CI {_ci(target_ci)})" if target_ci else "") + f", spread {_n(s_target)}")
     if nothing_to_explain(g_ema_with, s_ema, g_target_with, s_target):
-        return "inconclusive", f"{r}: no EMA gap with the rule to explain (≤ 2× spread)"
+        return "inconclusive", Why(r, "no EMA gap with the rule to explain (≤ 2× spread)")
     if strays(g_target_with, s_target, target_ci):
-        return "reproduced", f"{r}: the target model strays too (> 2× its spread, CI above 1×)"
+        return "reproduced", Why(r, "the target model strays too (> 2× its spread, CI above 1×)")
     if g_target_with <= s_target:
-        return "contradicted", f"{r}: the target model tracks (≤ its spread) while the EMA strays"
+        return "contradicted", Why(r, "the target model tracks (≤ its spread) while the EMA strays")
     if g_target_with > FACTOR * s_target:
-        return "inconclusive", f"{r}: the target's gap is > 2× its spread, but its CI reaches down to 1×"
-    return "inconclusive", f"{r}: the target's gap lies between 1× and 2× its spread"
+        return "inconclusive", Why(r, "the target's gap is > 2× its spread, but its CI reaches down to 1×")
+    return "inconclusive", Why(r, "the target's gap lies between 1× and 2× its spread")
 
 
-def decide_optimizer(g_with: float | None, s: float | None, ci: tuple | None = None) -> tuple[str, str]:
+def decide_optimizer(g_with: float | None, s: float | None, ci: tuple | None = None) -> tuple[str, Why]:
     """optimizer_strays: the target model's gap with every rule applied, against its spread."""
     if s is None:
-        return "inconclusive", "the baseline spread is undefined (fewer than 2 baseline seeds)"
+        return "inconclusive", Why.unmeasured(NO_SPREAD)
     if g_with is None:
-        return "inconclusive", "a setting has no gap (not run, or a run never logged the metric)"
+        return "inconclusive", Why.unmeasured(NO_GAP)
     r = f"target gap with the rule {_n(g_with)}" + (f" (95 % CI {_ci(ci)})" if ci else "") + \
         f", baseline spread {_n(s)}"
     if strays(g_with, s, ci):
-        return "reproduced", f"{r}: it strays (> 2× spread, CI above 1×)"
+        return "reproduced", Why(r, "it strays (> 2× spread, CI above 1×)")
     if g_with <= s:
-        return "contradicted", f"{r}: it tracks (≤ spread)"
+        return "contradicted", Why(r, "it tracks (≤ spread)")
     if g_with > FACTOR * s:
-        return "inconclusive", f"{r}: > 2× the spread, but the CI reaches down to 1×"
-    return "inconclusive", f"{r}: between 1× and 2× the spread"
+        return "inconclusive", Why(r, "> 2× the spread, but the CI reaches down to 1×")
+    return "inconclusive", Why(r, "between 1× and 2× the spread")
 
 
-def decide_with_better(diffs: dict, s_end: float | None, cis: dict | None = None) -> tuple[str, str]:
+def decide_with_better(diffs: dict, s_end: float | None, cis: dict | None = None) -> tuple[str, Why]:
     """with_better: `diffs` maps κ → final(with) − final(without), signed so that > 0 is better, the mean
     over seeds of the paired per-seed differences; `cis` their bootstrap intervals."""
     if s_end is None:
-        return "inconclusive", "the baseline spread is undefined (fewer than 2 baseline seeds)"
+        return "inconclusive", Why.unmeasured(NO_SPREAD)
     if not diffs or any(d is None for d in diffs.values()):
-        return "inconclusive", "a setting has no gap (not run, or a run never logged the metric)"
+        return "inconclusive", Why.unmeasured(NO_GAP)
     cis = cis or {}
-    r = ", ".join(f"κ={k:g}: {_n(d, signed=True)}" + (f" {_ci(cis[k])}" if cis.get(k) else "")
-                  for k, d in sorted(diffs.items())) + f"; end spread {_n(s_end)}"
+    r = "with − without at the end " + ", ".join(
+        f"κ={k:g}: {_n(d, signed=True)}" + (f" {_ci(cis[k])}" if cis.get(k) else "")
+        for k, d in sorted(diffs.items())) + f"; end spread {_n(s_end)}"
     if all(cis.get(k) is not None for k in diffs):  # paired: the interval is the comparison's own noise
         if any(cis[k][1] < 0 for k in diffs):
-            return "contradicted", f"with − without at the end {r}: without is better somewhere (CI below 0)"
+            return "contradicted", Why(r, "without is better somewhere (CI below 0)")
         if all(cis[k][0] > 0 for k in diffs):
-            return "reproduced", f"with − without at the end {r}: better at every κ (every CI above 0)"
-        return "inconclusive", f"with − without at the end {r}: a CI includes 0"
+            return "reproduced", Why(r, "better at every κ (every CI above 0)")
+        return "inconclusive", Why(r, "a CI includes 0")
     if any(d < -FACTOR * s_end for d in diffs.values()):
-        return "contradicted", f"with − without at the end {r}: without is better by > 2× spread somewhere"
+        return "contradicted", Why(r, "without is better by > 2× spread somewhere")
     if all(d > 0 for d in diffs.values()) and any(d > FACTOR * s_end for d in diffs.values()):
-        return "reproduced", f"with − without at the end {r}: better at every κ, by > 2× spread at one"
-    return "inconclusive", f"with − without at the end {r}"
+        return "reproduced", Why(r, "better at every κ, by > 2× spread at one")
+    return "inconclusive", Why(r, "neither rule applies")
 
 
-def decide_arm_closer(g_a: float | None, g_b: float | None, diff_ci: tuple | None) -> tuple[str, str]:
+def decide_arm_closer(g_a: float | None, g_b: float | None, diff_ci: tuple | None) -> tuple[str, Why]:
     """arm_closer: A is closer to the baseline than B, judged on the paired difference g_B − g_A alone
     (both settings are measured against the same seeds' baselines, so no spread enters)."""
     if g_a is None or g_b is None:
-        return "inconclusive", "a setting has no gap (not run, or a run never logged the metric)"
+        return "inconclusive", Why.unmeasured(NO_GAP)
     if diff_ci is None:
-        return "inconclusive", "no paired interval: fewer than 2 seeds ran both settings"
+        return "inconclusive", Why.unmeasured("no paired interval: fewer than 2 seeds ran both settings")
     r = f"gap of A {_n(g_a)}, of B {_n(g_b)}; paired difference B − A, 95 % CI {_ci(diff_ci)}"
     if diff_ci[0] > 0:
-        return "reproduced", f"{r}: A is closer, the CI excludes 0"
+        return "reproduced", Why(r, "A is closer, the CI excludes 0")
     if diff_ci[1] < 0:
-        return "contradicted", f"{r}: A is farther, the CI excludes 0"
-    return "inconclusive", f"{r}: the CI includes 0"
+        return "contradicted", Why(r, "A is farther, the CI excludes 0")
+    return "inconclusive", Why(r, "the CI includes 0")
 
 
-def decide_matches_or_better(d: float | None, d_ci: tuple | None, s_end: float | None) -> tuple[str, str]:
+def decide_matches_or_better(d: float | None, d_ci: tuple | None, s_end: float | None) -> tuple[str, Why]:
     """matches_or_better: d = final(A) − final(baseline), paired per seed and signed so that > 0 is
     better; A matches when d ≥ −2× the end spread, and falls short when below it with a CI below 0."""
     if s_end is None:
-        return "inconclusive", "the baseline spread is undefined (fewer than 2 baseline seeds)"
+        return "inconclusive", Why.unmeasured(NO_SPREAD)
     if d is None:
-        return "inconclusive", "a setting has no final value (not run, or a run never logged the metric)"
+        return "inconclusive", Why.unmeasured(
+            "a setting has no final value (not run, or a run never logged the metric)")
     r = f"A − baseline at the end {_n(d, signed=True)} (95 % CI {_ci(d_ci)}), end spread {_n(s_end)}"
     if d >= -FACTOR * s_end:
-        return "reproduced", f"{r}: level with the baseline (within 2× spread) or above it"
+        return "reproduced", Why(r, "level with the baseline (within 2× spread) or above it")
     if d_ci is not None and d_ci[1] < 0:
-        return "contradicted", f"{r}: below the baseline by > 2× spread"
+        return "contradicted", Why(r, "below the baseline by > 2× spread")
     if d_ci is None:
-        return "inconclusive", f"{r}: below by > 2× spread, but one seed gives no interval"
-    return "inconclusive", f"{r}: below by > 2× spread, but the CI includes 0"
+        return "inconclusive", Why(r, "below by > 2× spread, but one seed gives no interval")
+    return "inconclusive", Why(r, "below by > 2× spread, but the CI includes 0")
 
 
-def decide_ema_above(diffs: list) -> tuple[str, str]:
+def decide_ema_above(diffs: list) -> tuple[str, Why]:
     """ema_above_target: `diffs` are final EMA − final target per baseline seed, > 0 better."""
     if len(diffs) < 2:
-        return "inconclusive", "the baseline spread is undefined (fewer than 2 baseline seeds logged both metrics)"
+        return "inconclusive", Why.unmeasured(
+            "the baseline spread is undefined (fewer than 2 baseline seeds logged both metrics)")
     r = "EMA − target at the end, per baseline seed: " + ", ".join(_n(d, signed=True) for d in diffs)
     if all(d > 0 for d in diffs):
-        return "reproduced", f"{r}: the EMA is better for every seed"
+        return "reproduced", Why(r, "the EMA is better for every seed")
     if all(d < 0 for d in diffs):
-        return "contradicted", f"{r}: the EMA is worse for every seed"
-    return "inconclusive", f"{r}: mixed"
+        return "contradicted", Why(r, "the EMA is worse for every seed")
+    return "inconclusive", Why(r, "mixed")
 
 
 def _n(v: float | None, signed: bool = False) -> str:

@@ -1,0 +1,90 @@
+"""byol's claims at the end read the final teachers' converged probe (`claims.OFFLINE_PROBE`): one value per
+finished run, from its offline_probe.json, compared per seed with its own baseline's."""
+
+import json
+
+import pytest
+
+from emarule.analysis.compare import load_runs
+from emarule.analysis.reproduce import claims as K
+from emarule.analysis.reproduce import figures as F
+from emarule.analysis.reproduce import measure as M
+from test_reproduce import write_run
+
+BASE = {0: 50.0, 1: 47.0, 2: 53.0}  # the baselines' final teachers, per seed
+
+
+def byol_runs(root, with_rule: dict, without: dict, probed=True, arms=None):
+    """Baselines and κ=4 runs of seeds 0–2; `with_rule`/`without`: per-seed offset of the final teacher's
+    probe from its seed's baseline. The tracking probe and the loss are the same in every setting."""
+    dirs = []
+    settings = [("k1", 1.0, "exponential", {s: 0.0 for s in BASE}), ("k4-rule", 4.0, "exponential", with_rule),
+                ("k4-norule", 4.0, None, without)] + list(arms or [])
+    for name, k, rule, offset in settings:
+        for s, b in BASE.items():
+            d = write_run(root, f"{name}-s{s}", k, rule, s,
+                          {"probe_top1": lambda t: 30 + t, "byol_loss": lambda t: 1.0 / (1 + t)}, "byol-r18")
+            if probed:
+                (d / "offline_probe.json").write_text(json.dumps({"offline_probe_top1": b + offset[s], "step": 9}))
+            dirs.append(d)
+    return load_runs(dirs)
+
+
+def _end_claim(m):
+    return next(c for c in m["claims"] if c["metric"] == "offline_probe_top1" and c["kappa"] == 4.0)
+
+
+def test_a_file_metric_is_one_point_at_the_runs_last_epoch(tmp_path):
+    run = byol_runs(tmp_path, {0: 1, 1: 1, 2: 1}, {0: 1, 1: 1, 2: 1})[0]
+    assert M.final_reading(run, K.OFFLINE_PROBE) == ([10.0], [50.0])  # T ends at epoch 10
+    (run.path / "offline_probe.json").write_text("{not json")
+    assert M.final_reading(run, K.OFFLINE_PROBE) == ([], [])
+
+
+def test_the_end_claim_is_judged_on_the_final_teachers_paired_per_seed(tmp_path):
+    # With the rule each final teacher lands within a point of its own seed's; without it 8 points lower.
+    m = M.measure(K.BYOL, byol_runs(tmp_path, {0: 0.5, 1: -0.5, 2: 0.3}, {0: -8.0, 1: -7.5, 2: -8.5}))
+    c = _end_claim(m)
+    assert c["statistic"] == M.STATISTIC["end"] and c["verdict"] == "reproduced", c["why"]
+    assert c["gap_with_rule"] == pytest.approx((0.5 + 0.5 + 0.3) / 3)
+    assert c["gap_without_rule"] == pytest.approx(8.0)
+    # the pair spread: each baseline seed against each other one (|50−47|, |50−53|, |47−53|, each twice)
+    assert c["baseline_spread"] == pytest.approx((3 + 3 + 6) / 3)
+    assert c["paired_difference"]["per_seed"] == pytest.approx([7.5, 7.0, 8.2])
+    # the tracking probe is the same everywhere: the claim over the run reads no gap in either setting
+    run_claim = next(c for c in m["claims"] if c["metric"] == "probe_top1")
+    assert run_claim["gap_with_rule"] == pytest.approx(0) and run_claim["gap_without_rule"] == pytest.approx(0)
+
+
+def test_final_teachers_that_match_either_way_contradict_it(tmp_path):
+    m = M.measure(K.BYOL, byol_runs(tmp_path, {0: 0.4, 1: -0.6, 2: 0.2}, {0: -0.3, 1: 0.5, 2: -0.2}))
+    assert _end_claim(m)["verdict"] == "contradicted"
+
+
+def test_runs_never_probed_leave_the_claim_unmeasured(tmp_path):
+    m = M.measure(K.BYOL, byol_runs(tmp_path, {0: 0, 1: 0, 2: 0}, {0: 0, 1: 0, 2: 0}, probed=False))
+    c = _end_claim(m)
+    assert c["verdict"] == "inconclusive" and "offline_probe.json" in c["why"] and c["numbers"] == c["decision"]
+
+
+def test_the_figure_draws_the_final_teachers_as_columns(tmp_path):
+    runs = byol_runs(tmp_path / "r", {0: 0.5, 1: -0.5, 2: 0.3}, {0: -8.0, 1: -7.5, 2: -8.5})
+    m = M.measure(K.BYOL, runs)
+    out = F.plot(K.BYOL, m, runs, tmp_path / "byol.png", "t")
+    assert out.is_file() and out.stat().st_size > 10_000
+    assert list(m["tables"]) == ["probe_top1", "byol_loss", "offline_probe_top1"]
+
+
+def test_the_table_gives_byols_headline_cell_and_the_bar_caveat_to_its_claim_at_the_end(tmp_path):
+    from emarule.analysis.reproduce import table as T
+
+    claims = [{"claim": c.text, "short": c.short, "kappa": c.kappa, "metric": c.metric, "verdict": "contradicted",
+               "why": "gap with 1, without 1: a reason", "numbers": "gap with 1, without 1", "decision": "a reason"}
+              for c in K.BYOL.claims]
+    bar = {"trained": 46.1, "init": 32.9, "pixels": 22.4, "margin": 13.2, "required": 15.0, "met": False}
+    main = T.Root({"claims": claims, "timing": {}, "probe_check": {"bar": bar}})
+    rows, _, _, _ = T.rows(tmp_path, [("byol", K.BYOL, main, T.Root(None))])
+    assert [r[4] for r in rows] == ["—", "not run: no byol-headline/verdict.json", "—"]
+    # the data bar's caveat on every probe's verdict: the tracking probe's and the final teachers'
+    assert all(r[2][0] == "**contradicted**" + T.BAR_MISSED for r in rows)
+    assert T._caveat({"metric": "byol_loss"}, {"met": False}) == ""
