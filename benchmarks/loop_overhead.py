@@ -50,7 +50,7 @@ class Done(Exception):
 def context(experiment: str, preset: str | None, out: Path, sets: tuple = (), kappa: float | None = None, **engine):
     """The RunContext `emarule run EXPERIMENT --preset PRESET [--set ...] [--kappa K]` builds (κ = 1 unless
     given, with the EMA rule), with the evaluations and checkpoints put past the run's end: the bare loop
-    has neither, and an epoch of byol-r18's cpu preset is 22 steps. `engine`: more RunContext fields
+    has neither, and an epoch of byol-r18's cpu preset is 156 steps. `engine`: more RunContext fields
     (data, max_device_batch, num_workers)."""
     from emarule.cli.main import resolve
     from emarule.engine.context import RunContext

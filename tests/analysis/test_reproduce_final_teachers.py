@@ -85,6 +85,29 @@ def test_the_table_gives_byols_headline_cell_and_the_bar_caveat_to_its_claim_at_
     main = T.Root({"claims": claims, "timing": {}, "probe_check": {"bar": bar}})
     rows, _, _, _ = T.rows(tmp_path, [("byol", K.BYOL, main, T.Root(None))])
     assert [r[4] for r in rows] == ["—", "not run: no byol-headline/verdict.json", "—"]
+    # an "up to κ" claim has a row per κ (--kappas 1,2,4): the cell goes on the headline claim's first row
+    per_kappa = [c | {"kappa": k} for c in claims[:2] for k in (2.0, 4.0)] + claims[2:]
+    rows, _, _, _ = T.rows(tmp_path, [("byol", K.BYOL, T.Root(main.verdict | {"claims": per_kappa}), T.Root(None))])
+    assert [r[4] != "—" for r in rows] == [False, False, True, False, False]
     # the data bar's caveat on every probe's verdict: the tracking probe's and the final teachers'
     assert all(r[2][0] == "**contradicted**" + T.BAR_MISSED for r in rows)
     assert T._caveat({"metric": "byol_loss"}, {"met": False}) == ""
+
+
+def test_a_baseline_that_stopped_early_is_an_unfinished_seed_not_a_lost_metric(tmp_path):
+    """The point sits at the planned end: a baseline whose log ends at epoch 7 of 10 leaves the other
+    baselines' readings comparable, and is marked stopped (no final value) rather than emptying the table."""
+    runs = byol_runs(tmp_path, {0: 0.5, 1: -0.5, 2: 0.3}, {0: -8.0, 1: -7.5, 2: -8.5})
+    stopped = next(r for r in runs if r.is_baseline and r.seed == 2)
+    rows = [json.loads(x) for x in (stopped.path / "metrics.jsonl").read_text().splitlines()]
+    (stopped.path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["epoch"] <= 7))
+    h = json.loads((stopped.path / "hparams.json").read_text())
+    (stopped.path / "hparams.json").write_text(json.dumps(h | {"total": 1000}))  # 10 epochs of 100 samples
+    m = M.measure(K.BYOL, load_runs([r.path for r in runs]))
+    table = m["tables"]["offline_probe_top1"]
+    assert table["baseline"][0] == [10.0]  # the planned end, from the layout
+    assert [bool(x) for x in table["rows"][("baseline", 1.0)]["stopped"]] == [False, False, True]
+    assert table["rows"][("baseline", 1.0)]["finals"] == [50.0, 47.0, None]
+    # the tracking probe's claim over the run is judged as before
+    run_claim = next(c for c in m["claims"] if c["metric"] == "probe_top1")
+    assert run_claim["gap_with_rule"] == pytest.approx(0)

@@ -239,6 +239,7 @@ PROBE = Metric("probe_top1", "tracking-probe top-1 (%) on the teacher", True, Tr
 # the teacher learned, without the tracking probe's lag behind a teacher that moves at another pace at κ > 1.
 OFFLINE_PROBE = Metric("offline_probe_top1", "final teacher, converged probe top-1 (%)", True, True,
                        file="offline_probe.json")
+PROBES = (PROBE.name, OFFLINE_PROBE.name)  # the metrics the probe check's data bar speaks for
 
 BYOL_LOSS = Metric("byol_loss", "BYOL loss of the student (train)", False, True, smooth_epochs=0.5)
 FIG5_RIGHT = ("At batch size 8192, we see a performance gap between the scaled model using the EMA Scaling Rule and "

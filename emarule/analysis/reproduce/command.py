@@ -21,7 +21,7 @@ from typing import Callable
 from emarule.cli import checks
 from emarule.errors import UserError
 from emarule.analysis.reproduce import ledger, report as R
-from emarule.analysis.reproduce.claims import FAMILIES, FULL, Family, headline_only
+from emarule.analysis.reproduce.claims import FAMILIES, FULL, PROBES, Family, headline_only
 from emarule.engine.rundir import atomic_write_text, read_json
 
 STUDY_SPEC = "reproduce-spec.json"  # the spec a study's results.json was computed with
@@ -232,16 +232,18 @@ def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, r
         fitted = loaded if finals else probed
         console.print(f"offline probe of {len(fitted)} final teachers, the baselines' teachers at initialization "
                       f"and the raw pixels (cached in each run directory)", highlight=False)
-        # Before the claims, which read these caches: each is checked against its run's checkpoint (and
-        # refitted if stale) by `offline_probe`.
+        # Before the claims, which read these caches: `offline_probe` checks each against its run's
+        # checkpoint (and refits a stale one), through `probe_check` for the standard settings.
         P.warm_caches(fitted, jobs_for(jobs, len(fitted), distributed.world_size()))
+        check_probe = P.probe_check(probed)
         for r in fitted:
-            P.offline_probe(r.path)
+            if str(r.path) in arms:
+                P.offline_probe(r.path)
     measured = measure.measure(family, loaded, arms)
     if probes:
-        measured["probe_check"] = check_probe = P.probe_check(probed)
+        measured["probe_check"] = check_probe
         for c in measured["claims"]:
-            if c["metric"] == "probe_top1" and check_probe:
+            if c["metric"] in PROBES and check_probe:
                 c["probe_check"] = check_probe["summary"]
     fig = figures.plot(family, measured, loaded, root / "figures" / f"{family.name}.png",
                        f"{family.experiment} ({family.section}), preset {args['preset']}: mean ± std over "

@@ -77,22 +77,25 @@ def _band(ax, xs, mean, std, color, alpha):
                         [m + s for m, s in zip(mean, std, strict=True)], color=color, alpha=alpha, lw=0)
 
 
+def _style(family, rule: str, k: float, pos: dict) -> tuple:
+    """(colour, label) of a setting that is not the baseline: the rule's colour map, darker for larger κ,
+    or an arm's own map in the family's order."""
+    import matplotlib.pyplot as plt
+
+    if rule in COLORMAPS:
+        return plt.get_cmap(COLORMAPS[rule])(pos.get(k, 0.75)), f"κ={k:g} {LABELS[rule]}"
+    names = [a.name for a in getattr(family, "arms", ())]
+    j = names.index(rule) if rule in names else 0
+    return plt.get_cmap(ARM_COLORMAPS[j % len(ARM_COLORMAPS)])(0.75), f"κ={k:g} arm {rule}"
+
+
 def _finals(ax, family, metric, table: dict, pos: dict) -> None:
     """A metric measured once on each finished run (`Metric.file`): one column per setting, each seed's
     value a dot and the mean over seeds a bar with ± one standard deviation."""
-    import matplotlib.pyplot as plt
-
-    names = [a.name for a in getattr(family, "arms", ())]
     labels = []
     for i, ((rule, k), row) in enumerate(table["rows"].items()):
         values = [c[1][0] for c in row["curves"] if c[1]]
-        if rule == "baseline":
-            color, label = "k", "κ=1 baseline"
-        elif rule in COLORMAPS:
-            color, label = plt.get_cmap(COLORMAPS[rule])(pos.get(k, 0.75)), f"κ={k:g} {LABELS[rule]}"
-        else:
-            j = names.index(rule) if rule in names else 0
-            color, label = plt.get_cmap(ARM_COLORMAPS[j % len(ARM_COLORMAPS)])(0.75), f"κ={k:g} arm {rule}"
+        color, label = ("k", "κ=1 baseline") if rule == "baseline" else _style(family, rule, k, pos)
         labels.append(f"{label} (n={len(values)})")
         if not values:
             continue
@@ -133,17 +136,13 @@ def plot(family, measured: dict, runs: list, out: Path, title: str) -> Path:
             if rule == "baseline":
                 continue
             arm = rule not in COLORMAPS
-            arm_index = [a.name for a in getattr(family, "arms", ())].index(rule) if arm and any(
-                a.name == rule for a in family.arms) else 0
-            cmap = plt.get_cmap(ARM_COLORMAPS[arm_index % len(ARM_COLORMAPS)] if arm else COLORMAPS[rule])
-            color = cmap(0.75 if arm else pos.get(k, 0.75))
+            color, label = _style(family, rule, k, pos)
             xs, mean, std = mean_curve(row["curves"])
             if not xs:
                 continue
             first = None if arm else next((r for r in runs if r.kappa == k and r.rule_label == rule), None)
             rho = panel_momentum(first, metric.name) if first else None
-            label = (f"κ={k:g} {LABELS.get(rule, f'arm {rule}')}"
-                     + (f", ρ={momentum_text(rho)}" if rho is not None else "")
+            label = (label + (f", ρ={momentum_text(rho)}" if rho is not None else "")
                      + (f", progressive {first.progressive}" if first and first.progressive else ""))
             ax.plot([x * scale for x in xs], mean, color=color, lw=1.5, **marker(len(xs), rule),
                     label=f"{label} (n={len(row['curves'])})")

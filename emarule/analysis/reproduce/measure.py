@@ -69,13 +69,18 @@ def metric_table(metric: Metric, base: list, settings: dict, until: float | None
 
 def final_reading(run, metric: Metric) -> tuple[list, list]:
     """A metric measured once on the finished run (`Metric.file`) as a curve of one point, at the run's
-    last logged epoch; no point where the file or its value is missing."""
+    planned end (its layout's last epoch; its last logged one where it records none), so that every run of
+    a comparison puts it at the same epoch; a run that stopped before it is `stopped_early`'s to mark. No
+    point where the file or its value is missing."""
     from emarule.engine.rundir import read_json
 
     got = read_json(run.path / metric.file)
     v = V.finite_number(got.get(metric.name)) if isinstance(got, dict) else None
-    last = max((x for x in map(run.epoch_of, run.rows) if x is not None), default=None)
-    return ([last], [v]) if v is not None and last is not None else ([], [])
+    ends = [V.finite_number(st.get("end_epoch")) for st in run.hparams.get("layout") or [] if isinstance(st, dict)]
+    end = max((e for e in ends if e is not None), default=None)
+    if end is None:
+        end = max((x for x in map(run.epoch_of, run.rows) if x is not None), default=None)
+    return ([end], [v]) if v is not None and end is not None else ([], [])
 
 
 def finals_of(curves: list, stopped: list) -> list:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from emarule.analysis.reproduce import ledger
-from emarule.analysis.reproduce.claims import FAMILIES, OFFLINE_PROBE, Family
+from emarule.analysis.reproduce.claims import FAMILIES, PROBES, Family
 from emarule.engine.runlock import LOCK  # there while a reproduction holds its root
 from emarule.errors import UserError
 
@@ -204,9 +204,14 @@ def rows(root: Path, loaded: list | None = None) -> tuple[list[list[str]], list[
             runs.append([name, "did not finish" if r_main.unfinished else "—", "—", "—", "—", "—"])
             continue
         bar, bar_new = _bar(main), _bar(new or {})
+        # the headline's row, its check not run: the first row of the headline claim (an "up to κ" claim has one
+        # row per κ, so the claim's index is not its row's)
+        top = family.claims[family.headline] if family.kind == "sweep" and family.claims else None
+        unchecked = next((i for i, c in enumerate(main["claims"]) if top is not None and c.get("claim") == top.text
+                          and c.get("short") == top.short), None) if new is None else None
         for i, c in enumerate(main["claims"]):
             head = "—"
-            if new is None and family.kind == "sweep" and i == family.headline:  # the headline row, unchecked
+            if i == unchecked:
                 head = (f"did not finish: {name}{HEADLINE}: {r_new.unfinished}" if r_new and r_new.unfinished
                         else f"not run: no {name}{HEADLINE}/verdict.json")
             elif new is not None:
@@ -254,7 +259,6 @@ def _headline_time(family, r_new: Root | None) -> str:
 # 18 §1 is missed: the probe does not read enough of what the teacher learned there, so the verdict is shown
 # with that caveat.
 BAR_MISSED = " (the probe misses the data bar)"
-PROBES = ("probe_top1", OFFLINE_PROBE.name)
 
 
 def _caveat(claim: dict, bar: dict) -> str:

@@ -310,6 +310,9 @@ class Why(str):
         self.numbers, self.decision = numbers, decision
         return self
 
+    def __getnewargs__(self) -> tuple[str, str]:  # copy and pickle rebuild it from its two parts
+        return self.numbers, self.decision
+
     @classmethod
     def unmeasured(cls, reason: str) -> Why:
         """Inconclusive for want of data: the reason is both what there is to show and the decision."""
