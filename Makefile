@@ -27,8 +27,11 @@ run: $(STAMP)
 	@echo "noisy parabola (§3.1, App. E.1): figures in $(PARABOLA_OUT)/figures/, table in $(PARABOLA_OUT)/table.txt,"
 	@echo "  records in $(PARABOLA_OUT)/results.json, method and wall time in $(PARABOLA_OUT)/run.json"
 
+# The suite in TEST_JOBS worker processes (pytest-xdist), a test file to a worker: most tests train a tiny
+# run on one thread, so two workers keep 2 cores busy. `make test TEST_JOBS=0` runs it in one process.
+TEST_JOBS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile
 
 # Every claim, judged at CPU scale: each family's `emarule reproduce` with its defaults (cpu presets, seeds
 # 0-4, every κ and arm) into runs/reproduce/<family>/, then each training family's headline claim again on

@@ -1,6 +1,7 @@
 """The paired statistics of `emarule reproduce`: the bootstrap interval's properties, the paired rules, the
 optimizer-rule check and the gate it puts on EMA claims, and the arms (on synthetic run directories)."""
 
+import json
 import math
 
 import pytest
@@ -261,16 +262,15 @@ def test_arms_are_their_own_settings_and_claims_compare_them(tmp_path):
 
 
 def test_matches_or_better_on_final_values_per_seed(tmp_path):
+    """byol-r50-lars's claims read each final teacher's converged probe (offline_probe.json), paired per seed;
+    the tracking probe, the same in every setting here, does not enter them."""
     dirs, arms = [], {}
     for s, o in enumerate((-2.0, 0.0, 2.0)):
-        dirs.append(write_run(tmp_path, f"k1-s{s}", 1.0, "exponential", s,
-                              {"probe_top1": lambda t, o=o: 50 + t + o, "byol_loss": lambda t: 1.0},
-                              "byol-r50-lars"))
-        for name, rule, d in (("with", "exponential", 1.0), ("without", None, -9.0), ("slower-ramp", "exponential",
-                                                                                      -30.0)):
-            p = write_run(tmp_path, f"k4-{name}-s{s}", 4.0, rule, s,
-                          {"probe_top1": lambda t, o=o, d=d: 50 + t + o + d, "byol_loss": lambda t: 1.0},
-                          "byol-r50-lars")
+        for name, k, rule, d in (("base", 1.0, "exponential", 0.0), ("with", 4.0, "exponential", 1.0),
+                                 ("without", 4.0, None, -9.0), ("slower-ramp", 4.0, "exponential", -30.0)):
+            p = write_run(tmp_path, f"k{k:g}-{name}-s{s}", k, rule, s,
+                          {"probe_top1": lambda t: 50 + t, "byol_loss": lambda t: 1.0}, "byol-r50-lars")
+            (p / "offline_probe.json").write_text(json.dumps({"offline_probe_top1": 50 + o + d, "step": 9}))
             dirs.append(p)
             if name == "slower-ramp":
                 arms[str(p)] = name
@@ -285,7 +285,7 @@ def test_an_arm_takes_its_kappa_and_schedule_from_the_preset():
     assert k8.for_preset("tiny").kappa == 2.0 and k8.for_preset("cpu").kappa == 8.0
     assert after.schedule("byol-r18", "cpu") == "step:2"  # the cpu preset's warm-up ends at epoch 2
     (ramp,) = K.BYOL_R50_LARS.arms
-    assert ramp.schedule("byol-r50-lars", "cpu") == "smooth:4-12"  # from epoch 4 over twice 4 → 8
+    assert ramp.schedule("byol-r50-lars", "cpu") == "smooth:0.8-2.4"  # from epoch 0.8 over twice 0.8 → 1.6
     assert ramp.schedule("byol-r50-lars", None) == "smooth:60-180"  # the paper's 120-epoch ramp
     assert ramp.schedule("byol-r50-lars", "tiny") == "smooth:1-3.5"  # 4 epochs: it ends before training does
 

@@ -58,10 +58,9 @@ def _random_batches(pool: list, count: int, rng: np.random.Generator, most: int 
 # (source, size, view augmentations) of each cpu / tiny preset that makes two-view or multi-crop batches.
 _DIGITS = list(A.STACKS["byol_digits"])
 PRESETS = {
-    "byol-vit, byol-r18 cpu": ("shapes", 16, list(A.STACKS["byol_cifar10"])),
+    "byol-vit, byol-r18, byol-r50-lars cpu": ("shapes", 16, list(A.STACKS["byol_cifar10"])),
     "dino-vit cpu globals": ("shapes", 16, _dino_augs((0.8, 1.0), MC.DINO_LOCAL_SCALE)[:2]),
     "dino-vit cpu locals": ("shapes", 8, _dino_augs((0.8, 1.0), MC.DINO_LOCAL_SCALE)[2:]),
-    "byol-r50-lars cpu": ("digits", 16, _DIGITS),
     "byol-vit, byol-r18, byol-r50-lars tiny": ("digits", 8, _DIGITS),
     "dino-vit tiny globals": ("digits", 8, _dino_augs((0.5, 1.0), (0.2, 0.5))[:2]),
     "dino-vit tiny locals": ("digits", 4, _dino_augs((0.5, 1.0), (0.2, 0.5))[2:]),
