@@ -66,7 +66,8 @@ def with_total(d, total):
 def lars_runs(root, stop_seed=None, last=9.8):
     """byol-r50-lars baselines and κ=4 settings on one curve; every κ=4 run's last evaluation is at `last`
     (a finished run's last step can fall short of the baseline's: both pass their planned end, the baseline
-    by more), `stop_seed`'s run with the rule stops at epoch 8."""
+    by more), `stop_seed`'s run with the rule stops at epoch 8. Every run's final teacher is probed, the
+    stopped one's too (its claims read `offline_probe_top1`), at its seed's level."""
     dirs = []
     for s, o in enumerate((-0.3, 0.0, 0.3)):
         def f(t, o=o):
@@ -79,6 +80,8 @@ def lars_runs(root, stop_seed=None, last=9.8):
             ts = T[:9] if stopped else T[:-1] + [last]
             d = write_run(root, f"k4-{name}-s{s}", 4.0, rule, s, metrics, experiment="byol-r50-lars", ts=ts)
             dirs.append(with_total(d, 960))  # its own planned end, which its last step passed
+        for d in dirs[-3:]:
+            (d / "offline_probe.json").write_text(json.dumps({"offline_probe_top1": 8.0 + o, "step": 9}))
     return dirs
 
 
@@ -101,9 +104,11 @@ def test_a_run_that_stopped_has_an_infinite_gap_and_no_final_value(tmp_path):
     lars = K.FAMILIES["byol-r50-lars"]
     family = dataclasses.replace(lars, arms=(), claims=lars.claims[:1])  # matches_or_better, with the rule at κ=4
     out = M.measure(family, runs)
-    row = out["tables"]["probe_top1"]["rows"][("with", 4.0)]
-    assert math.isinf(row["gaps"]["per_seed_end"][0]) and row["finals"][0] is None
+    for metric in ("probe_top1", "offline_probe_top1"):  # a stopped run's final teacher is no final value either
+        row = out["tables"][metric]["rows"][("with", 4.0)]
+        assert math.isinf(row["gaps"]["per_seed_end"][0]) and row["finals"][0] is None, metric
     c = out["claims"][0]
+    assert c["metric"] == "offline_probe_top1"
     assert c["a_minus_baseline"]["per_seed"] == pytest.approx([0.0, 0.0])  # seeds 1 and 2 only
     assert c["verdict"] == "inconclusive" and "seed 0 stopped before its end" in c["why"]  # not hidden
 
