@@ -37,8 +37,8 @@ test: $(STAMP)
 # 0-4, every κ and arm) into runs/reproduce/<family>/, then each training family's headline claim again on
 # seeds 100-104 (`--headline`: only the runs that claim reads) into runs/reproduce/<family>-headline/; last,
 # the README's table of claims is rewritten from their verdict.json files, with the wall time of it all.
-# Finished runs are kept: stopped, the same command resumes. Not part of CI: 182 minutes on the 2-core machine
-# of the README's table, longer on a slower CPU (docs/speed.md).
+# Finished runs are kept: stopped, the same command resumes. Not part of CI: the reproductions behind the
+# README's table took 248 minutes on 2 cores, summed (its closing line; docs/speed.md).
 REPRO_OUT := runs/reproduce
 REPRO_SEEDS_NEW := 100-104
 

@@ -24,3 +24,4 @@ def one_line_error(res, *words):
     lines = res.output.strip().splitlines()
     assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (res.output, res.exception)
     assert "Traceback" not in res.output and all(w in lines[0] for w in words), lines[0]
+    return lines[0]

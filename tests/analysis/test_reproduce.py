@@ -13,6 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from cli_util import one_line_error
+
 from emarule.analysis import compare as C
 from emarule.cli.main import app
 from emarule.analysis.compare import load_runs
@@ -581,12 +583,6 @@ def test_registry_matches_the_specs_and_the_checks():
 
 
 # --- the command --------------------------------------------------------------------------------
-
-
-def one_line_error(res, needle):
-    assert res.exit_code == 2, res.output
-    lines = res.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], res.output
 
 
 @pytest.mark.parametrize("args,needle", [

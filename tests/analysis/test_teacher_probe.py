@@ -6,6 +6,8 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
+from cli_util import one_line_error
+
 from emarule.analysis.reproduce import probe_check as PC
 from emarule.cli.main import app
 
@@ -58,12 +60,6 @@ def test_runs_of_two_experiments_get_no_mean_and_no_bar(byol_run, tmp_path):
     assert res.exit_code == 0, res.output
     got = json.loads(res.output)
     assert got["bar"] is None and [r["experiment"] for r in got["runs"]] == ["byol-r18", "byol-other"]
-
-
-def one_line_error(res, *words):
-    lines = res.output.strip().splitlines()
-    assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), res.output
-    assert all(w in lines[0] for w in words), lines[0]
 
 
 def test_bad_runs_are_one_line_each_before_any_fit(byol_run, tmp_path):

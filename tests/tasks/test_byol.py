@@ -10,6 +10,8 @@ import numpy as np
 import torch
 from typer.testing import CliRunner
 
+from cli_util import one_line_error
+
 from emarule.cli.main import app
 from emarule.engine.context import RunContext
 from emarule.errors import UserError
@@ -27,14 +29,6 @@ def parts_for(experiment="byol-r18", preset="tiny", overrides=(), kappa=1.0, see
     s = load_spec(experiment, preset=preset, overrides=list(overrides))
     ctx = RunContext(spec=s, kappa=kappa, ema_rule="exponential", plan=plan(s, kappa), out=Path("unused"), seed=seed)
     return B.build(ctx)
-
-
-def one_line_error(res, needle):
-    assert res.exit_code == 2, res.output
-    lines = res.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in res.output, res.output
-    assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 # --- models -------------------------------------------------------------------------------------

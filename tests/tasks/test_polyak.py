@@ -9,6 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from cli_util import one_line_error
 from engine_util import native_bf16
 
 from emarule.cli import checks
@@ -32,14 +33,6 @@ def parts_for(preset="tiny", overrides=(), kappa=1.0, seed=0, data=None):
     ctx = RunContext(spec=s, kappa=kappa, ema_rule="exponential", plan=plan(s, kappa), out=Path("unused"), seed=seed,
                      data=data)
     return P.build(ctx)
-
-
-def one_line_error(res, needle):
-    assert res.exit_code == 2, res.output
-    lines = res.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in res.output, res.output
-    assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 def rows(out: Path, kind: str) -> list[dict]:
