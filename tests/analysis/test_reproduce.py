@@ -175,6 +175,11 @@ def write_run(root: Path, name, kappa, rule, seed, metrics: dict, experiment="po
     return d
 
 
+def write_offline_probe(run_dir: Path, top1: float) -> None:
+    """The converged probe of the run's final teacher, as `emarule probe` caches it (offline_probe.json)."""
+    (run_dir / "offline_probe.json").write_text(json.dumps({"offline_probe_top1": top1, "step": 9}))
+
+
 def polyak_runs(root, ema_with, ema_without, target_with, noise=0.3):
     """Baseline seeds ±noise around t (EMA) and t − 1 (target); κ=2 and κ=4 settings offset as given."""
     dirs = []

@@ -9,7 +9,7 @@ from emarule.analysis.compare import load_runs
 from emarule.analysis.reproduce import claims as K
 from emarule.analysis.reproduce import figures as F
 from emarule.analysis.reproduce import measure as M
-from test_reproduce import write_run
+from test_reproduce import write_offline_probe, write_run
 
 BASE = {0: 50.0, 1: 47.0, 2: 53.0}  # the baselines' final teachers, per seed
 
@@ -25,7 +25,7 @@ def byol_runs(root, with_rule: dict, without: dict, probed=True, arms=None):
             d = write_run(root, f"{name}-s{s}", k, rule, s,
                           {"probe_top1": lambda t: 30 + t, "byol_loss": lambda t: 1.0 / (1 + t)}, "byol-r18")
             if probed:
-                (d / "offline_probe.json").write_text(json.dumps({"offline_probe_top1": b + offset[s], "step": 9}))
+                write_offline_probe(d, b + offset[s])
             dirs.append(d)
     return load_runs(dirs)
 

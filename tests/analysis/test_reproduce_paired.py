@@ -1,7 +1,6 @@
 """The paired statistics of `emarule reproduce`: the bootstrap interval's properties, the paired rules, the
 optimizer-rule check and the gate it puts on EMA claims, and the arms (on synthetic run directories)."""
 
-import json
 import math
 
 import pytest
@@ -14,7 +13,7 @@ from emarule.analysis.reproduce import claims as K
 from emarule.analysis.reproduce import measure as M
 from emarule.analysis.reproduce import report as R
 from emarule.analysis.reproduce import verdict as V
-from test_reproduce import T, polyak_runs, write_run
+from test_reproduce import T, polyak_runs, write_offline_probe, write_run
 
 finite = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False)
 
@@ -270,7 +269,7 @@ def test_matches_or_better_on_final_values_per_seed(tmp_path):
                                  ("without", 4.0, None, -9.0), ("slower-ramp", 4.0, "exponential", -30.0)):
             p = write_run(tmp_path, f"k{k:g}-{name}-s{s}", k, rule, s,
                           {"probe_top1": lambda t: 50 + t, "byol_loss": lambda t: 1.0}, "byol-r50-lars")
-            (p / "offline_probe.json").write_text(json.dumps({"offline_probe_top1": 50 + o + d, "step": 9}))
+            write_offline_probe(p, 50 + o + d)
             dirs.append(p)
             if name == "slower-ramp":
                 arms[str(p)] = name

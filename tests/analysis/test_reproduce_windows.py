@@ -6,7 +6,7 @@ import json
 import math
 
 import pytest
-from test_reproduce import T, write_run
+from test_reproduce import T, write_offline_probe, write_run
 
 from emarule.analysis.compare import load_runs
 from emarule.analysis.reproduce import claims as K
@@ -81,7 +81,7 @@ def lars_runs(root, stop_seed=None, last=9.8):
             d = write_run(root, f"k4-{name}-s{s}", 4.0, rule, s, metrics, experiment="byol-r50-lars", ts=ts)
             dirs.append(with_total(d, 960))  # its own planned end, which its last step passed
         for d in dirs[-3:]:
-            (d / "offline_probe.json").write_text(json.dumps({"offline_probe_top1": 8.0 + o, "step": 9}))
+            write_offline_probe(d, 8.0 + o)
     return dirs
 
 
