@@ -491,7 +491,8 @@ def sweep(
     rule: str = typer.Option("with,without", "--rule", metavar="RULE,RULE,...",
                              help="with (ρ^κ), without (ρ), linear (1 − κ(1 − ρ)), comma-separated"),
     seeds: str = typer.Option("1", "--seeds", metavar="N|A-B|S,S,...",
-                              help=f"seeds: a count (0..N−1), a range (100-104) or a list (3,7,11); at most "
+                              help=f"seeds: a count (0..N−1), a range (100-104) or a list (3,7,11 or 0-4,100-104); "
+                                   f"at most "
                                    f"{MAX_SEEDS}"),
     progressive: Optional[str] = ProgOpt,
     preset: Optional[str] = PresetOpt,
@@ -591,7 +592,7 @@ def reproduce(
                                               "full: the paper's recipe"),
     seeds: Optional[str] = typer.Option(None, "--seeds", metavar="N|A-B|S,S,...",
                                         help=f"seeds per setting: a count (0..N−1), a range (100-104) or a list "
-                                             f"(3,7,11); default 5, at most {MAX_SEEDS}"),
+                                             f"(3,7,11 or 0-4,100-104); default 5, at most {MAX_SEEDS}"),
     kappas: Optional[str] = typer.Option(None, "--kappas", metavar="FLOAT,FLOAT,...",
                                          help="κ values (default: the family's; the κ=1 baseline always runs)"),
     out: Optional[str] = typer.Option(None, "--out", metavar="DIR",

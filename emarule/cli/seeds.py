@@ -3,6 +3,7 @@
     --seeds 5          seeds 0, 1, 2, 3, 4
     --seeds 100-104    seeds 100 … 104
     --seeds 3,7,11     exactly these (one seed alone: --seeds 7-7)
+    --seeds 0-4,100-104  a list may hold ranges: these ten
 
 A verdict has to hold on seeds it was not tuned on, so a range or a list picks fresh ones; run names
 keep `s<seed>`, so the runs of different seed sets sit side by side in one root.
@@ -17,7 +18,7 @@ from emarule.errors import UserError
 # numpy's legacy bound, leaves room for both.
 MAX_SEED = 2**32 - 1
 MAX_SEEDS = 100  # each seed is a full set of runs, one after another
-FORMS = "a count (--seeds 5), a range (--seeds 100-104) or a list (--seeds 3,7,11)"
+FORMS = "a count (--seeds 5), a range (--seeds 100-104) or a list (--seeds 3,7,11 or 0-4,100-104)"
 
 
 def _seed(item: str, text: str) -> int:
@@ -32,6 +33,24 @@ def _seed(item: str, text: str) -> int:
     return v
 
 
+def _range(item: str, text: str) -> list[int]:
+    lo, hi = item.split("-", 1)
+    if not lo.strip() or not hi.strip():
+        raise UserError(f"--seeds {text}: a range needs both ends, e.g. --seeds 100-104")
+    a, b = _seed(lo, text), _seed(hi, text)
+    if a > b:
+        raise UserError(f"--seeds {text}: the range {item.strip()} runs backwards; write it low-high, e.g. "
+                        f"--seeds {b}-{a}")
+    if b - a + 1 > MAX_SEEDS:
+        raise UserError(f"--seeds {text}: {b - a + 1} seeds, at most {MAX_SEEDS} (each seed is a full set of "
+                        f"runs, one after another)")
+    return list(range(a, b + 1))
+
+
+def _is_range(item: str) -> bool:
+    return "-" in item.strip()[1:]  # a leading minus is a negative number, refused by _seed
+
+
 def parse_seeds(text) -> tuple[int, ...]:
     """The seeds `--seeds TEXT` names, in the order given; one line naming the problem otherwise."""
     t = str(text).strip()
@@ -41,21 +60,12 @@ def parse_seeds(text) -> tuple[int, ...]:
         items = t.split(",")
         if not all(i.strip() for i in items):
             raise UserError(f"--seeds {t}: an empty item; give seeds separated by commas, e.g. --seeds 3,7,11")
-        seeds = [_seed(i, t) for i in items]
+        seeds = [s for i in items for s in (_range(i, t) if _is_range(i) else [_seed(i, t)])]
         dup = next((s for i, s in enumerate(seeds) if s in seeds[:i]), None)
         if dup is not None:
             raise UserError(f"--seeds {t}: seed {dup} is listed twice; give each seed once")
-    elif "-" in t[1:]:
-        lo, hi = t.split("-", 1) if not t.startswith("-") else ("", t)
-        if not lo.strip() or not hi.strip():
-            raise UserError(f"--seeds {t}: a range needs both ends, e.g. --seeds 100-104")
-        a, b = _seed(lo, t), _seed(hi, t)
-        if a > b:
-            raise UserError(f"--seeds {t}: the range runs backwards; write it low-high, e.g. --seeds {b}-{a}")
-        if b - a + 1 > MAX_SEEDS:
-            raise UserError(f"--seeds {t}: {b - a + 1} seeds, at most {MAX_SEEDS} (each seed is a full set of "
-                            f"runs, one after another)")
-        seeds = list(range(a, b + 1))
+    elif _is_range(t):
+        seeds = _range(t, t)
     else:
         if t.startswith("-") and t[1:].isdigit():
             raise UserError(f"--seeds must be ≥ 1, got {t}")
@@ -74,19 +84,28 @@ def parse_seeds(text) -> tuple[int, ...]:
     return tuple(seeds)
 
 
+def _runs(seeds) -> list[list[int]]:
+    """`seeds` cut into runs of consecutive ascending seeds, in order."""
+    runs: list[list[int]] = []
+    for x in seeds:
+        if runs and x == runs[-1][-1] + 1:
+            runs[-1].append(x)
+        else:
+            runs.append([x])
+    return runs
+
+
 def seeds_text(seeds) -> str:
-    """The shortest `--seeds` form naming `seeds`: 5, 100-104, 7-7 or 3,7,11."""
+    """The shortest `--seeds` form naming `seeds`: 5, 100-104, 7-7, 3,7,11 or 0-4,100-104."""
     s = list(seeds)
     if s == list(range(len(s))):
         return str(len(s))
-    if s == list(range(s[0], s[0] + len(s))):  # one seed alone too: 7-7 (a bare 7 is a count)
+    runs = _runs(s)
+    if len(runs) == 1:  # one seed alone too: 7-7 (a bare 7 is a count)
         return f"{s[0]}-{s[-1]}"
-    return ",".join(map(str, s))
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else ",".join(map(str, r)) for r in runs)
 
 
 def seeds_label(seeds) -> str:
-    """The seeds for a reader: 0–4, 100–104 or 3, 7, 11."""
-    s = list(seeds)
-    if len(s) > 2 and s == list(range(s[0], s[0] + len(s))):
-        return f"{s[0]}–{s[-1]}"
-    return ", ".join(map(str, s))
+    """The seeds for a reader: 0–4, 100–104, 3, 7, 11 or 0–4, 100–104."""
+    return ", ".join(f"{r[0]}–{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in _runs(seeds))

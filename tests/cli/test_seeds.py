@@ -1,4 +1,5 @@
-"""`--seeds`: a count, a range or a list, one parser for `sweep` and `reproduce`; bad forms are one line."""
+"""`--seeds`: a count, a range or a list (which may hold ranges), one parser for `sweep` and `reproduce`;
+bad forms are one line."""
 
 import pytest
 from hypothesis import given
@@ -17,6 +18,7 @@ runner = CliRunner()
     ("5", (0, 1, 2, 3, 4)), ("1", (0,)), (" 3 ", (0, 1, 2)), ("100-104", (100, 101, 102, 103, 104)),
     ("7-7", (7,)), ("3,7,11", (3, 7, 11)), ("11, 3", (11, 3)), (f"{MAX_SEED}", None), (f"0-{MAX_SEEDS - 1}", None),
     (f"{MAX_SEED - 1}-{MAX_SEED}", (MAX_SEED - 1, MAX_SEED)),
+    ("0-2,100-101", (0, 1, 2, 100, 101)), ("300-302, 7 ,0-1", (300, 301, 302, 7, 0, 1)), ("5-5,9", (5, 9)),
 ])
 def test_the_three_forms(text, seeds):
     if seeds is None and text == f"{MAX_SEED}":  # a count that large is refused, not a seed
@@ -37,8 +39,15 @@ def test_the_three_forms(text, seeds):
     ("3,7,", "an empty item"),
     ("3,-7", "-7 is not a seed"),
     ("3,x", "'x' is not a whole number"),
-    ("1.5", "give a count (--seeds 5), a range (--seeds 100-104) or a list (--seeds 3,7,11)"),
-    ("104-100", "the range runs backwards; write it low-high, e.g. --seeds 100-104"),
+    ("1.5", "give a count (--seeds 5), a range (--seeds 100-104) or a list (--seeds 3,7,11 or 0-4,100-104)"),
+    ("104-100", "the range 104-100 runs backwards; write it low-high, e.g. --seeds 100-104"),
+    ("0-4,9-7", "the range 9-7 runs backwards; write it low-high, e.g. --seeds 7-9"),
+    ("0-4,3", "seed 3 is listed twice"),
+    ("0-4,2-6", "seed 2 is listed twice"),
+    ("0-4,100-", "a range needs both ends"),
+    ("0-4,-7-9", "a range needs both ends"),
+    ("0-4,x-9", "'x' is not a whole number"),
+    ("0-60,100-160", "122 seeds, at most 100"),
     ("100-", "a range needs both ends"),
     ("0-100", "101 seeds, at most 100"),
     (f"3,{MAX_SEED + 1}", f"seed {MAX_SEED + 1} is above {MAX_SEED}"),
@@ -60,6 +69,9 @@ def test_the_written_form_reads_back(seeds):
 def test_short_forms_and_labels():
     assert seeds_text(range(5)) == "5" and seeds_text([100, 101, 102]) == "100-102" and seeds_text([3, 7]) == "3,7"
     assert seeds_label(range(5)) == "0–4" and seeds_label([3, 7, 11]) == "3, 7, 11"
+    three_sets = [*range(5), *range(100, 105), *range(300, 305)]
+    assert seeds_text(three_sets) == "0-4,100-104,300-304" and seeds_label(three_sets) == "0–4, 100–104, 300–304"
+    assert seeds_text([3, 4, 9]) == "3,4,9" and seeds_label([9, 3, 4, 5]) == "9, 3–5"
 
 
 def test_the_sweep_runs_the_seeds_named():
