@@ -665,6 +665,26 @@ def copy_of(root: Path, to: Path) -> Path:
     return Path(shutil.copytree(root, to / "root"))
 
 
+def test_seed_sets_pooled_through_links_reuse_the_finished_runs(tiny_byol, tmp_path):
+    """docs/reproduce.md, "Pooling seed sets": a root of links to another root's finished runs, judged on
+    the seeds given as a list of ranges, trains nothing, leaves the linked runs' logs as they were and
+    reads the same verdicts as the root it links to."""
+    source = copy_of(tiny_byol[0], tmp_path)
+    v = json.loads((source / "verdict.json").read_text())
+    pooled = tmp_path / "pooled" / "byol-r18"
+    pooled.mkdir(parents=True)
+    runs = sorted(d for d in (source / "byol-r18").iterdir() if d.is_dir())
+    logs = {d.name: (d / "metrics.jsonl").read_bytes() for d in runs}
+    for d in runs:
+        (pooled / d.name).symlink_to(d, target_is_directory=True)
+    res = runner.invoke(app, [*TINY_BYOL[:4], "--seeds", "0-0,1-1", "--kappas", "1,2", "--out", str(pooled.parent)])
+    assert res.exit_code == 0, res.output
+    got = json.loads((pooled.parent / "verdict.json").read_text())
+    assert got["seeds"] == [0, 1] and got["timing"]["runs"] == got["timing"]["reused"] == 10
+    assert got["timing"]["trained"] == 0 and got["claims"] == v["claims"]
+    assert {d.name: (d / "metrics.jsonl").read_bytes() for d in runs} == logs
+
+
 def test_tiny_byol_reproduction_end_to_end_then_reused(tiny_byol, tmp_path):
     """CI smoke: a tiny κ sweep writes report.md, the figure and verdict.json in the issue's shape;
     the second invocation reuses every finished run."""
