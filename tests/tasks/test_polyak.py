@@ -69,7 +69,7 @@ def test_full_resnetv2_50_parameters_batchnorm_and_kaiming_normal_init():
     assert conv.weight.std().item() == pytest.approx(math.sqrt(2.0 / (512 * 9)), rel=0.02)
     assert net.head.fc.weight.std().item() == pytest.approx(0.01, rel=0.05)
     assert float(net.head.fc.bias.detach().abs().max()) == 0.0
-    assert all(float(b.weight.min()) == 1.0 == float(b.weight.max()) for b in bns)
+    assert all(float(b.weight.detach().min()) == 1.0 == float(b.weight.detach().max()) for b in bns)
 
 
 def test_narrow_resnetv2_of_the_same_family():
