@@ -205,8 +205,8 @@ def test_evaluation_sums_and_metrics():
     assert ev.models == "all" and ev.every_epochs == 1.0
     net = parts.model.eval()
     x, y = torch.utils.data.default_collate([ev.data[i] for i in range(6)])
-    sums = ev.score(net, (x, y), None)
-    with torch.no_grad():
+    with torch.no_grad():  # as the engine scores (emarule/engine/evaluation.py)
+        sums = ev.score(net, (x, y), None)
         logits = net(x)
     assert int(sums["correct"]) == int((logits.argmax(1) == y).sum()) and sums["count"] == 6
     assert float(sums["loss_sum"]) == pytest.approx(6 * torch.nn.functional.cross_entropy(logits, y).item(), rel=1e-5)
