@@ -492,8 +492,7 @@ def sweep(
                              help="with (ρ^κ), without (ρ), linear (1 − κ(1 − ρ)), comma-separated"),
     seeds: str = typer.Option("1", "--seeds", metavar="N|A-B|S,S,...",
                               help=f"seeds: a count (0..N−1), a range (100-104) or a list (3,7,11 or 0-4,100-104); "
-                                   f"at most "
-                                   f"{MAX_SEEDS}"),
+                                   f"at most {MAX_SEEDS}"),
     progressive: Optional[str] = ProgOpt,
     preset: Optional[str] = PresetOpt,
     overrides: Optional[List[str]] = SetOpt,
