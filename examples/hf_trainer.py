@@ -8,7 +8,7 @@ example prints the diff size and the results; run it with
 
     .venv/bin/python examples/hf_trainer.py      # a few seconds on a CPU
 
-Measured here (that command, with the Makefile's torch 2.14.1; another torch moves the last digits):
+Measured here (that command, with the Makefile's torch 2.14.1; another torch or CPU moves the last digits):
 
     torch AveragedModel in a TrainerCallback → emarule EmaCallback
     the port changes 6 lines of the peer's loop (6 removed, 1 added; `train_torch_ema` → `train_emarule`)

@@ -11,7 +11,7 @@ BYOL loss); run it with
 
     .venv/bin/python examples/lightly_byol.py      # a few seconds on a CPU
 
-Measured here (that command, with the Makefile's torch 2.14.1; another torch moves the last digits):
+Measured here (that command, with the Makefile's torch 2.14.1; another torch or CPU moves the last digits):
 
     lightly update_momentum + cosine_schedule → emarule.ModelEma
     the port changes 5 lines of the peer's loop (5 removed, 5 added; `train_lightly` → `train_emarule`)

@@ -7,7 +7,7 @@ and applies ρ^(global batch / base batch) at every optimizer step.
 
     .venv/bin/python examples/lightning_trainer.py      # a few seconds on a CPU
 
-Measured here (that command, with the Makefile's torch 2.14.1; another torch moves the last digits):
+Measured here (that command, with the Makefile's torch 2.14.1; another torch or CPU moves the last digits):
 
     Lightning EMAWeightAveraging → emarule EmaCallback
     the port changes 2 lines of the peer's loop (2 removed, 2 added; `train_lightning` → `train_emarule`)

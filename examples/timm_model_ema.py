@@ -6,7 +6,7 @@
 
     .venv/bin/python examples/timm_model_ema.py      # a few seconds on a CPU
 
-Measured here (that command, with the Makefile's torch 2.14.1; another torch moves the last digits):
+Measured here (that command, with the Makefile's torch 2.14.1; another torch or CPU moves the last digits):
 
     timm ModelEmaV3 → emarule.ModelEma
     the port changes 2 lines of the peer's loop (2 removed, 2 added; `train_timm` → `train_emarule`)

@@ -1,6 +1,7 @@
 """examples/: each port runs on the bundled digits, prints its diff size, and at κ=4 the EMA with the rule
 ends closer to the κ=1 run than the peer's EMA without it."""
 
+import math
 import os
 import re
 import subprocess
@@ -31,8 +32,9 @@ def test_example_runs_and_the_rule_tracks_kappa_one(name, lines):
     assert with_rule < 0.5 * without, out  # the ported EMA at κ=4 stays closer to κ=1 than the peer's
     assert out.count("κ=1") >= 2
     # The header quotes this output: numbers in docs come from the code as it is. They were measured with the
-    # Makefile's torch; another release rounds differently (torch 2.11 on the H100 machine printed a probe
-    # accuracy of 0.788 for lightly's 0.793), so there only the words and the layout must match.
+    # Makefile's torch; another release rounds differently, and so does another CPU under the same torch (the
+    # digits' probe at κ=1 prints 0.788 or 0.791 on a 2-core Intel Xeon for lightly's quoted 0.793): with the
+    # pinned torch the words match exactly and each number within 1 % or 0.01, with another only the layout.
     header = (EXAMPLES / name).read_text().split('"""')[1]
     found = re.search(r"Measured here \(that command, with the Makefile's torch ([\d.]+);.*?\):\n(.*)", header, re.S)
     assert found, f"{name}: its header must say 'Measured here (that command, with the Makefile's torch X; ...):'"
@@ -40,6 +42,10 @@ def test_example_runs_and_the_rule_tracks_kappa_one(name, lines):
     assert f"torch=={pinned} " in (EXAMPLES.parent / "Makefile").read_text()
     quoted = [line.strip() for line in measured.strip().splitlines()]
     printed = [line.strip() for line in out.strip().splitlines()]
-    if torch.__version__.split("+")[0] != pinned:
-        quoted, printed = ([NUMBER.sub("#", line) for line in text] for text in (quoted, printed))
+    numbers = [[float(n) for n in NUMBER.findall(line)] for line in quoted], \
+        [[float(n) for n in NUMBER.findall(line)] for line in printed]
+    quoted, printed = ([NUMBER.sub("#", line) for line in text] for text in (quoted, printed))
     assert quoted and quoted == printed, (quoted, out)
+    if torch.__version__.split("+")[0] == pinned:
+        pairs = [(q, p) for qs, ps in zip(*numbers) for q, p in zip(qs, ps, strict=True)]
+        assert all(math.isclose(q, p, rel_tol=0.01, abs_tol=0.01) for q, p in pairs), (numbers, out)
