@@ -151,7 +151,9 @@ LUMA = torch.tensor((0.299, 0.587, 0.114))
 def _chroma(lum: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     """Colours (…×3) of the given luminances, each with a random hue at 50–100 % of the largest saturation that fits."""
     c = torch.rand(*lum.shape, 3, generator=g) - 0.5
-    c = c - (c @ LUMA)[..., None]  # no luminance: a pure chroma direction
+    # Elementwise, not a matrix product: on an AVX-512 Xeon the BLAS rounds `c @ LUMA` otherwise than the EPYCs
+    # that recorded version 2's bytes did; single IEEE operations round alike on every CPU.
+    c = c - (c[..., 0] * LUMA[0] + c[..., 1] * LUMA[1] + c[..., 2] * LUMA[2])[..., None]  # a pure chroma direction
     l3 = lum[..., None]
     room = torch.where(c > 0, (1 - l3) / c.clamp_min(1e-6), l3 / (-c).clamp_min(1e-6)).amin(-1)
     return (l3 + (0.5 + 0.5 * torch.rand(lum.shape, generator=g))[..., None] * room[..., None] * c).clamp(0, 1)
