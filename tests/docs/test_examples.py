@@ -47,5 +47,5 @@ def test_example_runs_and_the_rule_tracks_kappa_one(name, lines):
     quoted, printed = ([NUMBER.sub("#", line) for line in text] for text in (quoted, printed))
     assert quoted and quoted == printed, (quoted, out)
     if torch.__version__.split("+")[0] == pinned:
-        pairs = [(q, p) for qs, ps in zip(*numbers) for q, p in zip(qs, ps, strict=True)]
+        pairs = [(q, p) for qs, ps in zip(*numbers, strict=True) for q, p in zip(qs, ps, strict=True)]
         assert all(math.isclose(q, p, rel_tol=0.01, abs_tol=0.01) for q, p in pairs), (numbers, out)

@@ -56,7 +56,11 @@ def test_two_micro_batches_give_the_whole_batch_gradient(tmp_path, monkeypatch, 
     assert row.get("phase") == split_row.get("phase") == phase
     assert phase != 1.0 or row["unlabeled_share"] > 0  # pseudo-labeled rows in the batch
     assert split_row["ctc_loss"] == pytest.approx(row["ctc_loss"], rel=1e-6)
-    torch.testing.assert_close(split, whole, rtol=1e-5, atol=1e-6)
+    # Summing two halves reorders float sums differently on each CPU (up to 4e-6 on a 2-core Intel Xeon, on
+    # gradients up to 13): the bound is relative to the gradient's scale, far below a mis-weighted micro-batch.
+    scale = float(whole.abs().max())
+    torch.testing.assert_close(split, whole, rtol=1e-5, atol=1e-5 * scale)
+    assert float((split - whole).norm()) <= 1e-5 * float(whole.norm())
 
 
 def test_two_gloo_processes_give_pre_training_the_whole_batch_step(tmp_path):
