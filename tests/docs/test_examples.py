@@ -42,8 +42,7 @@ def test_example_runs_and_the_rule_tracks_kappa_one(name, lines):
     assert f"torch=={pinned} " in (EXAMPLES.parent / "Makefile").read_text()
     quoted = [line.strip() for line in measured.strip().splitlines()]
     printed = [line.strip() for line in out.strip().splitlines()]
-    numbers = [[float(n) for n in NUMBER.findall(line)] for line in quoted], \
-        [[float(n) for n in NUMBER.findall(line)] for line in printed]
+    numbers = tuple([[float(n) for n in NUMBER.findall(line)] for line in text] for text in (quoted, printed))
     quoted, printed = ([NUMBER.sub("#", line) for line in text] for text in (quoted, printed))
     assert quoted and quoted == printed, (quoted, out)
     if torch.__version__.split("+")[0] == pinned:
