@@ -187,3 +187,124 @@ def test_the_report_never_says_more_runs_were_trained_than_there_are():
     assert _total(t | {"trained": 4}).endswith("that trained 4 of its 4 runs)")
     # a run whose directory was deleted is trained twice in the root's history
     assert _total(t | {"trained": 5}).endswith("that trained 4 of its 4 runs and 1 of them again)")
+
+
+def test_a_killed_invocations_heartbeat_line_counts_its_time_and_runs(tmp_path):
+    beat = L.Heartbeat(tmp_path, CMD, None, time.monotonic() - 40.0, lambda: 2, "verdict.json")
+    beat.beat()
+    beat.beat()  # each beat rewrites its own line, never adds one
+    (line,) = [json.loads(s) for s in (tmp_path / L.LEDGER).read_text().splitlines()]
+    assert line["ended"] == L.KILLED and line["runs"] == 2 and line["reused"] == 0
+    assert 40.0 <= line["wall_s"] < 60.0 and line["token"] == beat.token
+    # The invocation that resumes it reuses those 2 runs and trains the other 28.
+    got = L.record(tmp_path, "emarule reproduce polyak --out /b/polyak", _t(10.0, 30, 2), "verdict.json")
+    assert got["invocations"] == 2 and got["trained"] == 30
+    assert got["wall_s_total"] == pytest.approx(line["wall_s"] + 10.0)
+
+
+def test_an_invocations_own_line_replaces_its_heartbeat_line(tmp_path):
+    L.record(tmp_path, CMD, _t(100.0), "verdict.json")  # an earlier invocation's line stays
+    beat = L.Heartbeat(tmp_path, CMD, None, time.monotonic(), lambda: 0, "verdict.json")
+    beat.beat()
+    assert len((tmp_path / L.LEDGER).read_text().splitlines()) == 2
+    got = L.record(tmp_path, CMD, _t(5.0, 30, 30), "verdict.json", replaces=beat.token)
+    lines = [json.loads(s) for s in (tmp_path / L.LEDGER).read_text().splitlines()]
+    assert [e["wall_s"] for e in lines] == [100.0, 5.0] and not any("ended" in e or "token" in e for e in lines)
+    assert got["invocations"] == 2 and got["wall_s_total"] == 105.0
+
+
+def test_the_heartbeat_rewrites_until_stopped(tmp_path):
+    path = tmp_path / L.LEDGER
+    with L.Heartbeat(tmp_path, CMD, None, time.monotonic(), lambda: 1, "verdict.json", interval=0.01):
+        deadline = time.monotonic() + 10.0
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    after_stop = path.read_bytes()
+    time.sleep(0.1)
+    assert path.read_bytes() == after_stop  # no rewrite once stopped
+    (line,) = [json.loads(s) for s in after_stop.decode().splitlines()]
+    assert line["ended"] == L.KILLED and line["runs"] == 1
+
+
+def test_bad_input_after_a_heartbeat_leaves_no_line(tmp_path, monkeypatch):
+    import emarule.tasks
+    from emarule.errors import UserError
+
+    def refuse_late(ctx):
+        time.sleep(0.3)  # long enough for several beats
+        raise UserError("bad input")
+
+    dropped = []
+
+    def drop(root, token):
+        dropped.append((root / L.LEDGER).read_text())  # what the beats had written
+        drop_line(root, token)
+
+    drop_line = L.drop
+    monkeypatch.setattr(L, "HEARTBEAT_S", 0.01)
+    monkeypatch.setattr(L, "drop", drop)
+    monkeypatch.setattr(emarule.tasks, "run_task", refuse_late)
+    with pytest.raises(UserError):
+        _reproduce(tmp_path)
+    assert len(dropped) == 1 and json.loads(dropped[0])["ended"] == L.KILLED
+    assert not (tmp_path / L.LEDGER).exists()
+
+
+def test_a_finished_invocation_leaves_one_line_whatever_its_beats(tmp_path, monkeypatch):
+    import emarule.tasks
+
+    run_task = emarule.tasks.run_task
+
+    def slow(ctx):
+        time.sleep(0.2)
+        return run_task(ctx)
+
+    monkeypatch.setattr(L, "HEARTBEAT_S", 0.01)
+    monkeypatch.setattr(emarule.tasks, "run_task", slow)
+    _reproduce(tmp_path)
+    (line,) = [json.loads(s) for s in (tmp_path / L.LEDGER).read_text().splitlines()]
+    assert "ended" not in line and "token" not in line and line["wall_s"] >= 0.2
+
+
+KILLED_SCRIPT = """
+import os, sys, time
+from pathlib import Path
+import emarule.tasks
+from emarule.analysis.reproduce import ledger
+from emarule.analysis.reproduce.command import reproduce
+from emarule.cli.render import wide_console
+from emarule.config.load import load_spec
+from emarule.engine.rundir import METRICS
+from emarule.scaling import plan
+
+ledger.HEARTBEAT_S = 0.01
+
+def killed(ctx):
+    ctx.out.mkdir(parents=True, exist_ok=True)
+    (ctx.out / METRICS).write_text('{"epoch": 1}\\n')
+    time.sleep(0.5)
+    os._exit(137)  # as SIGKILL does: no except, no finally
+
+def resolver(experiment, preset):
+    def resolve_run(k, ema, baseline):
+        s = load_spec(experiment, preset=preset, overrides=["precision_study.samples=64"])
+        return s, 1.0, "exponential", None, plan(s, 1.0)
+    return resolve_run
+
+emarule.tasks.run_task = killed
+reproduce(wide_console(quiet=True), "precision", preset=None, seeds=None, kappas=None, out=sys.argv[1],
+          data=None, resolver=resolver)
+"""
+
+
+def test_an_invocation_killed_outright_leaves_its_time_and_runs(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", KILLED_SCRIPT, str(tmp_path)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 137, proc.stderr
+    (line,) = [json.loads(s) for s in (tmp_path / L.LEDGER).read_text().splitlines()]
+    assert line["ended"] == L.KILLED and line["runs"] == 1 and line["reused"] == 0
+    assert 0.3 <= line["wall_s"] < 60.0
+    assert line["command"].startswith("emarule reproduce precision")

@@ -14,6 +14,7 @@ import json
 import os
 import shlex
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -133,25 +134,32 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
         args = {"preset": preset if preset is not None else family.preset, "command": text,
                 "seeds": list(seeds if seeds is not None else family.seeds) if family.kind == "sweep" else None,
                 "kappas": kappas if kappas is not None else list(family.kappas)}
+        from emarule.engine import distributed
+
+        # The line a kill would leave (the ledger's docstring); only the main process writes the ledger.
+        beat = ledger.Heartbeat(root, text, same_as, t0, lambda: _trained_since(root, logs), R.VERDICT)
         try:
-            if family.kind == "sweep":
-                args["arms"] = R.arms_rows(family, spec_preset)
-                result = _sweep(console, family, args, root, data, resolve_run, jobs)
-            else:
-                result = _study(console, family, root, resolve_run)
+            with beat if distributed.is_main() else nullcontext():
+                if family.kind == "sweep":
+                    args["arms"] = R.arms_rows(family, spec_preset)
+                    result = _sweep(console, family, args, root, data, resolve_run, jobs)
+                else:
+                    result = _study(console, family, root, resolve_run)
         except BaseException as e:  # Ctrl-C or a failure: the time its finished runs took is still counted
             # bad input is refused before anything trains, and writes nothing; a run's own error (a file it
             # cannot decode) comes after others trained
             trained = _trained_since(root, logs)
             if not isinstance(e, UserError) or trained:
-                _record_unfinished(root, text, time.monotonic() - t0, e, trained, same_as)
+                _record_unfinished(root, text, time.monotonic() - t0, e, trained, same_as, beat.token)
+            elif distributed.is_main():
+                _forget(root, beat.token)
             raise
         if result is None:  # not the main process of a torchrun launch
             return {}
         claims, measured, figures, timing = result
         timing |= {"wall_s": time.monotonic() - t0, "load_start": load0, "load_end": os.getloadavg()[0],
                    "cpus": os.cpu_count(), "omp_threads": os.environ.get("OMP_NUM_THREADS", "unset (torch's default)")}
-        timing |= ledger.record(root, text, timing, R.VERDICT, same_as)
+        timing |= ledger.record(root, text, timing, R.VERDICT, same_as, replaces=beat.token)
         data_out = R.payload(family, args, claims, measured, figures, timing)
         R.write(root, family, data_out)
         R.print_verdicts(console, data_out)
@@ -182,7 +190,7 @@ def _trained_since(root: Path, before: dict[str, bytes]) -> int:
 
 
 def _record_unfinished(root: Path, text: str, wall_s: float, error: BaseException, trained: int,
-                       same_as: dict | None) -> None:
+                       same_as: dict | None, replaces: str | None = None) -> None:
     """A ledger line for an invocation that raised before its verdict: its wall time and the runs it trained
     (finished or not; none of them reused). The next invocation counts the finished ones as reused, and the
     ledger's sum over both lines counts them as trained in this root."""
@@ -192,8 +200,16 @@ def _record_unfinished(root: Path, text: str, wall_s: float, error: BaseExceptio
         return
     try:
         ledger.record(root, text, {"wall_s": wall_s, "cpus": os.cpu_count(), "ended": type(error).__name__,
-                                   "runs": int(trained), "reused": 0}, R.VERDICT, same_as)
+                                   "runs": int(trained), "reused": 0}, R.VERDICT, same_as, replaces=replaces)
     except OSError:  # a full disk, say: the error being raised is the one to report
+        pass
+
+
+def _forget(root: Path, token: str) -> None:
+    """Bad input raised inside a reproduction, before anything trained: its heartbeat line goes too."""
+    try:
+        ledger.drop(root, token)
+    except OSError:
         pass
 
 

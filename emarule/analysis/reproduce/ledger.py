@@ -13,20 +13,28 @@ An invocation that raised before its verdict (Ctrl-C, a failed run) writes a lin
 `ended` (the exception's name) and the runs it trained, found by their logs' changes (`runs`, with
 `reused` 0): the next invocation counts the ones it finds finished as reused, and the sum over the lines
 still counts them as trained here. (An interrupted line without run counts leaves its runs counted as
-reused.) One that was killed outright writes no line, and its time is missing
-from the sum, which the report says by giving the count of runs trained against the count run.
+reused.) One that is killed outright (SIGKILL, a lost machine) cannot write a line as it dies, so a
+running invocation keeps one written for it (`Heartbeat`): every `HEARTBEAT_S` seconds it rewrites a
+line with `ended` "killed", its wall time so far and the runs it has trained so far, which its own last
+line replaces when it ends. A kill leaves that line, short of the true time by less than `HEARTBEAT_S`.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
+import threading
+import time
+import uuid
 from pathlib import Path
+from typing import Callable
 
 from emarule.engine.rundir import read_json
 
 LEDGER = "invocations.jsonl"
 KEPT = ("wall_s", "runs", "reused", "load_start", "load_end", "cpus", "ended")
+HEARTBEAT_S = 30.0  # how stale a killed invocation's line may be; a rewrite costs a few ms
+KILLED = "killed"  # `ended` of the line a running invocation keeps, as a kill would leave it
 
 
 def resolved(name: str, *, preset: str | None = None, seeds=None, kappas=None, headline: bool = False,
@@ -138,18 +146,82 @@ def _earlier_verdict(root: Path, verdict_name: str) -> list[dict]:
     return [{"command": old["command"], **{k: t[k] for k in KEPT if k in t}}]
 
 
-def record(root: Path, command: str, timing: dict, verdict_name: str, args: dict | None = None) -> dict:
+def record(root: Path, command: str, timing: dict, verdict_name: str, args: dict | None = None,
+           replaces: str | None = None, token: str | None = None) -> dict:
     """Appends this invocation to ROOT's ledger (rewritten under a temporary name, then renamed) and
     returns the totals over the invocations of the same command (`key`): `invocations`, `wall_s_total`
-    and `trained` (runs trained, not reused, summed). `args`: the invocation's `resolved` arguments."""
+    and `trained` (runs trained, not reused, summed). `args`: the invocation's `resolved` arguments.
+    `replaces`: the token of this invocation's `Heartbeat` line, dropped first; `token`: the new line's."""
     from emarule.engine.rundir import atomic_write_text
 
     path = Path(root) / LEDGER
     old = entries(path) or _earlier_verdict(Path(root), verdict_name)
+    if replaces is not None:
+        old = [e for e in old if e.get("token") != replaces]
     line = {"command": command, **({"args": args} if args is not None else {}),
-            **{k: timing[k] for k in KEPT if k in timing}}
+            **{k: timing[k] for k in KEPT if k in timing}, **({"token": token} if token is not None else {})}
     atomic_write_text(path, "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in [*old, line]))
     mine = key(line)
     same = [e for e in [*old, line] if key(e) == mine]
     return {"invocations": len(same), "wall_s_total": sum(float(e["wall_s"]) for e in same),
             "trained": sum(int(e.get("runs", 0)) - int(e.get("reused", 0)) for e in same)}
+
+
+def drop(root: Path, token: str) -> None:
+    """Removes the line with TOKEN (a `Heartbeat`'s) from ROOT's ledger, if it is there."""
+    from emarule.engine.rundir import atomic_write_text
+
+    path = Path(root) / LEDGER
+    old = entries(path)
+    if not any(e.get("token") == token for e in old):
+        return
+    kept = [e for e in old if e.get("token") != token]
+    if kept:
+        atomic_write_text(path, "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in kept))
+    else:  # the ledger was this line alone: as if the invocation had written nothing
+        path.unlink()
+
+
+class Heartbeat:
+    """The ledger line a kill would leave, kept by a running invocation (see the module's docstring).
+
+    `trained()` counts the runs trained so far. `stop()` ends the rewrites; the invocation's own last
+    line then replaces this one (`record(..., replaces=beat.token)`), or `drop` removes it. A rewrite
+    that fails (a full disk) is skipped: the next one tries again."""
+
+    def __init__(self, root: Path, command: str, args: dict | None, start: float, trained: Callable[[], int],
+                 verdict_name: str, interval: float | None = None):
+        self.root, self.command, self.args, self.start = Path(root), command, args, start
+        self.trained, self.verdict_name = trained, verdict_name
+        self.interval = HEARTBEAT_S if interval is None else interval
+        self.token = uuid.uuid4().hex
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="emarule-ledger-heartbeat", daemon=True)
+
+    def __enter__(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def beat(self) -> None:
+        """Rewrites the line now."""
+        import os
+
+        timing = {"wall_s": time.monotonic() - self.start, "runs": int(self.trained()), "reused": 0,
+                  "cpus": os.cpu_count(), "ended": KILLED}
+        record(self.root, self.command, timing, self.verdict_name, self.args, replaces=self.token,
+               token=self.token)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.beat()
+            except OSError:
+                continue
