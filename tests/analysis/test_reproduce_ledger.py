@@ -2,6 +2,7 @@
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -268,14 +269,12 @@ def test_a_finished_invocation_leaves_one_line_whatever_its_beats(tmp_path, monk
 
 KILLED_SCRIPT = """
 import os, sys, time
-from pathlib import Path
 import emarule.tasks
 from emarule.analysis.reproduce import ledger
-from emarule.analysis.reproduce.command import reproduce
-from emarule.cli.render import wide_console
-from emarule.config.load import load_spec
 from emarule.engine.rundir import METRICS
-from emarule.scaling import plan
+
+sys.path.insert(0, sys.argv[2])
+from test_reproduce_ledger import _reproduce
 
 ledger.HEARTBEAT_S = 0.01
 
@@ -285,15 +284,8 @@ def killed(ctx):
     time.sleep(0.5)
     os._exit(137)  # as SIGKILL does: no except, no finally
 
-def resolver(experiment, preset):
-    def resolve_run(k, ema, baseline):
-        s = load_spec(experiment, preset=preset, overrides=["precision_study.samples=64"])
-        return s, 1.0, "exponential", None, plan(s, 1.0)
-    return resolve_run
-
 emarule.tasks.run_task = killed
-reproduce(wide_console(quiet=True), "precision", preset=None, seeds=None, kappas=None, out=sys.argv[1],
-          data=None, resolver=resolver)
+_reproduce(sys.argv[1])
 """
 
 
@@ -301,8 +293,9 @@ def test_an_invocation_killed_outright_leaves_its_time_and_runs(tmp_path):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", KILLED_SCRIPT, str(tmp_path)], capture_output=True, text=True,
-                          timeout=300)
+    here = str(Path(__file__).parent)  # the script reuses this module's `_reproduce`
+    proc = subprocess.run([sys.executable, "-c", KILLED_SCRIPT, str(tmp_path), here], capture_output=True,
+                          text=True, timeout=300)
     assert proc.returncode == 137, proc.stderr
     (line,) = [json.loads(s) for s in (tmp_path / L.LEDGER).read_text().splitlines()]
     assert line["ended"] == L.KILLED and line["runs"] == 1 and line["reused"] == 0

@@ -22,6 +22,7 @@ line replaces when it ends. A kill leaves that line, short of the true time by l
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import threading
 import time
@@ -152,15 +153,11 @@ def record(root: Path, command: str, timing: dict, verdict_name: str, args: dict
     returns the totals over the invocations of the same command (`key`): `invocations`, `wall_s_total`
     and `trained` (runs trained, not reused, summed). `args`: the invocation's `resolved` arguments.
     `replaces`: the token of this invocation's `Heartbeat` line, dropped first; `token`: the new line's."""
-    from emarule.engine.rundir import atomic_write_text
-
     path = Path(root) / LEDGER
-    old = entries(path) or _earlier_verdict(Path(root), verdict_name)
-    if replaces is not None:
-        old = [e for e in old if e.get("token") != replaces]
+    old = _without(entries(path) or _earlier_verdict(Path(root), verdict_name), replaces)
     line = {"command": command, **({"args": args} if args is not None else {}),
             **{k: timing[k] for k in KEPT if k in timing}, **({"token": token} if token is not None else {})}
-    atomic_write_text(path, "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in [*old, line]))
+    _write(path, [*old, line])
     mine = key(line)
     same = [e for e in [*old, line] if key(e) == mine]
     return {"invocations": len(same), "wall_s_total": sum(float(e["wall_s"]) for e in same),
@@ -169,17 +166,27 @@ def record(root: Path, command: str, timing: dict, verdict_name: str, args: dict
 
 def drop(root: Path, token: str) -> None:
     """Removes the line with TOKEN (a `Heartbeat`'s) from ROOT's ledger, if it is there."""
-    from emarule.engine.rundir import atomic_write_text
-
     path = Path(root) / LEDGER
     old = entries(path)
-    if not any(e.get("token") == token for e in old):
+    kept = _without(old, token)
+    if len(kept) == len(old):
         return
-    kept = [e for e in old if e.get("token") != token]
     if kept:
-        atomic_write_text(path, "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in kept))
+        _write(path, kept)
     else:  # the ledger was this line alone: as if the invocation had written nothing
         path.unlink()
+
+
+def _without(lines: list[dict], token: str | None) -> list[dict]:
+    """LINES but the one a `Heartbeat` with TOKEN wrote (all of them for None)."""
+    return lines if token is None else [e for e in lines if e.get("token") != token]
+
+
+def _write(path: Path, lines: list[dict]) -> None:
+    """The ledger as LINES, one JSON object each, written under a temporary name, then renamed."""
+    from emarule.engine.rundir import atomic_write_text
+
+    atomic_write_text(path, "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in lines))
 
 
 class Heartbeat:
@@ -212,8 +219,6 @@ class Heartbeat:
 
     def beat(self) -> None:
         """Rewrites the line now."""
-        import os
-
         timing = {"wall_s": time.monotonic() - self.start, "runs": int(self.trained()), "reused": 0,
                   "cpus": os.cpu_count(), "ended": KILLED}
         record(self.root, self.command, timing, self.verdict_name, self.args, replaces=self.token,
