@@ -5,7 +5,8 @@ Reference with examples: docs/model-ema.md.
 - Shadow weights and floating buffers are kept in float32 (`dtype`) even when the model holds
   bfloat16 weights: 1 − ρ̂ is far below bfloat16's resolution for the momenta the paper uses. A
   float64 model keeps a float64 shadow unless `dtype` says otherwise: the default never lowers
-  precision.
+  precision. A `dtype` given explicitly holds the floating buffers too, so that the averaged model
+  runs in it. Complex tensors are averaged in their own dtype.
 - The update is one `torch._foreach_lerp_` per (device, dtype) group: ζ.lerp_(θ, 1 − ρ).
   lerp keeps ζ's rounding error proportional to the step (1 − ρ)(θ − ζ), whereas
   ζ·ρ + θ·(1 − ρ) adds an error of order eps·|ζ| at every update, which with ρ near 1 is
@@ -168,6 +169,8 @@ class ModelEma(nn.Module):
         super().__init__()
         if start_steps is not None and start_samples != 0:
             raise ValueError("give start_steps (steps at the base batch) or start_samples, not both")
+        # an explicit dtype is where the averaged model runs: BatchNorm's statistics must follow it
+        self._dtype_given = dtype is not None
         if dtype is None:
             dtype = _default_dtype(unwrap(model))
         settings = {"momentum": momentum, "base_batch_size": base_batch_size, "buffers": buffers,
@@ -215,12 +218,15 @@ class ModelEma(nn.Module):
         self._shadow_mods: list = []
         self._groups: list = []
         self._copies: list = []
+        self._watched: list = []
+        self._shapes: list = []
         self.eval()
 
     # -- settings and state ----------------------------------------------------------------------
 
-    def _set(self, s: Mapping) -> None:
-        """Check every setting, then apply them all (nothing changes on bad input)."""
+    def _set(self, s: Mapping, *, saved: bool = False) -> None:
+        """Check every setting, then apply them all (nothing changes on bad input). A `saved` momentum
+        may be 1: set_momentum accepts it, and a state it wrote must load again."""
         base = _number("base_batch_size", s["base_batch_size"], optional=True)
         if s["buffers"] not in BUFFER_MODES:
             raise ValueError(f"buffers must be one of {', '.join(BUFFER_MODES)}, got {s['buffers']!r}")
@@ -237,7 +243,8 @@ class ModelEma(nn.Module):
         every = s["every"]
         if isinstance(every, bool) or not isinstance(every, numbers.Integral) or every < 1:
             raise ValueError(f"every must be a whole number of calls ≥ 1, got {every!r}")
-        values = {"momentum": _momentum(s["momentum"]), "base_batch_size": base, "dtype": _dtype(s["dtype"]),
+        values = {"momentum": _momentum(s["momentum"], allow_one=saved), "base_batch_size": base,
+                  "dtype": _dtype(s["dtype"]),
                   "start_samples": _number("start_samples", s["start_samples"], strict=False),
                   "warmup_power": power, "warmup_gamma": _number("warmup_gamma", s["warmup_gamma"]),
                   "schedule": s["schedule"], "total_samples": total, "every": int(every), "buffers": s["buffers"]}
@@ -249,12 +256,15 @@ class ModelEma(nn.Module):
 
     def get_extra_state(self) -> dict:
         """Saved with the weights (also inside a parent's state_dict): the settings and the clock."""
-        return {**self.settings(), "samples_seen": self._last, "pending": self._pending, "calls": self._calls,
-                "updates": self.updates}
+        return {**self.settings(), "dtype_given": self._dtype_given, "samples_seen": self._last,
+                "pending": self._pending, "calls": self._calls, "updates": self.updates}
 
     def set_extra_state(self, state: Mapping) -> None:
         """The saved settings win over the constructor's: buffers mode, dtype and clock included."""
-        self._set({**self.settings(), **{k: state[k] for k in SETTINGS if k in state}})
+        self._set({**self.settings(), **{k: state[k] for k in SETTINGS if k in state}}, saved=True)
+        # a dict without the flag: a bfloat16 or float16 shadow can only have been asked for
+        low = "dtype" in state and torch.finfo(self.dtype).bits < 32
+        self._dtype_given = bool(state.get("dtype_given", self._dtype_given or low))
         self._last = state.get("samples_seen")
         self._pending = float(state.get("pending", 0.0))
         self._calls, self.updates = int(state.get("calls", 0)), int(state.get("updates", 0))
@@ -294,15 +304,17 @@ class ModelEma(nn.Module):
         return {"module": self.module.state_dict(), **self.get_extra_state()}
 
     def _cast(self) -> None:
-        """Floating parameters and averaged buffers in self.dtype; copied buffers of a lower precision
-        too (BatchNorm's statistics must have its weights' dtype for the averaged model to run);
-        integer buffers untouched."""
+        """Floating parameters and averaged buffers in self.dtype; copied buffers too when dtype was
+        given, else those of a lower precision (BatchNorm's statistics must have its weights' dtype for
+        the averaged model to run); integer buffers untouched; complex tensors in their own dtype."""
         wide = torch.finfo(self.dtype).bits
         for _, t, is_param in self._shadow():
+            if t.dtype == torch.complex32:  # lerp has no complex32 kernel
+                t.data = t.data.to(torch.complex64)
             if not t.is_floating_point() or t.dtype == self.dtype:
                 continue
-            # a copied buffer is only widened: a float64 one under a float32 shadow keeps its precision
-            if is_param or self.buffers == "average" or torch.finfo(t.dtype).bits < wide:
+            # under the default dtype a copied buffer is only widened: a float64 one keeps its precision
+            if is_param or self.buffers == "average" or self._dtype_given or torch.finfo(t.dtype).bits < wide:
                 t.data = t.data.to(self.dtype)
 
     def _apply(self, fn, recurse: bool = True):
@@ -344,16 +356,20 @@ class ModelEma(nn.Module):
 
     @contextlib.contextmanager
     def swap_into(self, model: nn.Module):
-        """Evaluate with the averaged weights in `model` (sharded or not); its own come back after."""
+        """Evaluate with the EMA's model in `model` (sharded or not); its own tensors come back after.
+
+        Every tensor of the shadow goes in, the copied ones too (BatchNorm's statistics, excluded
+        tensors, integer buffers): the model's own may have moved since the last update, or belong to
+        another model than the one the EMA was loaded for."""
         self._pair(unwrap(model))
-        saved = []
+        pairs = [(e, _local(s)) for _, es, ss in self._groups for e, s in zip(es, ss, strict=True)]
+        pairs += [(e, _local(s)) for e, s in self._copies]
         with torch.no_grad():
-            for _, es, ss in self._groups:
-                for e, s in zip(es, ss, strict=True):
-                    s = _local(s)
-                    saved.append((s, s.clone()))
-                    s.copy_(e)
+            saved = [(s, s.clone()) for _, s in pairs]
         try:
+            with torch.no_grad():
+                for e, s in pairs:
+                    s.copy_(e)
             yield model
         finally:
             with torch.no_grad():
@@ -433,13 +449,14 @@ class ModelEma(nn.Module):
     def _pair(self, source: nn.Module) -> None:
         """Pair shadow and model tensors by name, once per set of tensors on either side; group by
         (device, dtype)."""
-        if self._sig is not None and self._signature(source) == self._sig and self._groups_hold():
+        if (self._sig is not None and self._signature(source) == self._sig and self._groups_hold()
+                and self._shapes_hold()):
             return
         self._sync_dtype()
         params, bufs = list(source.named_parameters()), list(source.named_buffers())
         src = {**{n: (t, True) for n, t in params}, **{n: (t, False) for n, t in bufs}}
         groups: dict = {}
-        copies = []
+        copies, watched = [], []
         seen = set()
         for name, e, is_param in self._shadow():
             kind = "parameter" if is_param else "buffer"
@@ -451,7 +468,9 @@ class ModelEma(nn.Module):
                 raise ValueError(f"{kind} {name!r} has shape {tuple(_local(s).shape)} in the model but "
                                  f"{tuple(e.shape)} in the EMA: build the EMA from this model")
             seen.add(name)
-            if e.is_floating_point() and (is_param or self.buffers == "average") and not self._excluded(name):
+            watched.append(s)
+            if ((e.is_floating_point() or e.is_complex()) and (is_param or self.buffers == "average")
+                    and not self._excluded(name)):
                 g = groups.setdefault((e.device, e.dtype), ([], []))
                 g[0].append(e)
                 g[1].append(s)
@@ -462,6 +481,7 @@ class ModelEma(nn.Module):
             raise ValueError(f"the model has {extra[0]!r}, which the EMA does not: build the EMA from this model")
         self._groups = [(key, es, ss) for key, (es, ss) in groups.items()]
         self._copies = copies
+        self._watched, self._shapes = watched, list(map(torch.Tensor.size, watched))
         self._mods = list(source.modules())
         self._shadow_mods = list((self.shards if self._sharded else self.module).modules())
         self._sig = self._signature(source)
@@ -472,6 +492,12 @@ class ModelEma(nn.Module):
         than source.parameters() on a ResNet-50."""
         return (id(source), *(id(v) for m in (*self._mods, *self._shadow_mods)
                               for d in (m._parameters, m._buffers, m._modules) for v in d.values()))
+
+    def _shapes_hold(self) -> bool:
+        """The model's tensors keep the shapes they were paired with: `p.data = t` keeps the Parameter
+        (and the signature), and lerp_ or copy_ would broadcast a smaller t into the shadow. One size()
+        per tensor: about a quarter of the signature's cost on a ResNet-50."""
+        return list(map(torch.Tensor.size, self._watched)) == self._shapes
 
     def _groups_hold(self) -> bool:
         """Each group's shadow tensors still have its device and dtype (`ema.module.double()` casts
@@ -534,8 +560,12 @@ class ModelEma(nn.Module):
     def __getstate__(self) -> dict:
         """A deep copy or pickle of the EMA must not carry the model's tensors along: pair again after."""
         state = self.__dict__.copy()
-        state.update(_sig=None, _mods=[], _shadow_mods=[], _groups=[], _copies=[])
+        state.update(_sig=None, _mods=[], _shadow_mods=[], _groups=[], _copies=[], _watched=[], _shapes=[])
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        # an EMA pickled by an emarule without these attributes: its buffers only ever widened
+        super().__setstate__({"_dtype_given": False, "_watched": [], "_shapes": [], **state})
 
     def extra_repr(self) -> str:
         base = "" if self.base_batch_size is None else f", base_batch_size={self.base_batch_size:g}"
