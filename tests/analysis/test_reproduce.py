@@ -236,7 +236,7 @@ def test_polyak_claims_contradicted_and_diagnosed(tmp_path):
 
 
 @pytest.mark.parametrize("target_with,verdict,says", [
-    (0.0, "contradicted", "tracks (gap with the rule 0 ≤ its spread 0.4)"),
+    (0.0, "contradicted", "tracks over the run (gap with the rule 0 ≤ its spread 0.4)"),
     (0.6, "inconclusive", "between 1× and 2× its spread"),  # paired, 0.6 for every seed: 1.5× the pair spread
     (1.5, "reproduced", "strays too"),
 ])

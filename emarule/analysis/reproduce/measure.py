@@ -142,7 +142,7 @@ def measure(family: Family, runs: list, arms: dict | None = None) -> dict:
             claims[-1]["statistic"] = claims[-1]["statistic"].replace(STATISTIC["run"],
                                                                       f"{STATISTIC['run']} from epoch {x:g}")
     out = {"tables": tables, "claims": claims, "kappas": kappas, "baseline_seeds": len(base),
-           "seeds": [r.seed for r in base], "goal": goal(family, tables, kappas), "since_epoch": since,
+           "seeds": [r.seed for r in base], "goal": goal(family, tables, kappas, gate), "since_epoch": since,
            "optimizer_check": optimizer_check(family, gate, kappas)}
     if since:
         out["goal"]["statistic"] = f"{STATISTIC['run']} from epoch {since:g}"
@@ -173,7 +173,7 @@ def claim_since(family: Family, claim: Claim, settings: dict, standard: float | 
     return transition_epoch(runs) if runs else standard
 
 
-def goal(family: Family, tables: dict, kappas: list) -> dict:
+def goal(family: Family, tables: dict, kappas: list, gate: dict | None = None) -> dict:
     """The separation goal on the EMA metric over the run at `family.goal_kappa`."""
     k, table = family.goal_kappa, tables[family.ema_metric.name]
     out = {"kappa": k, "metric": family.ema_metric.name, "statistic": STATISTIC["run"]}
@@ -185,10 +185,12 @@ def goal(family: Family, tables: dict, kappas: list) -> dict:
         return out | {"met": None, "why": f"not measured: a run at κ={k:g} never logged {family.ema_metric.name}"}
     if s is None:
         return out | {"met": None, "why": V.NO_SPREAD}
+    if V.unbounded(s):
+        return out | {"met": None, "why": _stopped_why(stopped_baselines(table))}
     a, b = bool(gwo >= V.FACTOR * gw), bool(gw <= s)
     out |= {"met": a and b, "without_at_least_2x_with": a, "with_within_spread": b}
     if not (a and b):
-        out["diagnosis"] = diagnose(family, tables, k, "run")
+        out["diagnosis"] = diagnose(family, tables, k, "run", gate=gate)
     return out
 
 
@@ -234,6 +236,21 @@ def _stat(table: dict, rule: str, kappa: float | None, over: str) -> float | Non
 def _spread(table: dict, over: str) -> float | None:
     g = table["rows"][("baseline", 1.0)]["gaps"]
     return None if g is None else g[over]
+
+
+def stopped_baselines(table: dict) -> list:
+    """The seeds whose κ=1 baseline stopped before its end, where that makes the pair spread unbounded."""
+    row = table["rows"][("baseline", 1.0)]
+    if not V.unbounded(*((row["gaps"] or {}).get(x) for x in ("run", "end"))):
+        return []
+    named = [s for s, st in zip(row["seeds"], row["stopped"], strict=True) if st]
+    return named or ["?"]  # stopped by its curve's end alone (no planned end recorded)
+
+
+def _stopped_why(seeds: list) -> str:
+    which = "a seed" if seeds == ["?"] else f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+    return (f"the κ=1 baseline of {which} stopped before its end (it diverged), so the baseline spread is unbounded "
+            f"and judging the other seeds would hide the run that diverged")
 
 
 def _mean_final(table: dict, rule: str, kappa: float) -> float | None:
@@ -380,7 +397,7 @@ def judge(family: Family, claim: Claim, tables: dict, base: list, kappas: list, 
                 out["meets_issue_goal"] = bool(gwo >= V.FACTOR * gw and gw <= s)
         decided(out, v, why)
         if v != "reproduced" and claim.settings == STANDARD:
-            out["diagnosis"] = diagnose(family, tables, k, over, claim.metric)
+            out["diagnosis"] = diagnose(family, tables, k, over, claim.metric, gate, noise=v == "inconclusive")
     elif claim.kind == "matches_or_better":
         sign = 1.0 if metric.higher_is_better else -1.0
         d = final_differences(table, ka, None, sign)
@@ -418,6 +435,12 @@ def judge(family: Family, claim: Claim, tables: dict, base: list, kappas: list, 
         decided(out, v, why)
     else:
         raise ValueError(f"{family.name}: unknown claim kind {claim.kind!r}")
+    names = [claim.metric] + ([family.target_metric.name] if claim.kind in ("target_explains", "ema_above_target")
+                              else [])
+    broken = sorted({x for n in names for x in stopped_baselines(tables[n])}, key=str)
+    if broken:  # measured as usual, so the report shows the numbers, but not judged (verdict.STOPPED_BASELINE)
+        out.pop("diagnosis", None), out.pop("set_aside", None)
+        return decided(out, "inconclusive", V.Why(out.get("numbers") or "", _stopped_why(broken)))
     return gated(family, claim, out, gate, [ka] if claim.kind != "with_better" else
                  [("with", kk) for kk in kappas])
 
@@ -482,7 +505,8 @@ def track_table(family: Family, tables: dict, base: list, settings: dict, since:
         state = None if st is None else ("strays" if st else ("tracks" if g <= s else "between"))
         rows[(rule, k)] = {"metric": t.name, "gap": g, "ci": ci, "spread": s, "state": state}
     return {"metric": t.name, "blind": (not t.depends_on_ema) or window is not None, "spread": s, "rows": rows,
-            "until_epoch": window, "until": family.target_blind_until or None, "since_epoch": since}
+            "until_epoch": window, "until": family.target_blind_until or None, "since_epoch": since,
+            "baseline_stopped": stopped_baselines(table)}
 
 
 def optimizer_check(family: Family, gate: dict | None, kappas: list) -> dict | None:
@@ -495,7 +519,9 @@ def optimizer_check(family: Family, gate: dict | None, kappas: list) -> dict | N
     first = next((r["kappa"] for r in rows if r["setting"] == "with" and r["state"] == "strays"), None)
     window = f" up to epoch {gate['until_epoch']:.3g} ({gate['until']})" if gate["until_epoch"] is not None else ""
     since = f" from epoch {gate['since_epoch']:g}" if gate.get("since_epoch") else ""
-    if first is not None:
+    if gate.get("baseline_stopped"):
+        head = f"the target model's {gate['metric']}{window}: not judged ({_stopped_why(gate['baseline_stopped'])})"
+    elif first is not None:
         head = f"the target model's {gate['metric']}{window} strays with the rule first at κ={first:g}"
     elif any(r["state"] is None for r in rows if r["setting"] == "with"):
         head = f"the target model's {gate['metric']}{window}: not judged (fewer than 2 baseline seeds, or no gap)"
@@ -513,38 +539,49 @@ def _fci(ci) -> str:
     return "—" if ci is None else f"{_f(ci[0])}–{_f(ci[1])}"
 
 
-def diagnose(family: Family, tables: dict, kappa: float, over: str, metric: str | None = None) -> str:
+def diagnose(family: Family, tables: dict, kappa: float, over: str, metric: str | None = None,
+             gate: dict | None = None, noise: bool = True) -> str:
     """Why a claim on `metric` (the EMA metric by default) fell short, from the numbers: noise, the
-    optimizer rule, or the EMA itself."""
+    optimizer rule, or the EMA itself. The target model's state is the optimizer-rule check's (`gate`, its
+    gap over the run with its interval), so the report never reads it two ways. `noise`: whether to name the
+    seeds' noise; not for a contradicted claim, whose rule has already measured past it."""
     metric = metric or family.ema_metric.name
     table = tables[metric]
     gw, gwo, s = _stat(table, "with", kappa, over), _stat(table, "without", kappa, over), _spread(table, over)
     parts = []
-    if s is not None and gw is not None and gwo is not None and gwo <= V.FACTOR * s:
+    if noise and s is not None and gw is not None and gwo is not None and gwo <= V.FACTOR * s:
         parts.append(f"noise: even without the rule the {metric} gap ({_f(gwo)}) is within 2× the baseline seeds' "
                      f"spread ({_f(s)}), so this preset cannot separate the settings")
     t = family.target_metric
-    tt = tables[t.name]
-    tg, ts = _stat(tt, "with", kappa, over), _spread(tt, over)
-    if t.name == metric:
-        if t.depends_on_ema:
-            parts.append(f"{t.name}, the student's, depends on the EMA too, so it cannot separate an optimizer-rule "
-                         f"failure from an EMA one")
-    elif tg is not None and ts is not None:
-        # The thresholds of `verdict.decide_target` / `decide_optimizer`: > 2× spread strays, ≤ 1× tracks.
-        if t.depends_on_ema:
-            parts.append(f"{t.name} depends on the EMA too (gap with the rule {_f(tg)}, spread {_f(ts)}), so it "
-                         f"cannot separate an optimizer-rule failure from an EMA one")
-        elif tg > V.FACTOR * ts:
-            parts.append(f"the optimizer rule: the target model's {t.name} strays too (gap with the rule {_f(tg)} > "
-                         f"2× its spread {_f(ts)})")
-        elif tg <= ts:
-            parts.append(f"the target model's {t.name} tracks (gap with the rule {_f(tg)} ≤ its spread {_f(ts)}): "
-                         f"the optimizer rule holds, so any remaining gap is the EMA's")
-        else:
-            parts.append(f"the target model's {t.name} gap with the rule ({_f(tg)}) lies between 1× and 2× its "
-                         f"spread ({_f(ts)}), within the noise band: unclear whether the optimizer rule breaks")
+    row = (gate or {}).get("rows", {}).get(("with", kappa)) if gate and gate["blind"] else None
+    if row and row["state"]:
+        parts.append(_target_state(gate, row))
+    elif t.depends_on_ema and t.name == metric:
+        parts.append(f"{t.name}, the student's, depends on the EMA too, so it cannot separate an optimizer-rule "
+                     f"failure from an EMA one")
+    elif t.depends_on_ema and t.name in tables:
+        tg, ts = _stat(tables[t.name], "with", kappa, over), _spread(tables[t.name], over)
+        parts.append(f"{t.name} depends on the EMA too (gap with the rule {_f(tg)}, spread {_f(ts)}), so it "
+                     f"cannot separate an optimizer-rule failure from an EMA one")
     return "; ".join(parts) or "not enough runs to say"
+
+
+def _target_state(gate: dict, row: dict) -> str:
+    """The optimizer-rule check's reading of the target at one setting, in words."""
+    window = f" up to epoch {gate['until_epoch']:.3g}" if gate.get("until_epoch") is not None else ""
+    what = f"the target model's {row['metric']}{window}"
+    g, sp, ci = row["gap"], row["spread"], f" (95 % CI {_fci(row['ci'])})" if row["ci"] else ""
+    if row["state"] == "strays":
+        return (f"the optimizer rule: {what} strays too over the run (gap with the rule {_f(g)}{ci} > 2× its spread "
+                f"{_f(sp)})")
+    if row["state"] == "tracks":
+        return (f"{what} tracks over the run (gap with the rule {_f(g)} ≤ its spread {_f(sp)}): the optimizer rule "
+                f"holds, so any remaining gap is the EMA's")
+    if g > V.FACTOR * sp:
+        return (f"{what} gap with the rule over the run ({_f(g)}{ci}) is > 2× its spread ({_f(sp)}) but its CI reaches "
+                f"down to 1×: unclear whether the optimizer rule breaks")
+    return (f"{what} gap with the rule over the run ({_f(g)}) lies between 1× and 2× its spread ({_f(sp)}), within "
+            f"the noise band: unclear whether the optimizer rule breaks")
 
 
 def _f(v: float | None) -> str:

@@ -70,7 +70,9 @@ ASIDE: the claim does not apply at that setting. So is a target_explains row wit
 The tally (`table.tally`) judges a claim at the κ where it applies: decided when every row not set
 aside is reproduced or contradicted, and at least one is not set aside.
 
-Anything else is "inconclusive"; so is every claim with fewer than 2 baseline seeds (no spread).
+Anything else is "inconclusive"; so is every claim with fewer than 2 baseline seeds (no spread), and every
+claim on a metric whose κ=1 baseline stopped before its end on some seed (it diverged): its pair spread is
+then unbounded, and judging the other seeds alone would hide the run that diverged (`measure.judge`).
 """
 
 from __future__ import annotations
@@ -295,6 +297,9 @@ def final(curve: tuple[list, list]) -> float | None:
 
 
 NO_SPREAD = "the baseline spread is undefined (fewer than 2 baseline seeds)"
+# A κ=1 baseline that stopped early puts an infinite gap into the pair spread; every "within 2× spread" would
+# then hold and every "beyond it" fail, so no claim is judged against it.
+STOPPED_BASELINE = "a κ=1 baseline stopped before its end (it diverged), so the baseline spread is unbounded"
 NO_GAP = "a setting has no gap (not run, or a run never logged the metric)"
 
 
@@ -319,6 +324,11 @@ class Why(str):
         return cls(reason, reason)
 
 
+def unbounded(*spreads: float | None) -> bool:
+    """Whether a spread is infinite: a baseline seed stopped early (`pair_spread`)."""
+    return any(v is not None and math.isinf(v) for v in spreads)
+
+
 def _ci(ci) -> str:
     return "—" if ci is None else f"[{_n(ci[0], signed=True)}, {_n(ci[1], signed=True)}]"
 
@@ -334,6 +344,8 @@ def decide(kind: str, g_with: float | None, g_without: float | None, s: float | 
         return "inconclusive", Why.unmeasured(NO_GAP)
     f, big = FACTOR, max(g_with, g_without)
     r = f"gap with {_n(g_with)}, without {_n(g_without)}, baseline spread {_n(s)}"
+    if unbounded(s):
+        return "inconclusive", Why(r, STOPPED_BASELINE)
     if math.isinf(g_with) and math.isinf(g_without):
         return "inconclusive", Why(r, "runs stopped early in both settings, so their gaps cannot be compared")
     if diff_ci is not None:
@@ -351,7 +363,7 @@ def decide(kind: str, g_with: float | None, g_without: float | None, s: float | 
             return "inconclusive", Why(r, "the rule closes most of the gap, but with > 2× spread")
         if diff_ci is not None and g_without <= f * s and -s < diff_ci[0] and diff_ci[1] < s:
             return "contradicted", Why(r, "without the rule the curve stays within 2× spread, and the paired CI "
-                                          "lies inside ±1× spread: there is no drop for the rule to prevent")
+                                          "lies inside ±1× spread: " + _absence(diff_ci))
         return "inconclusive", Why(r, "without < 2× with")
     if kind == "rule_closer" and diff_ci is not None:
         if g_without >= f * g_with and diff_ci[0] > 0:
@@ -380,10 +392,22 @@ def decide(kind: str, g_with: float | None, g_without: float | None, s: float | 
     raise ValueError(f"decide: unknown kind {kind!r}")
 
 
+def _absence(diff_ci: tuple) -> str:
+    """What a paired interval inside ±1× spread says of the drop the claim predicts without the rule."""
+    if diff_ci[0] > 0:
+        return ("the rule brings the curve closer on the paired seeds (CI above 0), but by less than one spread, "
+                "far short of the drop the claim predicts without it")
+    if diff_ci[1] < 0:
+        return ("the rule leaves the curve farther (CI below 0), by less than one spread: there is no drop for it "
+                "to prevent")
+    return "there is no drop for the rule to prevent"
+
+
 def strays(g: float | None, s: float | None, ci: tuple | None = None) -> bool | None:
     """The target model strays: its paired gap > 2× the spread, and the gap's CI lies above 1× the spread.
-    False when it tracks or sits in between; None when it cannot be told (no gap or no spread)."""
-    if g is None or s is None:
+    False when it tracks or sits in between; None when it cannot be told (no gap, no spread, or a spread
+    made unbounded by a baseline that stopped early)."""
+    if g is None or s is None or unbounded(s):
         return None
     return g > FACTOR * s and (ci is None or ci[0] > s)
 
@@ -392,7 +416,8 @@ def nothing_to_explain(g_ema_with: float | None, s_ema: float | None, g_target_w
                        s_target: float | None) -> bool:
     """target_explains has nothing to explain: every number is measured, and the EMA's gap with the rule
     is within 2× its spread. `decide_target`'s verdict and the row's set-aside both read this."""
-    return None not in (g_ema_with, s_ema, g_target_with, s_target) and g_ema_with <= FACTOR * s_ema
+    return None not in (g_ema_with, s_ema, g_target_with, s_target) and not unbounded(s_ema, s_target) \
+        and g_ema_with <= FACTOR * s_ema
 
 
 def decide_target(g_ema_with: float | None, s_ema: float | None, g_target_with: float | None,
@@ -404,6 +429,8 @@ def decide_target(g_ema_with: float | None, s_ema: float | None, g_target_with: 
         return "inconclusive", Why.unmeasured(NO_GAP)
     r = (f"EMA metric: gap with {_n(g_ema_with)}, spread {_n(s_ema)}; target metric: gap with "
          f"{_n(g_target_with)}" + (f" (95 % CI {_ci(target_ci)})" if target_ci else "") + f", spread {_n(s_target)}")
+    if unbounded(s_ema, s_target):
+        return "inconclusive", Why(r, STOPPED_BASELINE)
     if nothing_to_explain(g_ema_with, s_ema, g_target_with, s_target):
         return "inconclusive", Why(r, "no EMA gap with the rule to explain (≤ 2× spread)")
     if strays(g_target_with, s_target, target_ci):
@@ -423,6 +450,8 @@ def decide_optimizer(g_with: float | None, s: float | None, ci: tuple | None = N
         return "inconclusive", Why.unmeasured(NO_GAP)
     r = f"target gap with the rule {_n(g_with)}" + (f" (95 % CI {_ci(ci)})" if ci else "") + \
         f", baseline spread {_n(s)}"
+    if unbounded(s):
+        return "inconclusive", Why(r, STOPPED_BASELINE)
     if strays(g_with, s, ci):
         return "reproduced", Why(r, "it strays (> 2× spread, CI above 1×)")
     if g_with <= s:
@@ -443,6 +472,8 @@ def decide_with_better(diffs: dict, s_end: float | None, cis: dict | None = None
     r = "with − without at the end " + ", ".join(
         f"κ={k:g}: {_n(d, signed=True)}" + (f" {_ci(cis[k])}" if cis.get(k) else "")
         for k, d in sorted(diffs.items())) + f"; end spread {_n(s_end)}"
+    if unbounded(s_end):
+        return "inconclusive", Why(r, STOPPED_BASELINE)
     if all(cis.get(k) is not None for k in diffs):  # paired: the interval is the comparison's own noise
         if any(cis[k][1] < 0 for k in diffs):
             return "contradicted", Why(r, "without is better somewhere (CI below 0)")
@@ -480,6 +511,8 @@ def decide_matches_or_better(d: float | None, d_ci: tuple | None, s_end: float |
         return "inconclusive", Why.unmeasured(
             "a setting has no final value (not run, or a run never logged the metric)")
     r = f"A − baseline at the end {_n(d, signed=True)} (95 % CI {_ci(d_ci)}), end spread {_n(s_end)}"
+    if unbounded(s_end):
+        return "inconclusive", Why(r, STOPPED_BASELINE)
     if d >= -FACTOR * s_end:
         return "reproduced", Why(r, "level with the baseline (within 2× spread) or above it")
     if d_ci is not None and d_ci[1] < 0:
