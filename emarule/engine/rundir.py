@@ -242,7 +242,11 @@ class MetricsLog:
         if not keep:
             raise UserError(f"--resume: {self.path} holds no row up to the checkpoint (the run's log was emptied "
                             f"or cut); {fix}")
-        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in keep))
+        text = "".join(json.dumps(r) + "\n" for r in keep)
+        # A finished run that is resumed (a reproduction reusing it) keeps every row: leave its file untouched,
+        # so reuse writes nothing (a full disk, a read-only copy) and the log keeps its modification time.
+        if self.path.read_bytes() != text.encode():
+            atomic_write_text(self.path, text)
 
     def start_fresh(self) -> None:
         if self.enabled:

@@ -51,6 +51,21 @@ def test_the_interval_is_fixed_and_narrows_with_more_seeds():
     assert narrow[1] - narrow[0] < wide[1] - wide[0]
 
 
+def test_the_interval_is_the_documented_percentile_bootstrap():
+    """docs/reproduce.md: 10,000 resamples of the seeds, RNG seed 0, the values sorted first, the 2.5 % and
+    97.5 % points of the resampled means; here by numpy's percentile, not the module's indexing."""
+    import numpy as np
+
+    vals = [0.3, 1.1, -0.4, 0.8, 0.2]
+    a = np.sort(np.array(vals))
+    means = a[np.random.default_rng(0).integers(0, len(a), size=(10_000, len(a)))].mean(axis=1)
+    # the 251st and the 9,750th of the 10,000 sorted means: numpy's "higher" and "lower" points there
+    lo, hi = np.percentile(means, 2.5, method="higher"), np.percentile(means, 97.5, method="lower")
+    got = V.bootstrap_ci(list(reversed(vals)))
+    assert got == (float(lo), float(hi)) and got[0] < sum(vals) / len(vals) < got[1]
+    assert got != V.bootstrap_ci(vals, seed=1) and got != V.bootstrap_ci(vals, resamples=1_000)
+
+
 def test_with_two_or_three_seeds_the_interval_is_their_range():
     """As docs/reproduce.md says: every seed must agree in sign there; with 5, one seed may disagree."""
     assert V.bootstrap_ci([1.0, 2.0]) == (1.0, 2.0) and V.bootstrap_ci([3.0, 1.0, 2.0]) == (1.0, 3.0)

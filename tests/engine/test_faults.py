@@ -173,6 +173,26 @@ def test_a_full_log_write_keeps_the_rows_before(tmp_path, monkeypatch):
     assert [json.loads(x)["step"] for x in (tmp_path / METRICS).read_text().splitlines()] == [1]
 
 
+def test_resuming_a_finished_run_writes_nothing_to_its_log(tmp_path, monkeypatch):
+    """A reproduction reuses a finished run by resuming it: its log keeps every row, so it is left as it is
+    (no temporary copy on a full disk, the same modification time), and only a log with rows past the
+    checkpoint is rewritten."""
+    from emarule.engine import rundir
+
+    _, ctx = run_toy(tmp_path, toy_spec(**SPEC), out="run")
+    log = ctx.out / METRICS
+    before, stamp = log.read_bytes(), log.stat().st_mtime_ns
+    written, real = [], rundir.atomic_write_text
+    monkeypatch.setattr(rundir, "atomic_write_text", lambda path, *a, **k: (written.append(Path(path).name),
+                                                                            real(path, *a, **k))[1])
+    run_toy(tmp_path, toy_spec(**SPEC), out="run", resume=True)
+    assert METRICS not in written and log.read_bytes() == before and log.stat().st_mtime_ns == stamp
+    with log.open("a") as f:  # a row past the checkpoint, as a run killed between two checkpoints leaves
+        f.write(json.dumps({"kind": "train", "samples_seen": 10**9, "step": 10**6}) + "\n")
+    run_toy(tmp_path, toy_spec(**SPEC), out="run", resume=True)
+    assert METRICS in written and log.read_bytes() == before
+
+
 # --- records edited, deleted or damaged ---------------------------------------------------------
 
 

@@ -568,20 +568,19 @@ def diagnose(family: Family, tables: dict, kappa: float, over: str, metric: str 
 
 def _target_state(gate: dict, row: dict) -> str:
     """The optimizer-rule check's reading of the target at one setting, in words."""
-    window = f" up to epoch {gate['until_epoch']:.3g}" if gate.get("until_epoch") is not None else ""
-    what = f"the target model's {row['metric']}{window}"
+    span = f"up to epoch {gate['until_epoch']:.3g}" if gate.get("until_epoch") is not None else "over the run"
+    what = f"the target model's {row['metric']}"
     g, sp, ci = row["gap"], row["spread"], f" (95 % CI {_fci(row['ci'])})" if row["ci"] else ""
     if row["state"] == "strays":
-        return (f"the optimizer rule: {what} strays too over the run (gap with the rule {_f(g)}{ci} > 2× its spread "
-                f"{_f(sp)})")
+        return f"the optimizer rule: {what} strays too {span} (gap with the rule {_f(g)}{ci} > 2× its spread {_f(sp)})"
     if row["state"] == "tracks":
-        return (f"{what} tracks over the run (gap with the rule {_f(g)} ≤ its spread {_f(sp)}): the optimizer rule "
-                f"holds, so any remaining gap is the EMA's")
+        return (f"{what} tracks {span} (gap with the rule {_f(g)} ≤ its spread {_f(sp)}): the optimizer rule holds, "
+                f"so any remaining gap is the EMA's")
     if g > V.FACTOR * sp:
-        return (f"{what} gap with the rule over the run ({_f(g)}{ci}) is > 2× its spread ({_f(sp)}) but its CI reaches "
-                f"down to 1×: unclear whether the optimizer rule breaks")
-    return (f"{what} gap with the rule over the run ({_f(g)}) lies between 1× and 2× its spread ({_f(sp)}), within "
-            f"the noise band: unclear whether the optimizer rule breaks")
+        return (f"{what} gap with the rule {span} ({_f(g)}{ci}) is > 2× its spread ({_f(sp)}) but its CI reaches down "
+                f"to 1×: unclear whether the optimizer rule breaks")
+    return (f"{what} gap with the rule {span} ({_f(g)}) lies between 1× and 2× its spread ({_f(sp)}), within the "
+            f"noise band: unclear whether the optimizer rule breaks")
 
 
 def _f(v: float | None) -> str:
