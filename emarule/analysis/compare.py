@@ -343,8 +343,11 @@ def compare(paths: list[Path], metric: str | None = None) -> dict:
     base = sorted((r for r in runs if r.is_baseline), key=lambda r: (r.seed is None, r.seed, r.name))
     if not base:
         have = ", ".join(f"{r.name} (κ={r.kappa:g})" for r in runs)
+        from emarule.cli.suggest import baseline_command
+
         raise UserError(f"no κ=1 baseline among the runs ({have}); add one, e.g. "
-                        f"`emarule run {runs[0].experiment} --kappa 1` or `emarule sweep {runs[0].experiment} ...`")
+                        f"`{baseline_command(runs[0].hparams, runs[0].path)}` or `emarule sweep "
+                        f"{runs[0].experiment} ...`")
     metric = pick_metric(runs, metric)
     bgrid, bmean, bstd = mean_curve([r.curve(metric) for r in base])
     if not bgrid:

@@ -13,6 +13,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from emarule.cli import suggest
 from emarule.errors import UserError
 from emarule.engine.rundir import CHECKPOINT, HPARAMS, METRICS, STUDY_RECORD, UNSAVED
 from emarule.engine.runlock import check_free
@@ -70,6 +71,28 @@ def _kind(p: Path) -> str:
     return "a broken symbolic link" if p.is_symlink() and not p.exists() else "a file"
 
 
+def _brief(name: str) -> str:
+    return name if len(name) <= 40 else f"{name[:16]}…{name[-8:]} ({len(name)} characters)"
+
+
+def _fits(p: Path, flag: str) -> None:
+    """Every name of the path within the file system's NAME_MAX, and the whole within its PATH_MAX: refused
+    here, so that no parent is created before the name that cannot be."""
+    anc = _existing_ancestor(p)
+    try:
+        name_max, path_max = os.pathconf(anc, "PC_NAME_MAX"), os.pathconf(anc, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096  # Linux's
+    full = os.path.abspath(p)
+    for part in Path(full).parts:
+        if len(os.fsencode(part)) > name_max:
+            raise UserError(f"{flag} {_brief(str(p))}: the name {_brief(part)} is longer than the file system's "
+                            f"limit of {name_max} bytes; pass a shorter path")
+    if len(os.fsencode(full)) >= path_max:
+        raise UserError(f"{flag} {_brief(str(p))}: the path is longer than the file system's limit of "
+                        f"{path_max - 1} bytes; pass a shorter path")
+
+
 def out_dir(path: Path | str | None, flag: str = "--out") -> Path | None:
     """A directory that exists and is writable, or that can be created (it is not created here)."""
     if path is None:
@@ -77,6 +100,7 @@ def out_dir(path: Path | str | None, flag: str = "--out") -> Path | None:
     if str(path).strip() == "":
         raise UserError(f"{flag} is empty; give a directory, e.g. {flag} runs/my-run")
     p = Path(path)
+    _fits(p, flag)
     if os.path.lexists(p) and not p.is_dir():
         fix = "remove the link or pass another directory" if _kind(p) != "a file" else "pass a directory"
         raise UserError(f"{flag} {p} is {_kind(p)}, not a directory; {fix} (it is created if missing)")
@@ -89,19 +113,30 @@ def out_dir(path: Path | str | None, flag: str = "--out") -> Path | None:
     return p
 
 
-def out_file(path: Path | str, flag: str = "--out", fix: str = "pass another path") -> Path:
+def out_file(path: Path | str, flag: str = "--out", fix: str = "pass another path", example: str = "compare.png"
+             ) -> Path:
     """A file path whose folder exists and is writable, or can be created (it is not created here)."""
     if str(path).strip() == "":
-        raise UserError(f"{flag} is empty; give a file path, e.g. {flag} compare.png")
+        raise UserError(f"{flag} is empty; give a file path, e.g. {flag} {example}")
     p = Path(path)
-    if p.is_dir():
-        raise UserError(f"{flag} {p} is a directory; {fix}, e.g. {p / 'compare.png'}")
+    if p.is_dir() or str(path).endswith(("/", os.sep)):
+        kind = "a directory" if p.is_dir() else "a directory's path (it ends in '/')"
+        raise UserError(f"{flag} {path} is {kind}; {fix}, e.g. {p / example}")
+    _fits(p, flag)
     anc = _existing_ancestor(p.parent)
     if not anc.is_dir():
         raise UserError(f"{flag} {p}: {anc} is {_kind(anc)}, so nothing can be written under it; {fix}")
     if not _writable(anc):
         raise UserError(f"{flag} {p}: cannot write in {anc} (no permission or a read-only file system); {fix}")
     return p
+
+
+def not_a_run(root: Path, fix: str) -> None:
+    """A run's own directory is no root for a sweep's (or a reproduction's) runs: they would be nested in it, and
+    its record mixed with theirs."""
+    held = [n for n in (HPARAMS, CHECKPOINT) if (root / n).exists()]
+    if held:
+        raise UserError(f"--out {root} is a run's directory (it holds {held[0]}); pass another --out {fix}")
 
 
 def run_dir(out: Path, resume: bool) -> None:
@@ -242,7 +277,7 @@ def runnable(spec: dict, runnable_tasks, sweep: bool = False) -> None:
     if task not in runnable_tasks:
         ready = ", ".join(sorted(runnable_tasks))
         raise UserError(f"{name}: the {task!r} task cannot run yet (runnable tasks: {ready}); "
-                        f"`emarule plan {name} --kappa K` shows its scaled recipe")
+                        f"`{suggest.plan_command(spec)} --kappa K` shows its scaled recipe")
     t = registry.lookup(task)
     unit = value(spec, "batch.unit")
     if t is not None and t.kind == "training" and unit not in t.units:
@@ -255,18 +290,47 @@ def runnable(spec: dict, runnable_tasks, sweep: bool = False) -> None:
 
 
 def metric(spec: dict, name: str | None) -> None:
-    """`sweep --metric` names something the task logs (checked where the task's metrics are known)."""
+    """`sweep --metric` names something a run of this spec logs, whole (checked where the task's metrics are
+    known): `ema_X` only for an X its EMAs are scored on, `/<ρ>` only for a momentum of ema.also, `/<split>`
+    only for a split of data.eval_splits after the first."""
     if name is None:
         return
     t = registry.lookup(spec.get("task"))
     if t is None or t.kind != "training":
         return
-    known = t.metrics
-    base = name.split("/", 1)[0]
-    base = base[len("ema_"):] if base.startswith("ema_") else base
-    if not name.strip() or base not in (*LOOP_METRICS, *known):
-        raise UserError(f"--metric {name!r}: {spec.get('name', '?')} logs {', '.join((*LOOP_METRICS, *known))} "
-                        f"(and ema_<name> for its EMA); pass one of them")
+    if name not in logged_metrics(spec, t):
+        target = ", ".join((*LOOP_METRICS, *t.metrics))
+        emas = (f"ema_<name> for {', '.join(t.ema_metrics)}" if t.ema_metrics else
+                "no ema_<name>: its evaluations score the teacher alone")
+        also = [_extra_name(r) for r in value(spec, "ema.also")]
+        extra = f"; /<ρ> after ema_<name> for ema.also {', '.join(also)}" if also and t.ema_metrics else ""
+        splits = _splits(spec, t)
+        extra += f"; /<split> for {', '.join(splits)}" if splits else ""
+        raise UserError(f"--metric {name!r}: {spec.get('name', '?')} logs {target} ({emas}{extra}); pass one of them")
+
+
+def _extra_name(rho: float) -> str:
+    from emarule.scaling.plan import extra_ema_name
+
+    return extra_ema_name(rho)
+
+
+def _splits(spec: dict, task) -> list[str]:
+    """The evaluation splits after the first, whose metrics end in /<split>."""
+    data = task.config.get("data") or {}
+    if "eval_splits" not in data or not task.ema_metrics:
+        return []
+    return [str(s) for s in value(spec, "data.eval_splits")[1:]]
+
+
+def logged_metrics(spec: dict, task) -> set[str]:
+    """Every metric name a run of `spec` with training task `task` logs (emarule.engine.evaluation.metric_name)."""
+    names = {*LOOP_METRICS, *task.metrics}
+    also = [_extra_name(r) for r in value(spec, "ema.also")]
+    for base in task.ema_metrics:
+        for split in ["", *(f"/{s}" for s in _splits(spec, task))]:
+            names |= {f"{base}{split}", f"ema_{base}{split}", *(f"ema_{base}/{a}{split}" for a in also)}
+    return names
 
 
 def batch_multiple(spec: dict) -> int:

@@ -137,6 +137,11 @@ def whole(values: list[float], what: str) -> list[int]:
     bad = [v for v in values if not float(v).is_integer()]
     if bad:
         raise UserError(f"{what} {bad[0]:g}: batch sizes count samples; give whole numbers")
+    # past 2^53 a float64 no longer holds every whole number, so the count it reads is not the one written
+    huge = [v for v in values if v > 2**53]
+    if huge:
+        raise UserError(f"{what} {huge[0]:g}: past 2^53, where float64 stops counting whole samples exactly; "
+                        f"give smaller batch sizes")
     return [int(v) for v in values]
 
 
@@ -221,13 +226,33 @@ def _no_type(ctx) -> None:
 
 class Help(typer.core.TyperCommand):
     """Help without typer's `<str>` and `<bool>` type labels: an argument is named by its metavar, a
-    flag needs no value; every option that takes one has a metavar (PATH, DIR, NAME, INT, ...)."""
+    flag needs no value; every option that takes one has a metavar (PATH, DIR, NAME, INT, ...).
+
+    Every command's options are parsed here, so a single-value option given twice is refused here, once for all:
+    click would keep the last value unseen (`-k 2 -k 3` runs at κ=3)."""
 
     def format_help(self, ctx, formatter):
         for p in self.get_params(ctx):
             if isinstance(p, typer.core.TyperArgument) or getattr(p, "is_flag", False):
                 p.display_type_rich = _no_type
         return super().format_help(ctx, formatter)
+
+    def parse_args(self, ctx, args):
+        try:  # a first pass only to see the order options came in: the parser records each occurrence
+            _, _, order = self.make_parser(ctx).parse_args(args=list(args))
+        except click_exc.UsageError:
+            order = []  # the parse below raises the same error
+        seen: set[str] = set()
+        for param in order:
+            if not isinstance(param, typer.core.TyperOption) or param.multiple or param.is_flag:
+                continue
+            if param.name in seen:
+                names = sorted(param.opts, key=len, reverse=True)
+                also = f" (or {', '.join(names[1:])})" if len(names) > 1 else ""
+                raise click_exc.UsageError(f"{names[0]}{also} is given more than once, and it takes one value; "
+                                           f"give it once", ctx)
+            seen.add(param.name)
+        return super().parse_args(ctx, args)
 
 
 class PresetsInHelp(Help):
@@ -317,7 +342,7 @@ def plan(
                                              help="scale the args.yaml of a timm train.py run (--batch-size: global)"),
     world_size: int = typer.Option(1, "--world-size", min=1, metavar="N",
                                    help="with --timm-args: processes of that run"),
-    out: Optional[Path] = typer.Option(None, "--out", metavar="PATH", help="with --format timm: write it here"),
+    out: Optional[str] = typer.Option(None, "--out", metavar="PATH", help="with --format timm: write it here"),
 ) -> None:
     """Every hyperparameter, base → scaled, with the rule that produced it (and one row per stage)."""
     from emarule.cli.render import print_plan
@@ -332,7 +357,8 @@ def plan(
         from emarule.cli.timm_plan import plan_timm
 
         return plan_timm(console, timm_args, experiment or spec, kappa, batch_size, world_size, format.value, out,
-                         verbose or overrides or preset or progressive or no_ema_rule)
+                         verbose or overrides or preset or progressive or no_ema_rule,
+                         (ema_rule or EmaRule.exponential).value)
     *_, p = resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule, ema_rule, progressive)
     print_plan(console, p, format.value, verbose)
 
@@ -417,6 +443,10 @@ def limits(
     if not 0.0 < rho < 1.0:
         raise UserError(f"--momentum must be in (0, 1), got {momentum!r}")
     lim = compute(rho, number(batch_size, "--batch-size"), dtype.value, number(relative_gap, "--relative-gap"))
+    for name, bound in lim.as_dict()["bounds"].items():  # an infinite κ (no bound at all) is the formula's own
+        if math.isfinite(bound["kappa"]) and not math.isfinite(bound["batch_size"]):
+            raise UserError(f"--batch-size {batch_size}: {name} κ = {bound['kappa']:.4g} gives a batch size past "
+                            f"float64's range; give a smaller --batch-size")
     print_limits(console, lim, format.value)
 
 
@@ -524,9 +554,11 @@ def sweep(
                        "constant" if baseline else progressive, batch_option=False, batch_multiple=batch_multiple,
                        baseline=baseline)
 
-    from emarule.cli.checks import out_dir
+    from emarule.cli import checks
 
-    sw.execute(console, runs, resolve_run, Path("runs") if out is None else out_dir(out), tasks, data=data,
+    root = Path("runs") if out is None else checks.out_dir(out)
+    checks.not_a_run(root, "for the sweep's runs, e.g. --out runs")
+    sw.execute(console, runs, resolve_run, root, tasks, data=data,
                max_device_batch=max_device_batch, wandb="off" if wandb == "disabled" else wandb, metric=metric,
                jobs=n_jobs, num_workers=num_workers)
 
@@ -636,7 +668,9 @@ def main(argv: list[str] | None = None) -> None:
     except click_exc.NoArgsIsHelpError:
         _exit(2)  # the help has been printed already
     except click_exc.ClickException as e:
-        err_console.print(f"error: {e.format_message()}", markup=False, highlight=False, soft_wrap=True)
+        # click spreads some messages over lines (a missing choice argument lists each choice on its own)
+        err_console.print(f"error: {' '.join(e.format_message().split())}", markup=False, highlight=False,
+                          soft_wrap=True)
         _exit(2)
     except (KeyboardInterrupt, typer.Abort):
         _exit(130)

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from emarule.errors import UserError
+from emarule.config import constraints
 from emarule.config.schema import NAME, check_needs, check_tree, get, schema_for
 
 class _Loader(yaml.SafeLoader):
@@ -99,8 +100,15 @@ def _no_duplicate_keys(node) -> None:
         seen[key.value] = key.start_mark
 
 
-def yaml_load(text: str):
-    loader = _Loader(text)
+# What PyYAML's constructors raise, instead of a YAMLError, on a scalar its tag cannot read (`!!float abc`,
+# `!!int 1.5`, `!!bool abc`, `!!timestamp abc`, a date such as 2023-13-45 that the implicit resolver tags).
+CONSTRUCT_ERRORS = (ValueError, LookupError, TypeError, AttributeError, OverflowError)
+
+
+def yaml_load(text: str, loader_class: type = _Loader):
+    """The one document of `text`, its shape checked (`_check_shape`) before it is built; every failure is a
+    YAMLError (a SpecShapeError where the document parses but is no spec's shape)."""
+    loader = loader_class(text)
     try:
         try:
             node = loader.get_single_node()
@@ -110,9 +118,37 @@ def yaml_load(text: str):
         if node is None:
             return None
         _check_shape(node)
-        return loader.construct_document(node)
+        try:
+            return loader.construct_document(node)
+        except CONSTRUCT_ERRORS:
+            raise _unreadable_scalar(node, text, loader_class) from None
     finally:
         loader.dispose()
+
+
+def _unreadable_scalar(root, text: str, loader_class: type) -> SpecShapeError:
+    """The first scalar of the tree that its tag cannot read, named with its tag and place."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        stack.extend(reversed(_children(node)))
+        if not isinstance(node, yaml.ScalarNode):
+            continue
+        probe = loader_class("")
+        try:
+            probe.construct_object(node, deep=True)
+            continue
+        except CONSTRUCT_ERRORS:
+            pass
+        finally:
+            probe.dispose()
+        kind = node.tag.rsplit(":", 1)[-1]
+        if text[node.start_mark.index:].startswith("!"):
+            return SpecShapeError(f"not a valid {kind} ({node.value!r} under its !!{kind} tag)", node.start_mark,
+                                  f"write a valid {kind}, or drop the !!{kind} tag")
+        return SpecShapeError(f"not a valid {kind} ({node.value!r} reads as one)", node.start_mark,
+                              "quote the value to keep it a string")
+    return SpecShapeError("a value its tag cannot read", None, "check the values' !! tags")
 
 
 EXPERIMENTS_DIR = Path(os.environ.get("EMARULE_EXPERIMENTS", Path(__file__).resolve().parents[2] / "experiments"))
@@ -127,6 +163,8 @@ def spec_path(name: str | None, path: str | os.PathLike | None) -> Path:
         raise UserError(f"give an experiment name ({name!r}) or --spec {path}, not both")
     if path is not None:
         p = Path(path)
+        if p.is_dir():
+            raise UserError(f"--spec {p} is a directory; pass the YAML spec file itself, e.g. --spec {p / 'my.yaml'}")
         if not p.is_file():
             raise UserError(f"spec file not found: {p}; pass --spec PATH to an existing YAML file")
         return p
@@ -226,6 +264,21 @@ def _missing(spec: dict) -> str | None:
     return None
 
 
+def _unknown_task(spec: dict, err: str) -> str | None:
+    """The task named first where a section failed only because the task it belongs to is unknown."""
+    from emarule.config.schema import COMMON
+    from emarule.tasks.registry import lookup, names
+
+    task, section = spec.get("task"), err.split(":", 1)[0].split(".", 1)[0].split("[", 1)[0]
+    if section in COMMON or (isinstance(task, str) and lookup(task) is not None):
+        return None
+    known = ", ".join(sorted(names()))
+    if task is None:
+        return f"no task is named, and the {section} section belongs to a task's keys; add task: (one of {known})"
+    return (f"task {task!r} is not a known task (known: {known}), so its {section} section cannot be checked; "
+            f"fix task: in the spec")
+
+
 _EXAMPLE = {"batch": "batch: {size: 256}", "optimizer": "optimizer: {name: sgd, lr: 0.1}",
             "ema": "ema: {momentum: 0.99}"}
 
@@ -251,7 +304,7 @@ def load_spec(
     schema = schema_for(task if isinstance(task, str) else None)
     err = check_tree("", spec, schema)
     if err:
-        raise UserError(f"{p}: {err}")
+        raise UserError(f"{p}: {_unknown_task(spec, err) or err}")
     spec = copy.deepcopy(spec)
     presets = spec.pop("presets", {}) or {}
     for name, body in presets.items():
@@ -276,6 +329,10 @@ def load_spec(
     parsed = [parse_override(item) for item in overrides]
     for (key, _), item in zip(parsed, overrides, strict=True):  # every key first: an overlap is named as one
         _not_given_twice(key, item, given)
+        if key == "presets" or key.startswith("presets."):
+            raise UserError(f"--set {key}: presets are applied from the spec file before any --set, so this would "
+                            f"change nothing; --set the keys themselves (e.g. --set batch.size=2), or edit the "
+                            f"presets of a spec of your own (--spec)")
         if get(schema, key) is None:
             raise UserError(f"--set {key}: unknown key for a {task} spec; docs/spec-keys.md lists the keys")
     for (key, value), item in zip(parsed, overrides, strict=True):
@@ -286,7 +343,7 @@ def load_spec(
     err = _missing(spec)
     if err:
         raise UserError(f"{p}: {err}" if _missing(read_yaml(p)) else err)
-    err = check_needs(spec)
+    err = check_needs(spec) or constraints.check(spec)
     if err:
         raise UserError(f"{p}: {err}" if not overrides else err)
     spec["preset"] = preset

@@ -188,12 +188,16 @@ OPTIMIZER_MOMENTUM = {"sgd": 0.0, "lars": 0.9, "rmsprop": 0.0}
 
 
 # What each optimizer's scaling rules read. A spec that switches optimizer (`--set optimizer.name=adam`
-# on an SGD recipe) must bring these, or the plan would leave them at torch's unscaled defaults.
+# on an SGD recipe) must bring these, or the plan would leave them at torch's unscaled defaults. LAMB's rule
+# scales lr alone and keeps its betas and ε, which a recipe still states: they are its update's.
 OPTIMIZER_NEEDS = {
     "sgd": ("lr",), "lars": ("lr",), "lamb": ("lr", "betas", "eps"),
     "adam": ("lr", "betas", "eps"), "adamw": ("lr", "betas", "eps"), "rmsprop": ("lr", "alpha", "eps"),
     "none": (),
 }
+# Those of OPTIMIZER_NEEDS its rules change (docs/cli.md's rule table); the rest they keep as written.
+SCALED_BY_RULE = {"sgd": ("lr",), "lars": ("lr",), "lamb": ("lr",), "adam": ("lr", "betas", "eps"),
+                  "adamw": ("lr", "betas", "eps"), "rmsprop": ("lr", "alpha", "eps")}
 _EXAMPLE = {"lr": "0.1", "betas": "'[0.9, 0.999]'", "eps": "1e-8", "alpha": "0.99"}
 
 
@@ -206,7 +210,11 @@ def check_needs(spec: dict) -> str | None:
         return None
     keys = ", ".join(f"optimizer.{k}" for k in missing)
     example = " ".join(f"--set optimizer.{k}={_EXAMPLE[k]}" for k in missing)
-    return f"optimizer {name} needs {keys}, which its scaling rules scale; give them, e.g. {example}"
+    scaled = [k for k in missing if k in SCALED_BY_RULE.get(name, ())]
+    why = ("which its scaling rules scale" if scaled == missing else
+           "which its update reads (its scaling rules leave them unchanged)" if not scaled else
+           f"which its update reads (its scaling rules scale {', '.join(f'optimizer.{k}' for k in scaled)})")
+    return f"optimizer {name} needs {keys}, {why}; give them, e.g. {example}"
 
 
 def _typename(types: tuple) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from emarule.errors import ScalingError
 from emarule.scaling import rules
 from emarule.scaling.limits import round_to
 
@@ -53,6 +54,15 @@ def significant(x: float, digits: int = 3) -> str:
     return f"{x:.{decimals}f}".rstrip("0").rstrip(".")
 
 
+def _finite(headers: list[str], rows: list[list]) -> None:
+    """A value past float64's range is no hyperparameter: refused, naming its column and row."""
+    for row in rows:
+        for head, v in zip(headers[1:], row[1:], strict=True):
+            if not math.isfinite(v):
+                raise ScalingError(f"{head} scales to {v} at batch size {row[0]:g}, past float64's range; give a "
+                                   f"smaller value or smaller --batch-sizes")
+
+
 def momentum_table(columns=PAPER_MOMENTUM_COLUMNS, batch_sizes=PAPER_BATCH_SIZES) -> Table:
     headers = ["batch_size"] + [f"rho={rho!r}@B={b}" for b, rho in columns]  # repr: 0.99999999 is not 1
     rows, bold = [], set()
@@ -64,6 +74,7 @@ def momentum_table(columns=PAPER_MOMENTUM_COLUMNS, batch_sizes=PAPER_BATCH_SIZES
             if bs == b:
                 bold.add((i, j + 1))
         rows.append(row)
+    _finite(headers, rows)
     return Table("Scaled EMA momenta ρ̂ = ρ^κ (κ = B̂/B)", headers, rows, bold, paper)
 
 
@@ -78,5 +89,6 @@ def lr_table(columns=PAPER_LR_COLUMNS, batch_sizes=PAPER_BATCH_SIZES) -> Table:
             if bs == b:
                 bold.add((i, j + 1))
         rows.append(row)
+    _finite(headers, rows)
     return Table("Scaled learning rates: SGD η̂ = κη, RMSProp/Adam η̂ = √κ η", headers, rows, bold,
                  columns == PAPER_LR_COLUMNS)

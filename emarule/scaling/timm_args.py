@@ -80,11 +80,15 @@ def load(path: Path) -> dict:
         raise UserError(f"{path} is a folder; pass the args.yaml file inside it") from None
     except UnicodeDecodeError:
         raise UserError(f"{path} is not a text file; pass timm's args.yaml") from None
+    from emarule.config.load import SpecShapeError, yaml_load
+
     try:
-        args = yaml.safe_load(text)
+        args = yaml_load(text, yaml.SafeLoader)  # YAML 1.1, as train.py's yaml.safe_dump writes it
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         at = f" at line {where.line + 1}" if where is not None else ""
+        if isinstance(e, SpecShapeError):
+            raise UserError(f"{path}: {e.problem}{at}; {e.fix}") from None
         raise UserError(f"{path} is not valid YAML{at}; pass the args.yaml that timm's train.py wrote") from None
     if not isinstance(args, dict) or "batch_size" not in args or "opt" not in args:
         raise UserError(f"{path} is not a timm args.yaml (a mapping with batch_size, opt, ...); pass the "
@@ -142,9 +146,10 @@ def _timm_p(a: dict) -> float:
 
 
 def timm_plan(args: dict, name: str, *, kappa: float | None = None, batch_size: float | None = None,
-              world_size: int = 1) -> tuple[Plan, dict]:
+              world_size: int = 1, ema_rule: str = "exponential") -> tuple[Plan, dict]:
     """(the plan, keyed by timm's argument names; the scaled args for `train.py --config`: the keys of
-    `args` with the changed values, plus any value the rules had to write out)."""
+    `args` with the changed values, plus any value the rules had to write out). `ema_rule`: the form of the
+    EMA Scaling Rule model_ema_decay is scaled by (exponential ρ^κ, or linear 1 − κ(1 − ρ))."""
     a = {**DEFAULTS, **args}
     _check(name, a)
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
@@ -179,7 +184,7 @@ def timm_plan(args: dict, name: str, *, kappa: float | None = None, batch_size: 
     spec = {"name": name, "batch": {"size": base_batch}, "optimizer": {k: v for k, v in opt.items() if v is not None},
             "ema": {"momentum": a["model_ema_decay"]}}
     try:
-        core = scale(spec, kappa)
+        core = scale(spec, kappa, ema_rule)
     except ScalingError as e:  # a beta or ρ out of range: name the args.yaml key
         raise UserError(str(e).replace("optimizer.betas", "opt_betas").replace("ema.momentum", "model_ema_decay")
                         ) from None
@@ -253,7 +258,7 @@ def timm_plan(args: dict, name: str, *, kappa: float | None = None, batch_size: 
                         "learning rate by its rule yourself; only batch_size is scaled here")
     # A default the file left out is written only when the rules changed it.
     out = {k: v for k, v in out.items() if k in args or v != DEFAULTS.get(k)}
-    return Plan(name, kappa, "exponential", values, warnings + core.warnings), out
+    return Plan(name, kappa, ema_rule, values, warnings + core.warnings), out
 
 
 def write(out: dict, path: Path) -> None:
@@ -264,11 +269,17 @@ def write(out: dict, path: Path) -> None:
     if not path.parent.is_dir():
         raise UserError(f"--out {path}: folder {path.parent} does not exist; create it first")
     text = yaml.safe_dump(out, default_flow_style=False)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
+    except OSError as e:  # named by the user's path, not the temporary one beside it
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise UserError(f"--out {path}: cannot write it ({e.strerror or e}); pass a path you can write to") from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise

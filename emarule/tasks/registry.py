@@ -29,6 +29,9 @@ class TaskSpec:
     config: dict[str, Any] = field(default_factory=dict)  # its own spec sections (emarule/config/tasks.py)
     units: tuple[str, ...] = ("samples",)  # the batch.unit values it batches by; a run with another is refused
     metrics: tuple[str, ...] = ()  # what it logs besides the loop's loss and grad_norm (ema_ and /split aside)
+    # those of `metrics` scored on every EMA too (ema_X, ema_X/<ρ> for each ema.also) and, with data.eval_splits,
+    # on each split after the first (X/<split>); a task whose evaluations score its teacher alone has none
+    ema_metrics: tuple[str, ...] = ()
     headline: str | None = None  # what compare, sweep and reproduce judge by default
     loss: str = "loss"  # the training loss a sweep compares after the headline
     experiments: str = ""  # its specs and their presets (`presets:` in each YAML)
@@ -91,13 +94,13 @@ register(TaskSpec("dino", "training", "emarule.tasks.dino", "build", keys.DINO,
                            "teacher_entropy", "teacher_temp"),
                   headline="probe_top1", experiments="dino-vit", doc="App. H.11"))
 register(TaskSpec("polyak", "training", "emarule.tasks.polyak", "build", keys.POLYAK,
-                  metrics=("train_top1", "bn_momentum", "top1", "val_loss"),
+                  metrics=("train_top1", "bn_momentum", "top1", "val_loss"), ema_metrics=("top1", "val_loss"),
                   headline="ema_top1", experiments="polyak-r50", doc="§3.2, App. F.2–F.3"))
 register(TaskSpec("ctc", "training", "emarule.tasks.ctc", "build", keys.CTC, units=("seconds",),
-                  metrics=("ctc_loss", "wer", "pl_wer", "phase", "unlabeled_share"),
+                  metrics=("ctc_loss", "wer", "pl_wer", "phase", "unlabeled_share"), ema_metrics=("wer",),
                   headline="ema_wer", experiments="ctc-polyak, ctc-pseudo-label", doc="§3.2, §3.3, App. G"))
 register(TaskSpec("toy", "training", "emarule.tasks.toy", "build", keys.TOY, units=("samples", "seconds"),
-                  metrics=("mse", "val_mse"), headline="loss",
+                  metrics=("mse", "val_mse"), ema_metrics=("val_mse",), headline="loss",
                   doc="the engine's tests (tests/engine_util.py; no experiments/*.yaml)"))
 
 

@@ -74,12 +74,7 @@ def refuse_foreign(root: Path, family: Family) -> None:
     """A run's directory, or another family's reproduction, is not a place for this one: its report.md and
     verdict.json would be overwritten, or a run's directory filled with a reproduction. Refused before
     anything is written."""
-    from emarule.engine.rundir import CHECKPOINT, HPARAMS
-
-    held = [n for n in (HPARAMS, CHECKPOINT) if (root / n).exists()]
-    if held:
-        raise UserError(f"--out {root} is a run's directory (it holds {held[0]}); pass another --out for the "
-                        f"reproduction, e.g. runs/reproduce/{family.name}")
+    checks.not_a_run(root, f"for the reproduction, e.g. runs/reproduce/{family.name}")
     old = read_json(root / R.VERDICT)
     other = old.get("family") if isinstance(old, dict) else None
     other = other or next((f for f in ledger.families(root) if f != family.name), None)
@@ -118,6 +113,10 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
                             f"drop --headline")
         family = headline_only(family)
     spec_preset = check(family, preset, seeds, kappas)
+    if data is not None and family.kind == "study":  # a sweep family's runs check --data as `emarule sweep` does
+        from emarule.config.load import load_spec
+
+        checks.data(load_spec(family.experiment, preset=spec_preset), data)
     chosen = preset if preset is not None else family.preset
     family = replace(family, arms=tuple(a.for_preset(chosen) for a in family.arms))
     root = checks.out_dir(out) or Path("runs") / "reproduce" / family.name
@@ -184,7 +183,8 @@ def _logs(root: Path) -> dict[str, bytes]:
 
 def _trained_since(root: Path, before: dict[str, bytes]) -> int:
     """How many runs under ROOT logged something new since `before` (`_logs`). A log's time is no guide: a
-    finished run that is resumed rewrites its log as it was (`MetricsLog.truncate_after`), trained or not."""
+    run resumed from a checkpoint that precedes rows of its log rewrites it (`MetricsLog.truncate_after`), and
+    a copied root keeps or loses times as it was copied; the contents say what trained."""
     now = _logs(root)
     return sum(1 for path, digest in now.items() if before.get(path) != digest)
 
