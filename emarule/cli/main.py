@@ -677,6 +677,14 @@ def main(argv: list[str] | None = None) -> None:
     except UserError as e:
         err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         _exit(2)
+    except RuntimeError as e:
+        launched = sys.modules.get("emarule.engine.distributed")
+        if launched is None or not launched.peer_stopped(e):
+            raise
+        err_console.print("error: another process of this launch stopped on an error of its own (printed above), so "
+                          "this one stops too; fix that and run the same command again", markup=False,
+                          highlight=False, soft_wrap=True)
+        _exit(2)
     _exit(rv if isinstance(rv, int) else 0)
 
 

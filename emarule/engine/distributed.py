@@ -136,20 +136,35 @@ def _group():
     return d if d is not None and d.is_available() and d.is_initialized() else None
 
 
-def _leave_group() -> None:
+def _leave_group(timeout_s: float | None = None) -> None:
     dist = _group()
     if dist is not None:
         # gloo can abort a process ("terminate called without an active exception") that tears the group
         # down while a peer's last messages are in flight: meet every rank first. Bounded, because a peer
         # that already failed never arrives.
         try:
-            dist.barrier(async_op=True).wait(timeout=timedelta(seconds=LEAVE_TIMEOUT_S))
-        except Exception:  # noqa: BLE001 - a failed or timed-out peer: leave anyway
-            pass
+            dist.barrier(async_op=True).wait(timeout=timedelta(seconds=timeout_s or LEAVE_TIMEOUT_S))
+        except Exception:  # noqa: BLE001 - a failed or timed-out peer: leave without tearing down
+            # destroy_process_group waits for the collectives in flight, and a peer blocked in one (its
+            # all-reduce of a step this rank never reached) would keep this process alive forever
+            return
         dist.destroy_process_group()
 
 
 LEAVE_TIMEOUT_S = 60
+# An error that one rank alone met (a file only its shard reads) leaves its peers in a collective: they never
+# reach the barrier, so a failing process waits for them only briefly.
+ERROR_LEAVE_TIMEOUT_S = 10
+
+
+def peer_stopped(error: BaseException) -> bool:
+    """Whether `error` is a collective failing because another process of the launch went away (it ended on
+    an error of its own, which it has printed)."""
+    if _group() is None or not isinstance(error, RuntimeError):
+        return False
+    text = str(error).lower()
+    return any(s in text for s in ("connection closed by peer", "connection reset by peer", "broken pipe",
+                                   "socket closed"))
 
 
 def exit_process(code: int) -> None:
@@ -159,7 +174,7 @@ def exit_process(code: int) -> None:
     process that is in no group."""
     if _group() is None:
         return
-    _leave_group()
+    _leave_group(ERROR_LEAVE_TIMEOUT_S if code else None)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

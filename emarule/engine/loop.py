@@ -472,7 +472,9 @@ def _next_batch(run: Run):
             skipped = True
         if got.batch is not None:
             micro.append(got.batch)
-            measures.append(run.batcher.measure([i for i in m if i not in bad]))
+            # one process: the skipped items' share goes to the others (below); several: the step's total
+            # is summed over ranks from the plan, so each micro-batch keeps its planned share of it
+            measures.append(run.batcher.measure(m if run.d.world_size > 1 else [i for i in m if i not in bad]))
     if mine and not micro:
         raise UserError(f"every item of a batch failed to decode (the first: {got.bad[0].path}); the data set is "
                         f"too damaged to train on: check it")

@@ -139,12 +139,19 @@ def read_cifar_batches(folder: Path, names: tuple) -> tuple[torch.Tensor, torch.
     for name in names:
         with open(folder / name, "rb") as f:
             entry = unpickle(f, name)
-        data = np.asarray(entry["data"], dtype=np.uint8)
-        labels = entry["labels"] if "labels" in entry else entry["fine_labels"]
+        missing = [k for k in ("data", "labels") if k not in entry and not (k == "labels" and "fine_labels" in entry)]
+        if missing:
+            raise ValueError(f"{name}: no {' or '.join(map(repr, missing))} entry in the batch")
+        try:
+            data = np.asarray(entry["data"], dtype=np.uint8)
+            labels = entry["labels"] if "labels" in entry else entry["fine_labels"]
+            label_t = torch.tensor(labels, dtype=torch.int64)
+        except (TypeError, ValueError, RuntimeError) as e:  # a label of None, rows that are not numbers
+            raise ValueError(f"{name}: its entries are not image rows and integer labels ({e})") from None
         if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(labels) != len(data):
             raise ValueError(f"{name}: expected N×3072 image rows and N labels, got {data.shape} and {len(labels)}")
         xs.append(torch.from_numpy(data.reshape(-1, 3, 32, 32).copy()))
-        ys.append(torch.tensor(labels, dtype=torch.int64))
+        ys.append(label_t)
     return torch.cat(xs), torch.cat(ys)
 
 

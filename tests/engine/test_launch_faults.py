@@ -192,3 +192,68 @@ def test_a_requeued_job_resumes_only_a_run_that_wrote_a_checkpoint(tmp_path):
         (tmp_path / run_dir).mkdir(parents=True)
         (tmp_path / run_dir / "checkpoint.pt").write_bytes(b"")
         assert "--resume" in sbatch(tmp_path, "dino-vit", "--preset", "tiny", *out, restarts=1), out
+
+
+def test_a_bad_file_one_rank_meets_ends_every_process_with_its_line(tmp_path):
+    """One rank's shard holds a truncated JPEG: it stops with its one line while its peer waits in the step's
+    all-reduce. Tearing the group down would wait for that collective forever, so the failing rank leaves
+    without it, and the peer's collective fails and is said in one line: the launch ends, nothing hangs."""
+    import time
+
+    from vision_util import image_folder
+
+    data = image_folder(tmp_path / "inet")
+    bad = data / "train" / "n01" / "3.JPEG"
+    bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "emarule", "run", "byol-r18", "--preset", "tiny", "--set", "data.source=imagenet",
+           "--data", str(data), "--out", str(tmp_path / "run")]
+    start = time.monotonic()
+    r = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=170)
+    assert time.monotonic() - start < 150, "the launch did not end promptly"
+    assert r.returncode != 0
+    errors = [x for x in r.stderr.splitlines() if x.startswith("error: ")]
+    assert len(errors) == 2, r.stderr[-3000:]  # one line from each process, the cause first
+    assert errors[0].startswith(f"error: cannot decode {bad}") and "another process of this launch" in errors[1]
+    assert "exitcode  : 2" in r.stderr  # both processes ended on exit code 2 (torchrun's report of them)
+    assert not [x for x in r.stderr.splitlines() if x.startswith("[rank") and "Traceback" in x]
+
+
+WEIGHTS = """import json, sys
+from emarule.engine import distributed, loop
+step = loop.optimizer_step
+def record(run, micro, measures, global_measure, *a, **k):
+    with open(sys.argv[1] + f".{distributed.rank()}", "a") as f:
+        f.write(json.dumps([run.clock.step, [m / global_measure for m in measures]]) + "\\n")
+    return step(run, micro, measures, global_measure, *a, **k)
+loop.optimizer_step = record
+from emarule.cli.main import main
+main(sys.argv[2:])
+"""
+
+
+def test_with_several_processes_a_skipped_item_leaves_each_micro_batch_its_planned_weight(tmp_path):
+    """docs/faults.md: the step's total comes from the plan summed over ranks, so the rank that skipped an item
+    weighs its micro-batch as planned, and the step's weights add up to 1 (not 31/32)."""
+    import json
+
+    from vision_util import image_folder
+
+    data = image_folder(tmp_path / "inet")
+    bad = data / "train" / "n01" / "3.JPEG"
+    bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+    (tmp_path / "weights.py").write_text(WEIGHTS)
+    log = tmp_path / "weights"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(tmp_path / "weights.py"), str(log), "run", "byol-r18", "--preset", "tiny", "--set",
+           "data.source=imagenet", "--set", "data.skip_bad_items=true", "--data", str(data),
+           "--out", str(tmp_path / "run")]
+    r = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps: dict = {}
+    for rank in (0, 1):
+        for line in Path(f"{log}.{rank}").read_text().splitlines():
+            step, weights = json.loads(line)
+            steps.setdefault(step, []).extend(weights)
+    assert steps and all(sum(w) == pytest.approx(1.0) for w in steps.values()), steps
+    assert "skipped" in r.stderr  # the truncated file was met and skipped, so the test is not vacuous

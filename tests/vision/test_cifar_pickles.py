@@ -87,3 +87,19 @@ def test_every_byte_of_the_header_damaged_loads_or_is_one_line(tmp_path, value):
             cifar10(tmp_path, False)
         except UserError as e:
             assert "\n" not in str(e) and "CIFAR-10 at" in str(e)
+
+
+@pytest.mark.parametrize("edit,says", [
+    (lambda d: d.pop("labels"), "data_batch_3: no 'labels' entry in the batch"),
+    (lambda d: d.pop("data"), "data_batch_3: no 'data' entry in the batch"),
+    (lambda d: d["labels"].__setitem__(1, None), "data_batch_3: its entries are not image rows and integer labels"),
+])
+def test_a_batch_that_unpickles_but_lacks_its_entries_is_named(tmp_path, edit, says):
+    """A batch whose pickle is whole but whose dict is not CIFAR-10's: the message names the file and the entry."""
+    folder = write(tmp_path, 2)
+    d = pickle.loads((folder / "data_batch_3").read_bytes())
+    edit(d)
+    (folder / "data_batch_3").write_bytes(pickle.dumps(d, protocol=2))
+    with pytest.raises(UserError) as e:
+        cifar10(tmp_path, True)
+    assert says in str(e.value) and "\n" not in str(e.value)
