@@ -58,11 +58,9 @@ def _milestones(cfg: Section) -> str | None:
     return None
 
 
-def _divisors_near(n: int, k: int) -> str:
-    """The divisors of n nearest k (one below, one above), for a message."""
-    below = max((d for d in range(1, min(k, n) + 1) if n % d == 0), default=1)
-    above = min((d for d in range(k, n + 1) if n % d == 0), default=n)
-    return str(below) if below == above else f"{below} or {above}"
+def _divisor_below(n: int, k: int) -> int:
+    """The largest divisor of n that is at most k, for a message's example."""
+    return max((d for d in range(1, min(k, n) + 1) if n % d == 0), default=1)
 
 
 def _heads(width_key: str, width, heads, arch_width: str = "") -> str | None:
@@ -70,7 +68,7 @@ def _heads(width_key: str, width, heads, arch_width: str = "") -> str | None:
         return None
     what = f"{width_key} {width}" if not arch_width else f"{arch_width} width {width}"
     return (f"{what} is not divisible by model.heads {heads} (each head takes width / heads channels); pick "
-            f"heads dividing {width} (e.g. --set model.heads={_divisors_near(width, heads).split()[0]}), or a "
+            f"heads dividing {width} (e.g. --set model.heads={_divisor_below(width, heads)}), or a "
             f"{width_key} divisible by {heads}")
 
 
@@ -89,7 +87,7 @@ def _tiles(key: str, size: int, patch: int | None, what: str) -> str | None:
     if patch is None or size % patch == 0:
         return None
     return (f"{key} {size} is not divisible by model.patch_size {patch}, so {what} cannot be cut into patches; "
-            f"pick a patch size dividing {size} (e.g. --set model.patch_size={_divisors_near(size, patch).split()[0]})"
+            f"pick a patch size dividing {size} (e.g. --set model.patch_size={_divisor_below(size, patch)})"
             f" or a {key} divisible by {patch}")
 
 

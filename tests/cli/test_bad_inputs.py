@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_util import refused_in_one_line
 from emarule.cli.main import main
 
 TINY = ["byol-r18", "--preset", "tiny"]
@@ -293,14 +294,7 @@ def tree(root: Path) -> dict:
 @pytest.mark.parametrize("argv,needle", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(workdir, capsys, argv, needle):
     before = tree(workdir)
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    out, err = capsys.readouterr()
-    assert e.value.code == 2, (out, err)
-    assert "Traceback" not in err and out == "", (out, err)
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert needle in lines[0], lines[0]
+    refused_in_one_line(argv, capsys, needle)
     assert tree(workdir) == before
 
 
