@@ -71,12 +71,6 @@ class Optim(str, Enum):
     adam = "adam"
 
 
-class Dtype(str, Enum):
-    float32 = "float32"
-    bfloat16 = "bfloat16"
-    float16 = "float16"
-
-
 def fail(message: str) -> None:
     err_console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(2)
@@ -283,7 +277,8 @@ JobsOpt = typer.Option(None, "--jobs", metavar="N|auto",
                        help="runs trained at once, each in its own process (default auto: one per CPU core, "
                             "one on a GPU machine or under torchrun; $EMARULE_JOBS sets the default)")
 ProgOpt = typer.Option(None, "--progressive", metavar="SCHEDULE",
-                       help="Progressive Scaling: constant, step:E, smooth:E1-E2, incremental:START,DELTA_B,EVERY")
+                       help="Progressive Scaling: constant, step:E, smooth:E1-E2, "
+                            "incremental:START,DELTA_B,EVERY[,FROM_KAPPA]")
 
 
 def _version(value: bool) -> None:
@@ -427,7 +422,8 @@ def limits(
     momentum: str = typer.Option(..., "--momentum", metavar="FLOAT", help="base momentum ρ in (0, 1)"),
     batch_size: str = typer.Option(..., "--batch-size", metavar="FLOAT",
                                    help="reference batch B at which ρ is written"),
-    dtype: Dtype = typer.Option(Dtype.float32, "--dtype"),
+    dtype: str = typer.Option("float32", "--dtype", metavar="float32|bfloat16|float16",
+                              help="the EMA's format; fp32, tf32, bf16, fp16 and half are read as their full names"),
     relative_gap: str = typer.Option("1", "--relative-gap", metavar="FLOAT",
                                      help="r = |θ − ζ| / |ζ| assumed for the update bound (default 1)"),
     format: LimitsFmt = typer.Option(LimitsFmt.table, "--format", "-f"),
@@ -442,7 +438,14 @@ def limits(
         raise UserError(f"--momentum must be a number, got {momentum!r}") from None
     if not 0.0 < rho < 1.0:
         raise UserError(f"--momentum must be in (0, 1), got {momentum!r}")
-    lim = compute(rho, number(batch_size, "--batch-size"), dtype.value, number(relative_gap, "--relative-gap"))
+    from emarule.scaling.limits import canonical
+
+    try:
+        dtype = canonical(dtype.strip().lower())
+    except ValueError:
+        raise UserError(f"--dtype {dtype}: use float32, bfloat16 or float16 (or fp32, tf32, bf16, fp16, half)"
+                        ) from None
+    lim = compute(rho, number(batch_size, "--batch-size"), dtype, number(relative_gap, "--relative-gap"))
     for name, bound in lim.as_dict()["bounds"].items():  # an infinite κ (no bound at all) is the formula's own
         if math.isfinite(bound["kappa"]) and not math.isfinite(bound["batch_size"]):
             raise UserError(f"--batch-size {batch_size}: {name} κ = {bound['kappa']:.4g} gives a batch size past "

@@ -138,6 +138,9 @@ def print_plan(console: Console, p: Plan, fmt_: str, verbose: bool = False) -> N
                                     f"the last stage, from {_axis(last)} {last.start_epoch:g}"))
         console.print(f"Progressive Scaling ({_describe(p.progressive)}): {len(p.stages)} stages, every value "
                       f"re-derived for each stage's κ (--verbose: one full table per stage)", highlight=False)
+        if any(v.unit == "steps" for v in p.values.values()):
+            console.print("Step counts above: N / κ at the last κ; a run reaches each through every stage "
+                          "(N × B of data seen)", highlight=False)
         console.print(stage_table(p))
     else:
         console.print(plan_table(p, f"{p.experiment} at κ={p.kappa:g}, batch {fmt(p['batch_size'])} ({rule})"))

@@ -155,11 +155,16 @@ def set_precision(precision: str) -> None:
         torch.backends.cudnn.allow_tf32 = tf32
 
 
-def set_bn_momentum(model: nn.Module, plan) -> None:
-    """torch's BatchNorm momentum = 1 − ρ_BN (ρ_BN^κ when norm.bn_scale)."""
+def set_bn_momentum(model: nn.Module, plan, accumulation: int = 1) -> None:
+    """torch's BatchNorm momentum = 1 − ρ_BN (ρ_BN^κ when norm.bn_scale), per optimizer step.
+
+    BatchNorm updates its running statistics on every forward, so with A micro-batches a step makes A
+    updates: each one takes ρ_BN^(1/A), and the step's decay is the plan's whatever the device memory."""
     m = plan.get("norm.bn_torch_momentum")
     if m is None:
         return
+    if accumulation > 1:
+        m = -math.expm1(math.log1p(-m) / accumulation) if m < 1.0 else 1.0
     for mod in model.modules():
         if isinstance(mod, nn.modules.batchnorm._BatchNorm):
             mod.momentum = m
@@ -406,7 +411,7 @@ def enter_stage(run: Run, kappa: float) -> None:
         return
     run.kappa, run.plan = kappa, run.ctx.plan.for_kappa(kappa)
     run.lay = batching.layout(run.plan["batch_size"], run.d.world_size, run.ctx.max_device_batch, run.unit)
-    set_bn_momentum(run.model, run.plan)
+    set_bn_momentum(run.model, run.plan, run.lay.accumulation)
     run.params = list(run.model.parameters())
     for name, rho in run.momentum_schedule.at(kappa).items():
         run.emas[name].set_momentum(rho)

@@ -20,6 +20,10 @@ from emarule.scaling.progressive import RAMPS, BatchSchedule, Stage, whole_multi
 
 EMA_RULES = ("exponential", "linear")
 SQRT_OPTIMIZERS = ("rmsprop", "adam", "adamw")
+# torch's Adam and RMSprop add λθ to the gradient before the preconditioner: an L2 term of the loss, which the
+# SDE rules keep fixed. The Weight Decay Scaling Rule (κηλ/η̂) is for decay θ ← θ − ηλθ (SGD, AdamW, LARS, LAMB).
+L2_OPTIMIZERS = ("adam", "rmsprop")
+SEEN = "(a run counts N × B of data seen)"  # the engine's clock: a step-counted key is never rounded there
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,8 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     stages: list[tuple[Stage, "Plan"]] | None = None
     progressive: dict | None = None  # the schedule in force (None: constant κ, or the spec's skipped)
+    # With stages, `values` are the last stage's: a step count there is N / κ at the final κ alone, while a run
+    # reaches N base steps' data (N × B) through every stage, at another optimizer step.
 
     def __getitem__(self, name: str) -> Any:
         """The scaled value of a dotted hyperparameter name."""
@@ -154,6 +160,10 @@ def _optimizer(spec: dict, kappa: float, out: dict[str, Scaled]) -> None:
     if opt.get("momentum") is not None and name in ("sgd", "lars"):
         out["optimizer.momentum"] = Scaled(opt["momentum"], opt["momentum"], "momentum",
                                            "heavy-ball momentum: unchanged under the SGD Scaling Rule")
+    elif opt.get("momentum") and name == "rmsprop":
+        out["optimizer.momentum"] = Scaled(opt["momentum"], opt["momentum"], "momentum",
+                                           "unchanged: the RMSProp Scaling Rule is derived without heavy-ball "
+                                           "momentum, so none is known for it")
     adaptive = name in SQRT_OPTIMIZERS
     beta_names = ([("optimizer.alpha", opt.get("alpha"))] if name == "rmsprop"
                   else [("optimizer.betas", opt.get("betas"))])
@@ -186,6 +196,8 @@ def _optimizer(spec: dict, kappa: float, out: dict[str, Scaled]) -> None:
         kind = opt.get("weight_decay_rule", "none")
         if kind == "none":
             v, rule = wd, "none: λ̂ = λ (as the recipe states)"
+        elif kind == "auto" and name in L2_OPTIMIZERS:
+            v, rule = wd, f"Weight Decay Scaling Rule: L2 in the gradient ({name}), part of the loss: λ̂ = λ"
         elif kind == "auto":
             lr_hat = out["optimizer.lr"].scaled if "optimizer.lr" in out else lr
             v, rule = rules.wd_auto(wd, kappa, lr or 0.0, lr_hat or 0.0), "Weight Decay Scaling Rule: λ̂ = κηλ / η̂"
@@ -214,7 +226,13 @@ def _durations(prefix: str, tree: Any, kappa: float, out: dict[str, Scaled]) -> 
         elif value is None or isinstance(value, bool):
             continue
         elif key.endswith("_steps") and isinstance(value, (int, float)):
-            out[path] = Scaled(value, rules.steps(value, kappa, path), "steps", "step-counted: N̂ = N / κ")
+            n = rules.steps(value, kappa, path)
+            exact = value / kappa
+            rule = "step-counted: N̂ = N / κ"
+            if exact != n:
+                # the engine never rounds: it counts N base steps as N × B of data seen
+                rule += f" = {exact:.6g}, rounded {SEEN}"
+            out[path] = Scaled(value, n, "steps", rule)
         elif key.endswith("epochs") and isinstance(value, (int, float, list)):
             out[path] = Scaled(value, value, "epochs", "epoch-counted: unchanged")
 
@@ -250,8 +268,13 @@ def _warn_rounding(spec: dict, values: dict[str, Scaled], warnings: list[str]) -
             wider = "keep it in float32 or " if dtype != "float32" else ""
             warnings.append(f"{key} = {v:.8g} rounds to 1.0 in {dtype} (ema.dtype): the EMA would "
                             f"never move; {wider}use a larger κ (see `emarule limits`)")
-        elif r == 0.0 and base != 0.0:
-            how = f"= {v:.3g} rounds to 0.0 in {dtype} (ema.dtype)" if v else f"scales from {base:g} to 0"
+        elif base != 0.0 and round_to(1.0 - v, dtype) == 1.0:
+            # past limits' κ_max 1 − ρ̂ rounds to 1 and the update keeps nothing of the average, long before ρ̂ itself
+            # underflows to 0
+            if r == 0.0:
+                how = f"= {v:.3g} rounds to 0.0 in {dtype} (ema.dtype)" if v else f"scales from {base:g} to 0"
+            else:
+                how = f"= {v:.3g}: 1 − ρ̂ rounds to 1.0 in {dtype} (ema.dtype)"
             warnings.append(f"{key} {how}: the EMA is a plain copy of the model; use a smaller κ (see `emarule "
                             f"limits`)")
 

@@ -99,7 +99,8 @@ def wd_uncoupled(lam: float, kappa: float) -> float:
 def steps(n: float, kappa: float, name: str = "a step count") -> int:
     """N̂ = N / κ for quantities counted in optimizer steps; epochs and samples are unchanged.
 
-    Rounded to the nearest whole step, and never to 0 when the base count is positive.
+    Rounded to the nearest whole step, halves up (2.5 → 3, as 3.5 → 4), and never to 0 when the base count
+    is positive. emarule's own runs never use the rounded count: they measure N base steps as N × B of data.
     """
     if n == 0:
         return 0
@@ -108,7 +109,7 @@ def steps(n: float, kappa: float, name: str = "a step count") -> int:
         # N / κ past float64's range (κ = 1e-310): there is no whole number of steps to round to
         raise ScalingError(f"{name}: {n:g} / κ overflows at κ={kappa:g}; the smallest usable κ is "
                            f"{abs(n) / 1e308:.3g}")
-    return max(1, int(round(scaled)))
+    return max(1, math.floor(scaled + 0.5))
 
 
 # --- validation --------------------------------------------------------------------------------

@@ -105,6 +105,8 @@ def test_plan_linear_rule():
     (["table", "momenta", "--base-batch-size", "512"], "needs --momentum"),
     (["limits", "--momentum", "1", "--batch-size", "256"], "--momentum must be in (0, 1)"),
     (["limits", "--momentum", "0.99", "--batch-size", "0"], "--batch-size must be finite and > 0"),
+    (["limits", "--momentum", "0.99", "--batch-size", "256", "--dtype", "float64"],
+     "--dtype float64: use float32, bfloat16 or float16"),
 ])
 def test_bad_input_is_one_line_exit_2(args, needle):
     bad(*args, needle=needle)
@@ -160,6 +162,14 @@ def test_limits_json():
     assert lo < 1 and hi > 16e6
     out = ok("limits", "--momentum", "0.9999", "--batch-size", "256", "--dtype", "bfloat16")
     assert "meaningful" in out
+
+
+@pytest.mark.parametrize("alias,name", [("bf16", "bfloat16"), ("fp16", "float16"), ("half", "float16"),
+                                        ("tf32", "float32"), ("BF16", "bfloat16")])
+def test_limits_reads_a_dtypes_short_name_as_its_full_one(alias, name):
+    args = ["limits", "--momentum", "0.996", "--batch-size", "4096", "--format", "json"]
+    assert json.loads(ok(*args, "--dtype", alias)) == json.loads(ok(*args, "--dtype", name))
+    assert json.loads(ok(*args, "--dtype", alias))["dtype"] == name
 
 
 def test_limits_titles_a_momentum_close_to_one_with_every_digit():
