@@ -124,6 +124,23 @@ def kaiming_uniform_(module: nn.Module) -> None:
                 nn.init.zeros_(m.bias)
 
 
+def fan_in_trunc_normal_(module: nn.Module) -> None:
+    """Haiku's default, which BYOL's official ResNets and heads keep (they pass no `w_init`): every conv and
+    linear weight from a normal of std 1/√fan_in truncated at ±2 std; zero biases; norms' scale 1, shift 0."""
+    for m in module.modules():
+        if isinstance(m, (nn.Conv2d, nn.Linear)):
+            fan_in = m.weight[0].numel()  # in_channels / groups × kernel area, or in_features
+            std = fan_in ** -0.5
+            nn.init.trunc_normal_(m.weight, std=std, a=-2 * std, b=2 * std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm, nn.GroupNorm)):
+            if getattr(m, "weight", None) is not None:
+                nn.init.ones_(m.weight)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+
+
 def trunc_normal_(module: nn.Module, std: float = 0.02) -> None:
     for m in module.modules():
         if isinstance(m, nn.Linear):
@@ -133,11 +150,14 @@ def trunc_normal_(module: nn.Module, std: float = 0.02) -> None:
 
 
 def init_weights(module: nn.Module, init: str | None) -> None:
-    """`kaiming_uniform`, `trunc_normal_<std>` (e.g. trunc_normal_.02) or `default` (the library's)."""
+    """`kaiming_uniform`, `fan_in_trunc_normal` (BYOL's), `trunc_normal_<std>` (e.g. trunc_normal_.02) or
+    `default` (the library's)."""
     if not init or init == "default":
         return
     if init == "kaiming_uniform":
         kaiming_uniform_(module)
+    elif init == "fan_in_trunc_normal":
+        fan_in_trunc_normal_(module)
     elif init.startswith("trunc_normal"):
         tail = init[len("trunc_normal"):].lstrip("_")
         try:
@@ -146,7 +166,7 @@ def init_weights(module: nn.Module, init: str | None) -> None:
             raise UserError(f"model.init {init!r}: write trunc_normal_<std>, e.g. trunc_normal_.02") from None
         trunc_normal_(module, std)
     else:
-        raise UserError(f"model.init {init!r}: use kaiming_uniform, trunc_normal_.02 or default")
+        raise UserError(f"model.init {init!r}: use kaiming_uniform, fan_in_trunc_normal, trunc_normal_.02 or default")
 
 
 def backbone(arch: str, *, width: int | None = None, cifar_stem: bool = False, image_size: int = 224,
