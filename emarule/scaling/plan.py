@@ -319,6 +319,9 @@ def scale(spec: dict, kappa: float, ema_rule: str | None = "exponential") -> Pla
     _check_finite(kappa, values)
     warnings: list[str] = []
     _warn_rounding(spec, values, warnings)
+    if unit == "samples" and not float(batch * kappa).is_integer():
+        warnings.append(f"κ={kappa:g} gives a batch of {batch * kappa:g} samples (κ × {batch:g}), which `emarule run` "
+                        f"refuses; choose κ so that κB is a whole number, or pass --batch-size N")
     return Plan(spec.get("name", "?"), kappa, ema_rule, values, warnings)
 
 
@@ -341,6 +344,10 @@ def _momentum_after_transition(spec: dict, final: Plan) -> None:
     """
     rho = _get(spec, "ema.momentum_after_transition")
     if rho is None or _get(spec, "ema.momentum") is None:
+        return
+    if not final.stages[1:]:
+        final.warnings.append("ema.momentum_after_transition has no effect: this schedule runs one stage (no "
+                              "transition)")
         return
     rules.check_unit_interval("ema.momentum_after_transition", rho)
     s = Scaled(rho, rho, "momentum", "ema.momentum_after_transition: used as is after the first transition")

@@ -5,7 +5,7 @@ import pytest
 
 from emarule import scale as api_scale
 from emarule.config.load import load_spec
-from emarule.scaling import rules, scale
+from emarule.scaling import plan, rules, scale
 from emarule.scaling.limits import limits
 
 
@@ -64,3 +64,17 @@ def test_a_progressive_plan_says_its_step_counts_are_the_last_stages():
     out = CliRunner().invoke(app, ["plan", "byol-r18", "-k", "4", "--progressive", "step:30"]).output
     assert "Step counts above: N / κ at the last κ" in " ".join(out.split())
     assert "Step counts above" not in CliRunner().invoke(app, ["plan", "byol-r18", "-k", "4"]).output
+
+
+def test_a_batch_that_is_not_whole_is_a_warning_in_the_plan():
+    w = " ".join(scale(load_spec("byol-vit"), 7.3).warnings)
+    assert "29900.8 samples" in w and "pass --batch-size N" in w
+    assert not any("samples (κ ×" in x for x in scale(load_spec("byol-vit"), 6).warnings)
+    assert not any("samples (κ ×" in x for x in scale(load_spec("ctc-polyak"), 1.3).warnings)  # seconds split freely
+
+
+def test_a_one_stage_schedule_says_momentum_after_transition_does_nothing():
+    s = load_spec("byol-vit", overrides=["progressive.from_kappa=6", "ema.momentum_after_transition=0.95"])
+    p = plan(s, 6)
+    assert len(p.stages) == 1 and any("no effect: this schedule runs one stage" in w for w in p.warnings)
+    assert p["ema.momentum"] != 0.95
