@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -39,15 +41,21 @@ def scale(spec: str | os.PathLike | Mapping, kappa: float | None = None, *, batc
     """
     if kappa is not None and batch_size is not None:
         raise UserError("give kappa or batch_size, not both")
-    for name, value in (("kappa", kappa), ("batch_size", batch_size)):
-        if value is not None:
-            _positive(name, value)
+    if kappa is not None:
+        kappa = _positive("kappa", kappa)
+    if batch_size is not None:
+        batch_size = _positive("batch_size", batch_size)
     try:
         s = _load(spec)
         k = kappa_from(s, kappa, batch_size)
-        return _plan(s, k, ema_rule, _schedule(progressive))
+        plan = _plan(s, k, ema_rule, _schedule(progressive))
     except UserError as e:
         raise _in_api_words(e) from None
+    # the core words its warnings for the command line; here they are Python warnings, in the API's words
+    plan.warnings = [_api_text(w) for w in plan.warnings]
+    for w in plan.warnings:
+        warnings.warn(w, UserWarning, stacklevel=2)
+    return plan
 
 
 # The core's messages name the CLI's options; an API caller passes arguments.
@@ -55,43 +63,73 @@ CLI_WORDS = {"--progressive": "progressive", "--ema-rule exponential": "ema_rule
              "--ema-rule": "ema_rule", "--kappa": "kappa", "--batch-size": "batch_size"}
 
 
-def _in_api_words(e: UserError) -> UserError:
-    text = str(e)
+def _api_text(text: str) -> str:
     for cli, api in CLI_WORDS.items():
         text = text.replace(cli, api)
-    return type(e)(text)
+    return text.replace("batch_size N", "batch_size=N")
 
 
-def plan_at(plan: Plan, samples_seen: float, samples_per_epoch: float | None = None) -> Plan:
+def _in_api_words(e: UserError) -> UserError:
+    return type(e)(_api_text(str(e)))
+
+
+def plan_at(plan: Plan, samples_seen: float, samples_per_epoch: float | None = None, *,
+            epoch: float | None = None) -> Plan:
     """The plan in force for the step that starts after `samples_seen` samples (in the batch unit).
 
     Progressive Scaling changes the batch at epoch boundaries (Algorithm 1), so on an epoch
     schedule the time is ⌊samples_seen / samples_per_epoch⌋ and `samples_per_epoch` (your
     training-set size) is needed; a schedule in base steps counts samples_seen / batch.size.
+    `epoch`: the epoch your own loop is in, used instead of that quotient on an epoch schedule; pass it
+    when an epoch sees fewer samples than the training set (a DataLoader with drop_last=True).
     The result's `["batch_size"]` is the batch to draw next and every other value is re-derived
     for its κ. A plan without stages (constant κ) is returned as is.
     """
-    if not (isinstance(samples_seen, (int, float)) and 0 <= samples_seen < math.inf):
+    seen = _real("samples_seen", samples_seen)
+    if not 0 <= seen < math.inf:
         raise UserError(f"samples_seen must be finite and ≥ 0, got {samples_seen!r}")
     if samples_per_epoch is not None:
-        _positive("samples_per_epoch", samples_per_epoch)
+        samples_per_epoch = _positive("samples_per_epoch", samples_per_epoch)
+    if epoch is not None:
+        epoch = _real("epoch", epoch)
+        if not 0 <= epoch < math.inf:
+            raise UserError(f"epoch must be finite and ≥ 0, got {epoch!r}")
     if not plan.stages:
         return plan
     if getattr(plan.stages[0][0], "axis", "epochs") == "epochs":
+        if epoch is not None:
+            return plan.at(epoch)
         if samples_per_epoch is None:
             raise UserError("this plan's Progressive Scaling is scheduled in epochs; pass samples_per_epoch "
-                            "(the size of your training set)")
-        return plan.at(samples_seen / samples_per_epoch)
-    return plan.at(samples_seen / plan.values["batch_size"].base)  # base steps: data seen in base batches
+                            "(the size of your training set) or epoch")
+        return plan.at(seen / samples_per_epoch)
+    return plan.at(seen / plan.values["batch_size"].base)  # base steps: data seen in base batches
 
 
 # -- helpers -------------------------------------------------------------------------------------
 
 
-def _positive(name: str, value: Any) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
-    if not ok:
+def _real(name: str, value: Any) -> float:
+    """A number as a float: Python's, NumPy's, or a one-element tensor or array; anything else is refused by
+    its type."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    item = getattr(value, "item", None)
+    if callable(item) and not isinstance(value, (str, bytes)):
+        try:
+            v = item()
+        except (ValueError, RuntimeError, TypeError):  # more than one element
+            v = None
+        if isinstance(v, numbers.Real) and not isinstance(v, bool):
+            return float(v)
+    raise UserError(f"{name} must be a number, got {value!r} (a {type(value).__name__})")
+
+
+def _positive(name: str, value: Any) -> float:
+    v = _real(name, value)
+    if not 0 < v < math.inf:
         raise UserError(f"{name} must be finite and > 0, got {value!r}")
+    return v
 
 
 def _load(spec: str | os.PathLike | Mapping) -> dict:

@@ -170,7 +170,7 @@ def test_dict_errors_are_the_cli_messages_without_the_file_name(tmp_path):
 @pytest.mark.parametrize("kwargs, message", [
     ({"kappa": float("nan")}, "kappa must be finite and > 0, got nan"),
     ({"kappa": 0}, "kappa must be finite and > 0, got 0"),
-    ({"kappa": "four"}, "kappa must be finite and > 0, got 'four'"),
+    ({"kappa": "four"}, "kappa must be a number, got 'four' (a str)"),
     ({"batch_size": -1}, "batch_size must be finite and > 0, got -1"),
     ({"kappa": 2, "batch_size": 512}, "give kappa or batch_size, not both"),
     ({"kappa": 2, "ema_rule": "cubic"}, "unknown EMA rule 'cubic'; use exponential or linear"),
@@ -382,3 +382,42 @@ def test_linear_rules_give_the_readmes_values_not_float_noise():
               "ema": {"momentum": 0.9998}}
     assert emarule.scale(recipe, 4)["optimizer.betas"] == [0.6, 0.996]
     assert emarule.scale(recipe, 4, ema_rule="linear")["ema.momentum"] == 0.9992
+
+
+# -- numbers from NumPy and torch, warnings, missing names ----------------------------------------
+
+
+@pytest.mark.parametrize("k", [__import__("numpy").int64(4), __import__("numpy").float32(4.0), torch.tensor(4),
+                               torch.tensor([4.0])])
+def test_numpy_and_tensor_numbers_are_numbers(k):
+    assert emarule.scale(ADAMW, k)["optimizer.lr"] == emarule.scale(ADAMW, 4)["optimizer.lr"]
+    plan = emarule.scale(RAMP, 4, progressive="step:4")
+    assert emarule.plan_at(plan, torch.tensor(4 * EPOCH), EPOCH)["batch_size"] == 1024
+
+
+def test_a_non_number_is_refused_by_its_type():
+    assert api_error(ADAMW, torch.tensor([1.0, 2.0])).startswith("kappa must be a number, got tensor")
+    assert api_error(ADAMW, [4]).startswith("kappa must be a number, got [4] (a list)")
+
+
+def test_plan_at_takes_the_callers_epoch_when_an_epoch_drops_its_last_batch():
+    plan = emarule.scale(RAMP, 4, progressive="step:4")
+    seen = 4 * (EPOCH - EPOCH % 256)  # four epochs of a loader with drop_last=True: short of 4 × EPOCH
+    assert emarule.plan_at(plan, seen, EPOCH)["batch_size"] == 256  # the quotient lags behind the loop
+    assert emarule.plan_at(plan, seen, epoch=4)["batch_size"] == 1024
+    assert emarule.plan_at(plan, seen, EPOCH, epoch=3)["batch_size"] == 256  # the loop's epoch wins
+    with pytest.raises(emarule.UserError, match="epoch must be finite and ≥ 0"):
+        emarule.plan_at(plan, 0, epoch=-1)
+
+
+def test_a_plans_warnings_are_python_warnings_in_the_apis_words():
+    with pytest.warns(UserWarning, match=r"pass batch_size=N") as caught:
+        plan = emarule.scale({"batch": {"size": 32}}, 1.3)
+    assert plan.warnings == [str(w.message) for w in caught] and "--" not in plan.warnings[0]
+
+
+def test_a_missing_name_lists_what_the_plan_holds():
+    plan = emarule.scale(ADAMW, 2)
+    with pytest.raises(KeyError, match="'optimizer.momentum' is not in this plan; it holds batch_size, "):
+        plan["optimizer.momentum"]
+    assert plan.get("optimizer.momentum") is None

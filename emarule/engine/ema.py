@@ -167,6 +167,8 @@ class ModelEma(nn.Module):
                  dtype: torch.dtype | str | None = None, device: torch.device | str | None = None,
                  exclude: Iterable[str] | Callable[[str], bool] | None = None):
         super().__init__()
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be the nn.Module whose weights are averaged, got {type(model).__name__}")
         if start_steps is not None and start_samples != 0:
             raise ValueError("give start_steps (steps at the base batch) or start_samples, not both")
         # an explicit dtype is where the averaged model runs: BatchNorm's statistics must follow it
@@ -280,7 +282,30 @@ class ModelEma(nn.Module):
             state_dict = self._flat(state_dict)
         elif "_extra_state" not in state_dict and self._whole_foreign(state_dict):
             state_dict = {**state_dict, "_extra_state": {"samples_seen": None}}
+        self._check_fits(state_dict, strict)
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def _check_fits(self, state_dict: Mapping, strict: bool) -> None:
+        """torch loads every tensor that fits before it raises for the rest: checked first, so that a refused
+        load leaves this EMA's weights, settings and clock as they were."""
+        ours = {k: v for k, v in self.state_dict(keep_vars=True).items() if not k.endswith("_extra_state")}
+        theirs = {k: v for k, v in state_dict.items() if not k.endswith("_extra_state")}
+        def few(kind: str, names: list) -> str:
+            return f"{len(names)} {kind} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+
+        problems = []
+        if strict:
+            missing, unexpected = sorted(set(ours) - set(theirs)), sorted(set(theirs) - set(ours))
+            problems += [few("missing", missing)] if missing else []
+            problems += [few("unexpected", unexpected)] if unexpected else []
+        if not self._sharded:
+            shapes = [k for k in sorted(set(ours) & set(theirs)) if torch.is_tensor(theirs[k])
+                      and torch.is_tensor(ours[k]) and theirs[k].shape != ours[k].shape]
+            problems += [few("of another shape", shapes)] if shapes else []
+        if problems:
+            raise RuntimeError(f"this state_dict is not this EMA's model: {'; '.join(problems)}; nothing was loaded "
+                               f"(load one saved from an EMA of the same model, or pass strict=False to skip the "
+                               f"missing and unexpected keys)")
 
     def _whole_foreign(self, state_dict: Mapping) -> bool:
         """A dict of this EMA's every `module.` key and nothing of its own (timm's): a partial load

@@ -48,7 +48,11 @@ class Plan:
 
     def __getitem__(self, name: str) -> Any:
         """The scaled value of a dotted hyperparameter name."""
-        return self.values[name].scaled
+        try:
+            return self.values[name].scaled
+        except KeyError:
+            raise KeyError(f"{name!r} is not in this plan; it holds {', '.join(self.values)} (plan.get(name) "
+                           f"returns None for a missing one)") from None
 
     def get(self, name: str, default: Any = None) -> Any:
         v = self.values.get(name)
