@@ -102,7 +102,8 @@ def plan_runs(kappas: list[float], rules: list[str | None], seeds, arms=()) -> l
 def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, tasks, *, data: Path | None = None,
             max_device_batch: int | None = None, wandb: str = "off", metric: str | None = None,
             jobs: int | None = 1, follow_up: Callable | None = None,
-            num_workers: int | None = None, figures: list | None = None) -> list[dict]:
+            num_workers: int | None = None, figures: list | None = None,
+            on_run_end: Callable[[], None] | None = None) -> list[dict]:
     """Resolve and check every run first (a bad κ, rule, batch, --data or --metric fails before any
     training and before anything is written), run them in turn, compare.
 
@@ -112,6 +113,7 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, ta
     runs one after another leave it to the caller.
     `figures`: a list the comparison figures' paths are appended to as they are written (none where the
     comparison is not drawn: not the main process, or no run done).
+    `on_run_end()`: called as each run ends (a reproduction's ledger line counts it).
     """
     from emarule.engine.context import RunContext, default_run_name
 
@@ -137,11 +139,12 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, ta
     from emarule.engine.runlock import lock_dir
 
     with lock_dir(ctxs[0].out.parent, "sweep"):  # ROOT/<experiment>: its runs and compare figures
-        return _run_all(console, runs, ctxs, metric, tasks, jobs, follow_up, figures)
+        return _run_all(console, runs, ctxs, metric, tasks, jobs, follow_up, figures, on_run_end)
 
 
 def _run_all(console, runs: list[SweepRun], ctxs: list, metric: str | None, tasks, jobs: int | None = 1,
-             follow_up: Callable | None = None, figures: list | None = None) -> list[dict]:
+             follow_up: Callable | None = None, figures: list | None = None,
+             on_run_end: Callable[[], None] | None = None) -> list[dict]:
     from emarule.engine import distributed
     from emarule.analysis import parallel
     from emarule.analysis.run_report import print_report, report
@@ -166,6 +169,8 @@ def _run_all(console, runs: list[SweepRun], ctxs: list, metric: str | None, task
             print_report(console, report(ctx.out, wall))
         done[i] = {"run": str(ctx.out), "kappa": r.kappa, "rule": r.label, "seed": r.seed, "wall_s": wall,
                    "resumed": ctx.resume, "result": result, "arm": r.arm.name if r.arm is not None else None}
+        if on_run_end is not None:
+            on_run_end()
 
     if jobs > 1:
         def side_by_side_done(i: int, result: dict, wall: float, output: str) -> None:
@@ -221,7 +226,7 @@ def check_before_training(ctxs: list, build_parts: Callable) -> None:
     from dataclasses import replace
 
     from emarule.engine import distributed, preflight
-    from emarule.engine.rundir import HPARAMS
+    from emarule.engine.rundir import HPARAMS, METRICS, UNSAVED
 
     from emarule.engine.runlock import check_free
 
@@ -229,6 +234,13 @@ def check_before_training(ctxs: list, build_parts: Callable) -> None:
     for ctx in ctxs:
         ctx.resume_hint = "run the same command again: finished runs are kept and this one resumes"
         check_free(ctx.out, "run")
+        record = [n for n in (HPARAMS, METRICS) if (ctx.out / n).exists()]
+        if record and not (ctx.out / CHECKPOINT).exists() and not (ctx.out / UNSAVED).exists():
+            # a run stopped before its first checkpoint is marked UNSAVED and starts again; this one had one
+            # (deleted since), and training it again would write over its record
+            raise UserError(f"{ctx.out} holds a run ({' and '.join(record)}) whose checkpoint is gone, so it can be "
+                            f"neither reused nor resumed; delete {ctx.out} to train it again, or give the sweep "
+                            f"a new --out")
         if (ctx.out / CHECKPOINT).exists() and (ctx.out / HPARAMS).is_file():
             try:
                 recorded = json.loads((ctx.out / HPARAMS).read_text()).get("fingerprint")

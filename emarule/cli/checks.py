@@ -147,8 +147,8 @@ def run_dir(out: Path, resume: bool) -> None:
     have been deleted; the record stays), unless a training run marked it as stopped before its first
     checkpoint (`rundir.UNSAVED`). A study has no checkpoint, so `--resume` refuses its directory too.
     A directory another live process has locked is named with its holder.
-    Only `emarule run` calls this: a sweep resumes its own runs where a checkpoint is, and restarts
-    the others.
+    Only `emarule run` calls this: a sweep resumes its own runs where a checkpoint is, restarts those
+    stopped before their first one, and refuses one whose checkpoint is gone (`sweep.check_before_training`).
     """
     check_free(out, "run")
     study = [n for n in STUDY_RECORD if (out / n).exists()]

@@ -114,16 +114,13 @@ def cifar10(root: Path | None, train: bool) -> TensorSource:
         raise UserError(f"CIFAR-10 not found at {root}: expected {CIFAR_LAYOUT}; nothing is downloaded")
     try:
         x, y = read_cifar_batches(root / "cifar-10-batches-py", CIFAR_TRAIN if train else CIFAR_TEST)
+    except BadBatch as e:  # the file is whole but its numbers are not CIFAR-10's: the layout is not the fix
+        raise UserError(f"CIFAR-10 at {root}: {e}; the pickles are corrupt: extract cifar-10-python.tar.gz "
+                        f"again") from None
     except (RuntimeError, OSError, ValueError, KeyError, TypeError, OverflowError, EOFError,
             pickle.UnpicklingError) as e:
         raise UserError(f"CIFAR-10 at {root} is incomplete or corrupt ({' '.join(str(e).split())}); "
                         f"expected {CIFAR_LAYOUT}") from None
-    bad = ((y < 0) | (y >= 10)).nonzero()
-    if len(bad):  # a label out of range would fail inside the loss, mid-run
-        i = int(bad[0])
-        raise UserError(f"CIFAR-10 at {root}: {'training' if train else 'test'} label {int(y[i])} at item {i} is "
-                        f"not a class 0..9 ({len(bad)} such labels); the pickles are corrupt: extract "
-                        f"cifar-10-python.tar.gz again")
     return TensorSource(x, y, "cifar10", CIFAR10_MEAN, CIFAR10_STD, 10)
 
 
@@ -131,10 +128,17 @@ CIFAR_TRAIN = tuple(f"data_batch_{k}" for k in range(1, 6))
 CIFAR_TEST = ("test_batch",)
 
 
+class BadBatch(ValueError):
+    """A batch that unpickles to a dict but whose `data` or `labels` are not CIFAR-10's; the message names both."""
+
+
 def read_cifar_batches(folder: Path, names: tuple) -> tuple[torch.Tensor, torch.Tensor]:
     """The pickled batches torchvision's CIFAR10 reads (N×3072 uint8 rows, R then G then B planes),
     read the same way but without its md5 check, so that any directory in that layout loads: a
-    subset, or the tiny one the tests write. Returns (N×3×32×32 uint8, N int64 labels)."""
+    subset, or the tiny one the tests write. Returns (N×3×32×32 uint8, N int64 labels).
+
+    Every batch's numbers are checked (`cifar_rows`, `cifar_labels`): a cast would otherwise wrap
+    pixels above 255, truncate float labels and turn NaN into a pixel, and train without a word."""
     xs, ys = [], []
     for name in names:
         with open(folder / name, "rb") as f:
@@ -143,16 +147,56 @@ def read_cifar_batches(folder: Path, names: tuple) -> tuple[torch.Tensor, torch.
         if missing:
             raise ValueError(f"{name}: no {' or '.join(map(repr, missing))} entry in the batch")
         try:
-            data = np.asarray(entry["data"], dtype=np.uint8)
-            labels = entry["labels"] if "labels" in entry else entry["fine_labels"]
-            label_t = torch.tensor(labels, dtype=torch.int64)
-        except (TypeError, ValueError, RuntimeError) as e:  # a label of None, rows that are not numbers
-            raise ValueError(f"{name}: its entries are not image rows and integer labels ({e})") from None
-        if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(labels) != len(data):
-            raise ValueError(f"{name}: expected N×3072 image rows and N labels, got {data.shape} and {len(labels)}")
+            data = np.asarray(entry["data"])
+            labels = np.asarray(entry["labels"] if "labels" in entry else entry["fine_labels"])
+        except (TypeError, ValueError, OverflowError) as e:  # ragged rows, an int too big for any dtype
+            raise BadBatch(f"{name}: its entries are not image rows and integer labels ({e})") from None
+        data = cifar_rows(name, data)
+        ys.append(torch.from_numpy(cifar_labels(name, labels, len(data))))
         xs.append(torch.from_numpy(data.reshape(-1, 3, 32, 32).copy()))
-        ys.append(label_t)
     return torch.cat(xs), torch.cat(ys)
+
+
+def cifar_rows(name: str, data: np.ndarray) -> np.ndarray:
+    """`data` as N×3072 uint8, or a BadBatch. Another integer dtype is accepted when every value fits a
+    byte (a batch re-pickled through int64 is still the same images); anything else is refused."""
+    if data.dtype.kind not in "iu":
+        if data.dtype.kind not in "bfc":  # None, strings: not numbers at all
+            raise BadBatch(f"{name}: its entries are not image rows and integer labels (data holds {data.dtype})")
+        nan = " (NaN among them)" if data.dtype.kind in "fc" and np.isnan(data).any() else ""
+        raise BadBatch(f"{name}: data holds {data.dtype} pixels{nan}, not integers 0..255")
+    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+        raise BadBatch(f"{name}: data has shape {data.shape}, not N×3072 image rows")
+    if data.dtype != np.uint8 and data.size:  # one pass each over at most 30 MB
+        lo, hi = int(data.min()), int(data.max())
+        if lo < 0 or hi > 255:
+            where = " and ".join(([f"down to {lo}"] if lo < 0 else []) + ([f"up to {hi}"] if hi > 255 else []))
+            raise BadBatch(f"{name}: data holds {data.dtype} values {where}, outside 0..255 (integers in range "
+                           f"of any dtype are read as uint8)")
+    return data.astype(np.uint8, copy=False)
+
+
+def cifar_labels(name: str, labels: np.ndarray, n: int) -> np.ndarray:
+    """`labels` as n int64 classes 0..9, or a BadBatch naming the first bad one. Here, per batch, so that the
+    message can name the file: a label out of range would otherwise fail inside the loss, mid-run."""
+    if labels.dtype.kind not in "iu":
+        if labels.dtype.kind not in "bfc":
+            raise BadBatch(f"{name}: its entries are not image rows and integer labels (labels hold {labels.dtype})")
+        flat = labels.reshape(-1)
+        odd = np.flatnonzero(flat != np.round(flat.real)) if labels.dtype.kind in "fc" else []
+        i = int(odd[0]) if len(odd) else 0
+        example = f" ({flat[i]} at item {i})" if flat.size else ""
+        raise BadBatch(f"{name}: labels are {labels.dtype}{example}, not integer classes 0..9")
+    if labels.ndim != 1 or len(labels) != n:
+        count = f"{len(labels)} labels" if labels.ndim == 1 else f"labels of shape {labels.shape}"
+        raise BadBatch(f"{name}: labels: {count} for {n} image rows")
+    bad = np.flatnonzero((labels < 0) | (labels > 9))
+    if len(bad):
+        i = int(bad[0])
+        split = "test" if name.startswith("test") else "training"
+        raise BadBatch(f"{name}: labels: {split} label {int(labels[i])} at item {i} is not a class 0..9 "
+                       f"({len(bad)} such labels)")
+    return labels.astype(np.int64)  # a copy: a protocol-5 pickle's array is read-only, which torch warns of
 
 
 # What a CIFAR-10 batch pickle may name: numpy's array (and scalar) reconstruction, under numpy 1's and 2's

@@ -65,6 +65,27 @@ def test_probe_refits_damaged_caches(run_copy, byol_run, monkeypatch):
         assert json.loads((run_copy / cache).read_text()) == json.loads((byol_run / cache).read_text())
 
 
+def test_probe_refits_a_cache_edited_by_hand(run_copy, byol_run, monkeypatch):
+    """A cache is sealed with what it was fitted on: an edited reading (which would move a verdict) is fitted
+    again, not believed."""
+    monkeypatch.setattr(PC, "_PIXELS", {})
+    for cache, key in ((PC.CACHE, "offline_probe_top1"), (PC.CACHE_INIT, "offline_probe_top1"),
+                       (PC.CACHE_PIXELS, "pixels_probe_top1")):
+        got = json.loads((run_copy / cache).read_text())
+        (run_copy / cache).write_text(json.dumps({**got, key: 99.0}))
+    assert invoke("probe", run_copy, "--format", "json").exit_code == 0
+    for cache in (PC.CACHE, PC.CACHE_INIT, PC.CACHE_PIXELS):
+        assert json.loads((run_copy / cache).read_text()) == json.loads((byol_run / cache).read_text())
+
+
+def test_a_final_teachers_cache_is_sealed_to_its_checkpoints_bytes(run_copy):
+    before = PC._source(run_copy, "final")
+    with open(run_copy / "checkpoint.pt", "ab") as f:  # another checkpoint: a run trained again
+        f.write(b"\0")
+    assert PC._source(run_copy, "final") != before
+    assert PC._cached(run_copy / PC.CACHE, "offline_probe_top1", PC._source(run_copy, "final")) is None
+
+
 # --- emarule reproduce ------------------------------------------------------------------------------
 
 

@@ -227,6 +227,28 @@ def test_the_heartbeat_rewrites_until_stopped(tmp_path):
     assert line["ended"] == L.KILLED and line["runs"] == 1
 
 
+def test_each_run_that_ends_rewrites_the_line_at_once(tmp_path, monkeypatch):
+    """A kill between two beats loses none of the runs that finished: the sweep pokes the line as each ends."""
+    from cli_util import invoke
+
+    lines = []
+    poke = L.Heartbeat.poke
+
+    def record_poke(self):
+        poke(self)
+        lines.append(json.loads((tmp_path / L.LEDGER).read_text().splitlines()[-1]))
+
+    monkeypatch.setattr(L, "HEARTBEAT_S", 3600.0)  # no timed beat: every line below is a poke
+    monkeypatch.setattr(L.Heartbeat, "poke", record_poke)
+    res = invoke("reproduce", "polyak", "--preset", "tiny", "--seeds", "1", "--kappas", "1,2", "--jobs", "1",
+                 "--out", tmp_path)
+    assert res.exit_code == 0, res.output
+    assert len(lines) >= 3 and [e["runs"] for e in lines] == list(range(1, len(lines) + 1))
+    assert all(e["ended"] == L.KILLED for e in lines)
+    (own,) = [json.loads(x) for x in (tmp_path / L.LEDGER).read_text().splitlines()]  # replaced by its own line
+    assert "ended" not in own and own["runs"] == len(lines)
+
+
 def test_bad_input_after_a_heartbeat_leaves_no_line(tmp_path, monkeypatch):
     import emarule.tasks
     from emarule.errors import UserError

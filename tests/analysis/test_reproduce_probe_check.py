@@ -1,6 +1,7 @@
 """The probe check's references (emarule/analysis/reproduce/probe_check.py): raw pixels beside the teacher at init."""
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -121,9 +122,14 @@ def test_probe_fits_with_one_blas_thread_whatever_the_caller_allows(monkeypatch)
 
 
 
-def cached(method: str = PC.METHOD) -> str:
-    """A reading, for whichever cache it stands in, fitted by `method`."""
-    return json.dumps({"offline_probe_top1": 50.0, "pixels_probe_top1": 60.0, "method": method})
+KIND = {PC.CACHE: "final", PC.CACHE_INIT: "init", PC.CACHE_PIXELS: "pixels"}
+
+
+def cached(d: Path, name: str, method: str = PC.METHOD, seal: bool = True) -> None:
+    """Writes cache `name` in run directory `d`: a reading fitted by `method`, sealed as the probes seal it
+    (for what `d` holds) unless `seal` is False."""
+    reading = {"offline_probe_top1": 50.0, "pixels_probe_top1": 60.0, "method": method}
+    (d / name).write_text(json.dumps(PC._sealed(reading, PC._source(d, KIND[name])) if seal else reading))
 
 
 def test_follow_up_gives_each_finished_run_its_fits_once(tmp_path):
@@ -146,9 +152,9 @@ def test_follow_up_gives_each_finished_run_its_fits_once(tmp_path):
     assert [kinds(i) for i in range(4)] == [["final", "init", "pixels"], ["final"], [], ["final", "init"]]
     arm = tmp_path / "2"
     assert PC.follow_up(runs, arms=True)(2, arm) == [("probe 2 (final)", PC._warm, (arm, "final"))]
-    (tmp_path / "0" / PC.CACHE).write_text(cached())
+    cached(tmp_path / "0", PC.CACHE)
     assert kinds(0) == ["init", "pixels"]
-    (tmp_path / "0" / PC.CACHE_INIT).write_text(cached(PC.METHOD_INIT))
+    cached(tmp_path / "0", PC.CACHE_INIT, PC.METHOD_INIT)
     assert kinds(0) == ["pixels"]
     (tmp_path / "0" / PC.CACHE_INIT).write_text(json.dumps({"offline_probe_top1": 50.0, "method": PC.METHOD}))
     assert kinds(0) == ["init", "pixels"]  # an initialization probed without BatchNorm statistics is fitted again
@@ -166,7 +172,7 @@ def test_warm_caches_starts_no_worker_when_every_fit_is_cached(tmp_path, monkeyp
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
         for c in (PC.CACHE, PC.CACHE_INIT, PC.CACHE_PIXELS):
-            (tmp_path / name / c).write_text(cached(PC.METHOD_INIT if c == PC.CACHE_INIT else PC.METHOD))
+            cached(tmp_path / name, c, PC.METHOD_INIT if c == PC.CACHE_INIT else PC.METHOD)
     runs = [type("Run", (), {"is_baseline": True, "path": tmp_path / n})() for n in ("a", "b")]
     PC.warm_caches(runs, jobs=2)
 
@@ -237,9 +243,9 @@ def test_the_teacher_at_initialization_is_probed_with_its_batchnorm_statistics(t
 
 
 def test_a_cache_fitted_by_another_method_is_fitted_again_for_every_teacher(tmp_path):
-    (tmp_path / PC.CACHE).write_text(cached(PC.METHOD_INIT))  # a final teacher's cache with another method
-    (tmp_path / PC.CACHE_INIT).write_text(cached(PC.METHOD_INIT))
-    (tmp_path / PC.CACHE_PIXELS).write_text(cached("any"))
+    cached(tmp_path, PC.CACHE, PC.METHOD_INIT)  # a final teacher's cache with another method
+    cached(tmp_path, PC.CACHE_INIT, PC.METHOD_INIT)
+    cached(tmp_path, PC.CACHE_PIXELS, "any")
     assert [k for _, k in PC._work(tmp_path, True, True)] == ["final"]
 
 

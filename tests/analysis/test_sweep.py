@@ -127,6 +127,22 @@ def test_a_run_made_with_other_settings_fails_before_the_baseline_trains(tmp_pat
     assert "--resume" not in lines[0] and "give the sweep a new --out" in lines[0]
 
 
+def test_a_finished_run_whose_checkpoint_was_deleted_is_not_trained_over(tmp_path):
+    from engine_util import toy_spec
+
+    torch.set_num_threads(1)
+    spec = toy_spec(**{"schedule.epochs": 1})
+    assert _toy_sweep(tmp_path, spec, "--kappas", "2", "--rule", "with").exit_code == 0
+    (run,) = [p.parent for p in (tmp_path / "sw").rglob("checkpoint.pt") if "k2-" in p.parent.name]
+    (run / "checkpoint.pt").unlink()
+    record = {n: (run / n).read_bytes() for n in ("hparams.json", "metrics.jsonl")}
+    res = _toy_sweep(tmp_path, spec, "--kappas", "2", "--rule", "with")
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and "whose checkpoint is gone" in lines[0] and f"delete {run}" in lines[0], lines
+    assert {n: (run / n).read_bytes() for n in record} == record
+
+
 def test_two_kappas_that_name_the_same_run_fail_before_the_baseline_trains(tmp_path):
     # Run names keep κ to 6 significant digits: κ=1.0000001 would resume the baseline's directory.
     from engine_util import toy_spec

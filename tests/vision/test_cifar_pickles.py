@@ -7,6 +7,7 @@ import struct
 
 import numpy as np
 import pytest
+import torch
 
 from emarule.errors import UserError
 from emarule.vision.data import cifar10
@@ -103,3 +104,82 @@ def test_a_batch_that_unpickles_but_lacks_its_entries_is_named(tmp_path, edit, s
     with pytest.raises(UserError) as e:
         cifar10(tmp_path, True)
     assert says in str(e.value) and "\n" not in str(e.value)
+
+
+# --- numerically invalid batches: a pickle that loads but whose numbers are not CIFAR-10's ---------------------
+
+FIX = "the pickles are corrupt: extract cifar-10-python.tar.gz again"
+
+
+def rewrite(folder, name, **entries):
+    """The batch `name` of a tiny directory, re-pickled with `entries` replaced."""
+    d = pickle.loads((folder / name).read_bytes())
+    d.update(entries)
+    (folder / name).write_bytes(pickle.dumps(d, protocol=2))
+    return d
+
+
+def refusal(root, train=True) -> str:
+    with pytest.raises(UserError) as e:
+        cifar10(root, train)
+    line = str(e.value)
+    assert "\n" not in line and line.startswith(f"CIFAR-10 at {root}: ") and line.endswith(FIX)
+    return line
+
+
+def test_pixel_values_above_255_in_an_int64_array_are_refused_not_wrapped(tmp_path):
+    data = np.zeros((4, 3072), dtype=np.int64)
+    data[2, 7] = 1785  # as uint8 it would have read as 249
+    rewrite(write(tmp_path, 2), "data_batch_3", data=data)
+    assert "data_batch_3: data holds int64 values up to 1785, outside 0..255" in refusal(tmp_path)
+
+
+def test_negative_pixel_values_are_refused(tmp_path):
+    rewrite(write(tmp_path, 2), "test_batch", data=np.full((4, 3072), -3, dtype=np.int16))
+    assert "test_batch: data holds int16 values down to -3, outside 0..255" in refusal(tmp_path, False)
+
+
+@pytest.mark.parametrize("nan,says", [(True, "data holds float32 pixels (NaN among them), not integers 0..255"),
+                                      (False, "data holds float32 pixels, not integers 0..255")])
+def test_float_or_nan_pixels_are_refused(tmp_path, nan, says):
+    data = np.full((4, 3072), 0.5, dtype=np.float32)
+    if nan:
+        data[1, 100] = np.nan
+    rewrite(write(tmp_path, 2), "data_batch_2", data=data)
+    assert f"data_batch_2: {says}" in refusal(tmp_path)
+
+
+@pytest.mark.parametrize("labels", [[1, 3.7, 2, 0], np.array([1.0, 3.7, 2.0, 0.0])])
+def test_float_labels_are_refused_not_truncated(tmp_path, labels):
+    rewrite(write(tmp_path, 2), "data_batch_4", labels=labels)
+    assert "data_batch_4: labels are float64 (3.7 at item 1), not integer classes 0..9" in refusal(tmp_path)
+
+
+@pytest.mark.parametrize("train,name,labels,says", [
+    (True, "data_batch_5", [0, 12, 3, 4], "data_batch_5: labels: training label 12 at item 1 is not a class 0..9"),
+    (False, "test_batch", [0, 1, 2, -1], "test_batch: labels: test label -1 at item 3 is not a class 0..9"),
+])
+def test_a_label_out_of_range_is_refused_naming_its_batch(tmp_path, train, name, labels, says):
+    rewrite(write(tmp_path, 2), name, labels=labels)
+    assert says in refusal(tmp_path, train)
+
+
+@pytest.mark.parametrize("labels", [[0, 1, 2], [0, 1, 2, 3, 4]])
+def test_labels_of_the_wrong_count_are_refused(tmp_path, labels):
+    rewrite(write(tmp_path, 2), "data_batch_1", labels=labels)
+    assert f"data_batch_1: labels: {len(labels)} labels for 4 image rows" in refusal(tmp_path)
+
+
+def test_image_rows_of_the_wrong_width_are_refused(tmp_path):
+    rewrite(write(tmp_path, 2), "data_batch_1", data=np.zeros((4, 3000), dtype=np.uint8))
+    assert "data_batch_1: data has shape (4, 3000), not N×3072 image rows" in refusal(tmp_path)
+
+
+def test_integer_pixels_and_labels_of_another_dtype_in_range_load_as_uint8_and_int64(tmp_path):
+    folder = write(tmp_path, 2)
+    d = rewrite(folder, "test_batch", data=np.arange(4 * 3072).reshape(4, 3072) % 256,
+                labels=np.array([9, 0, 5, 1], dtype=np.int32))
+    test = cifar10(tmp_path, False)
+    assert test.images.dtype == torch.uint8 and test.labels.dtype == torch.int64
+    assert np.array_equal(test.images.reshape(4, -1).numpy(), d["data"]) and test.labels.tolist() == [9, 0, 5, 1]
+    assert len(cifar10(tmp_path, True)) == 5 * 4

@@ -141,7 +141,8 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
             with beat if distributed.is_main() else nullcontext():
                 if family.kind == "sweep":
                     args["arms"] = R.arms_rows(family, spec_preset)
-                    result = _sweep(console, family, args, root, data, resolve_run, jobs)
+                    result = _sweep(console, family, args, root, data, resolve_run, jobs,
+                                    beat.poke if distributed.is_main() else None)
                 else:
                     result = _study(console, family, root, resolve_run)
         except BaseException as e:  # Ctrl-C or a failure: the time its finished runs took is still counted
@@ -214,7 +215,7 @@ def _forget(root: Path, token: str) -> None:
 
 
 def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, resolve_run,
-           jobs: int | None = None) -> tuple | None:
+           jobs: int | None = None, on_run_end: Callable[[], None] | None = None) -> tuple | None:
     from emarule import tasks
     from emarule.analysis import sweep
     from emarule.cli.seeds import seeds_label
@@ -228,7 +229,8 @@ def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, r
 
     drawn: list = []  # the comparison figures the sweep wrote, this time
     done = sweep.execute(console, runs, resolve_run, root, tasks, data=data, metric=family.target_metric.name,
-                         jobs=jobs, follow_up=P.follow_up(runs, arms=finals) if probes else None, figures=drawn)
+                         jobs=jobs, follow_up=P.follow_up(runs, arms=finals) if probes else None, figures=drawn,
+                         on_run_end=on_run_end)
     from emarule.engine import distributed
 
     if not distributed.is_main():

@@ -192,9 +192,11 @@ def _write(path: Path, lines: list[dict]) -> None:
 class Heartbeat:
     """The ledger line a kill would leave, kept by a running invocation (see the module's docstring).
 
-    `trained()` counts the runs trained so far. `stop()` ends the rewrites; the invocation's own last
-    line then replaces this one (`record(..., replaces=beat.token)`), or `drop` removes it. A rewrite
-    that fails (a full disk) is skipped: the next one tries again."""
+    `trained()` counts the runs trained so far. The line is written every `interval` seconds, and whenever
+    `poke()` says a run ended, so that a kill loses none of the runs that finished (not at the start: bad
+    input, refused before any run trains, writes nothing). `stop()` ends the rewrites; the invocation's
+    own last line then replaces this one (`record(..., replaces=beat.token)`), or `drop` removes it. A
+    rewrite that fails (a full disk) is skipped: the next one tries again."""
 
     def __init__(self, root: Path, command: str, args: dict | None, start: float, trained: Callable[[], int],
                  verdict_name: str, interval: float | None = None):
@@ -203,6 +205,7 @@ class Heartbeat:
         self.interval = HEARTBEAT_S if interval is None else interval
         self.token = uuid.uuid4().hex
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # the thread's rewrites and poke()'s read and replace one line
         self._thread = threading.Thread(target=self._beat, name="emarule-ledger-heartbeat", daemon=True)
 
     def __enter__(self) -> "Heartbeat":
@@ -213,20 +216,28 @@ class Heartbeat:
         self.stop()
 
     def stop(self) -> None:
-        self._stop.set()
+        with self._lock:
+            self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
 
     def beat(self) -> None:
         """Rewrites the line now."""
-        timing = {"wall_s": time.monotonic() - self.start, "runs": int(self.trained()), "reused": 0,
-                  "cpus": os.cpu_count(), "ended": KILLED}
-        record(self.root, self.command, timing, self.verdict_name, self.args, replaces=self.token,
-               token=self.token)
+        with self._lock:
+            if self._stop.is_set():  # the invocation's own line has replaced it, or is about to
+                return
+            timing = {"wall_s": time.monotonic() - self.start, "runs": int(self.trained()), "reused": 0,
+                      "cpus": os.cpu_count(), "ended": KILLED}
+            record(self.root, self.command, timing, self.verdict_name, self.args, replaces=self.token,
+                   token=self.token)
+
+    def poke(self) -> None:
+        """A run ended: the line now, unless the disk refuses it."""
+        try:
+            self.beat()
+        except OSError:
+            pass
 
     def _beat(self) -> None:
         while not self._stop.wait(self.interval):
-            try:
-                self.beat()
-            except OSError:
-                continue
+            self.poke()

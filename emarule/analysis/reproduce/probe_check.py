@@ -14,14 +14,17 @@ pixels. The teacher at initialization is probed with BatchNorm statistics estima
 (`batchnorm_statistics`): as built, its BatchNorm layers would not normalize at all.
 
 Cached as offline_probe.json (offline_probe_init.json, offline_probe_pixels.json) in the run directory
-(keyed by the checkpoint's step), so a reused reproduction does not recompute it. A cache that cannot be
-read (damaged, or not a probe's reading) is fitted again and rewritten.
+(keyed by the checkpoint's step), so a reused reproduction does not recompute it. Each cache is sealed: a
+digest of its reading and of what it was fitted on (the checkpoint's bytes, the run's hparams.json, or the
+data settings for the pixels). A cache that cannot be read (damaged, not a probe's reading), or whose seal
+does not match (edited by hand, or left by a run that was trained again), is fitted again and rewritten.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -75,12 +78,47 @@ def _chunks(n: int, size: int) -> list[tuple[int, int]]:
     return out
 
 
-def _cached(path: Path, key: str) -> dict | None:
-    """A cache's reading, or None when it is missing or damaged: a cache is only ever refitted, so a damaged
-    one costs a fit rather than the command."""
+def _cached(path: Path, key: str, source: str) -> dict | None:
+    """A cache's reading, or None when it is missing, damaged or not sealed for `source`: a cache is only ever
+    refitted, so a bad one costs a fit rather than the command, and never a verdict."""
     got = read_json(path)
     v = got.get(key) if isinstance(got, dict) else None
-    return got if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return None
+    return got if got.get("seal") == _seal(got, source) else None
+
+
+def _seal(reading: dict, source: str) -> str:
+    body = json.dumps({k: v for k, v in reading.items() if k != "seal"}, sort_keys=True, default=str)
+    return hashlib.sha256(f"{body}\n{source}".encode()).hexdigest()
+
+
+def _sealed(reading: dict, source: str) -> dict:
+    return {**reading, "seal": _seal(reading, source)}
+
+
+def _text(reading: dict) -> str:
+    return json.dumps(reading, indent=1) + "\n"
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _source(run_dir: Path, kind: str) -> str:
+    """What a cache of `kind` was fitted on: the final teacher's checkpoint, the run's settings (the teacher as
+    initialized is built from them) or its data settings (the pixels, shared by the baseline seeds)."""
+    name = {"final": CHECKPOINT, "init": HPARAMS}.get(kind)
+    if name is not None:
+        return f"{name} " + (_file_digest(run_dir / name) if (run_dir / name).is_file() else "missing")
+    h = read_json(run_dir / HPARAMS)
+    if not isinstance(h, dict) or not isinstance(h.get("spec"), dict):
+        return "data missing"
+    return "data " + json.dumps([h["spec"].get("task"), h["spec"].get("data")], sort_keys=True, default=str)
 
 
 def teacher_step(ck, path: Path) -> int:
@@ -107,7 +145,8 @@ def offline_probe(run_dir: Path, at_init: bool = False) -> dict | None:
     ck = torch.load(ck_path, map_location="cpu", weights_only=False)
     step = 0 if at_init else teacher_step(ck, ck_path)
     cache = run_dir / (CACHE_INIT if at_init else CACHE)
-    got = _cached(cache, "offline_probe_top1")
+    source = _source(run_dir, "init" if at_init else "final")
+    got = _cached(cache, "offline_probe_top1", source)
     if _fresh(got, "init" if at_init else "final") and got.get("step") == step:
         return got
     from emarule.vision.probe import EvalImages
@@ -134,7 +173,8 @@ def offline_probe(run_dir: Path, at_init: bool = False) -> dict | None:
     tracking = None if at_init else (ck.get("final_metrics") or {}).get("probe_top1")
     out = {"offline_probe_top1": top1, "step": step, "train_size": len(ytr), "test_size": len(yte),
            "features": int(xtr.shape[1]), "tracking_probe_top1": tracking, "method": _method(at_init)}
-    atomic_write_text(cache, json.dumps(out, indent=1) + "\n")
+    out = _sealed(out, source)
+    atomic_write_text(cache, _text(out))
     return out
 
 
@@ -200,14 +240,13 @@ def pixel_probe(run_dir: Path) -> dict | None:
     normalized train and test images the teacher is probed on), or None when the task has no tracking probe."""
     run_dir = Path(run_dir)
     cache = run_dir / CACHE_PIXELS
-    got = _cached(cache, "pixels_probe_top1")
     if not (run_dir / HPARAMS).is_file():
-        return got
-    h = json.loads((run_dir / HPARAMS).read_text())
+        return None
     # The pixels depend on the data settings alone: the baseline seeds of one reproduction share one fit.
-    key = json.dumps([h["spec"].get("task"), h["spec"].get("data")], sort_keys=True, default=str)
+    key = _source(run_dir, "pixels")
+    got = _cached(cache, "pixels_probe_top1", key)
     if got is not None:
-        _PIXELS.setdefault(key, json.dumps(got, indent=1) + "\n")
+        _PIXELS.setdefault(key, _text(got))
         return got
     from emarule.vision.probe import EvalImages
 
@@ -223,7 +262,8 @@ def pixel_probe(run_dir: Path) -> dict | None:
     top1 = fit_and_score(xtr.numpy(), ytr.numpy(), xte.numpy(), yte.numpy())
     out = {"pixels_probe_top1": top1, "train_size": len(ytr), "test_size": len(yte), "features": int(xtr.shape[1]),
            "method": "multinomial logistic regression (L-BFGS, C=1) on standardized pixels of the evaluation views"}
-    _PIXELS[key] = json.dumps(out, indent=1) + "\n"
+    out = _sealed(out, key)
+    _PIXELS[key] = _text(out)
     atomic_write_text(cache, _PIXELS[key])
     return out
 
@@ -262,7 +302,7 @@ def _work(path: Path, is_baseline: bool, first_baseline: bool) -> list[tuple[Pat
     baseline: the others share its data and so its fit). A cache of another step is left to `offline_probe`,
     which checks it."""
     kinds = ["final"] + (["init"] if is_baseline else []) + (["pixels"] if first_baseline else [])
-    return [(path, k) for k in kinds if not _fresh(_cached(path / _CACHE_OF[k], _TOP1[k]), k)]
+    return [(path, k) for k in kinds if not _fresh(_cached(path / _CACHE_OF[k], _TOP1[k], _source(path, k)), k)]
 
 
 def _fresh(got: dict | None, kind: str) -> bool:
