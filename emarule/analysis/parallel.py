@@ -10,6 +10,9 @@ far each training run has come (the epoch of its last logged row) and how many a
 Runs that others wait for (each seed's baseline) start first, so that a worker never idles while the only
 runs left wait on one baseline. A finished run may bring follow-up work (a reproduction's offline probes
 of its teacher); the workers take it whenever no run is ready to train, so it fills the last run's tail.
+
+A worker whose parent dies without a word (SIGKILL, the OOM killer) stops its run at a checkpoint as
+SIGTERM would and exits, so that it frees the run's lock and the same command resumes.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import io
 import json
 import os
 import signal
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from contextlib import redirect_stderr, redirect_stdout
@@ -73,11 +77,21 @@ def jobs_for(asked: int | None, n_runs: int, world_size: int) -> int:
 
 # In a worker: set once a stop signal has reached it, so that it starts no further run.
 _stopping = False
+# In a worker: set while it trains a run or does follow-up work, so that an orphaned worker waits for
+# that work to stop (its checkpoint written, its lock released) before it exits.
+_busy = False
+
+# How often a worker looks for its parent, and how long an orphaned worker's work may take to stop
+# before the worker exits regardless: a run that has not reached its checkpoint by then resumes from
+# its last one.
+PARENT_POLL_S = 1.0
+ORPHAN_GRACE_S = 45.0
 
 
-def _worker_start() -> None:
+def _worker_start(parent: int | None = None) -> None:
     """A worker in its own process group: a Ctrl-C at the terminal reaches the parent alone, which sends
-    each worker exactly one signal (two would stop a run without its checkpoint)."""
+    each worker exactly one signal (two would stop a run without its checkpoint). Given the parent's pid,
+    it also watches for the parent's death (`_watch_parent`)."""
     os.setpgrp()
 
     def note(signum, frame):
@@ -86,6 +100,38 @@ def _worker_start() -> None:
 
     signal.signal(signal.SIGINT, note)
     signal.signal(signal.SIGTERM, note)
+    if parent is not None:
+        threading.Thread(target=_watch_parent, args=(parent,), name="emarule-parent-watch", daemon=True).start()
+
+
+def _watch_parent(parent: int) -> None:
+    """In a worker, on a thread of its own: once the parent is gone (killed outright, so that it could not
+    pass a signal on), stop as its SIGTERM would have, then exit. Nothing else ends an orphaned worker:
+    it holds both ends of the executor's pipes, so it never sees them close; it would train on, holding
+    the run's lock, then wait for work (or to hand back its result) for ever."""
+    while os.getppid() == parent:  # an orphan's parent becomes init or a subreaper, never `parent` again
+        time.sleep(PARENT_POLL_S)
+    deadline = time.monotonic() + ORPHAN_GRACE_S
+    while True:
+        # Sent again while work goes on: a signal that came as a run began, before its loop took SIGTERM
+        # over, only marked this worker stopping. More SIGTERMs change nothing (only a second SIGINT
+        # stops a run without its checkpoint).
+        os.kill(os.getpid(), signal.SIGTERM)
+        if not _busy or time.monotonic() >= deadline:
+            break
+        time.sleep(PARENT_POLL_S)
+    os._exit(143)  # not sys.exit: the main thread may be blocked on the dead parent's pipe
+
+
+def exit_with_parent(parent: int) -> None:
+    """A pool worker's initializer for work that holds no lock and writes atomically (the probes' fits):
+    once the parent is gone the worker exits at once, rather than wait on the dead parent's pipe for ever."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(143)
+
+    threading.Thread(target=watch, name="emarule-parent-watch", daemon=True).start()
 
 
 def _train(ctx, task_spec, threads: int) -> tuple[str, dict, float, str]:
@@ -93,6 +139,15 @@ def _train(ctx, task_spec, threads: int) -> tuple[str, dict, float, str]:
     ("stopped", {}, wall, output) when a signal stopped it at a checkpoint, ("skipped", ...) when a signal
     came before it started. A run that diverged is done: its result is the message (`sweep.DIVERGED_KEY`), and
     the other runs go on, as they do one at a time."""
+    global _busy
+    _busy = True
+    try:
+        return _train_one(ctx, task_spec, threads)
+    finally:
+        _busy = False
+
+
+def _train_one(ctx, task_spec, threads: int) -> tuple[str, dict, float, str]:
     global _stopping
     if _stopping:
         return "skipped", {}, 0.0, ""
@@ -125,12 +180,16 @@ def _train(ctx, task_spec, threads: int) -> tuple[str, dict, float, str]:
 def _follow(fn, args: tuple) -> str | None:
     """In a worker: one piece of follow-up work; its error as text, or None. The caller does the same
     work again in its own process wherever this left nothing behind, and raises the error there."""
+    global _busy
     if _stopping:
         return "skipped: a stop signal came first"
+    _busy = True
     try:
         fn(*args)
     except Exception as e:  # noqa: BLE001 (recomputed and raised by the caller, see above)
         return f"{type(e).__name__}: {e}"
+    finally:
+        _busy = False
     return None
 
 
@@ -185,7 +244,7 @@ def run_side_by_side(console, labels: list[str], ctxs: list, jobs: int, on_done,
     console.print(f"{len(ctxs)} runs, {jobs} at a time ({threads} torch thread{'s' if threads > 1 else ''} each; "
                   f"--jobs 1 runs them one after another)", highlight=False)
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_worker_start)
+                               initializer=_worker_start, initargs=(os.getpid(),))
     stop: dict = {"signal": None}
 
     def tell_workers(signum: int) -> None:

@@ -331,13 +331,17 @@ def warm_caches(runs: list, jobs: int) -> None:
     fits are independent; one after another they were a third of a self-supervised reproduction's wall
     time). A fit whose cache is there (a sweep's workers fitted it) is not started again."""
     import multiprocessing
+    import os
     from concurrent.futures import ProcessPoolExecutor
+
+    from emarule.analysis.parallel import exit_with_parent
 
     first = next((r for r in runs if r.is_baseline), None)
     work = [w for r in runs for w in _work(Path(r.path), r.is_baseline, r is first)]
     if not work:
         return
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=exit_with_parent, initargs=(os.getpid(),)) as pool:
         for f in [pool.submit(_warm, Path(p), kind) for p, kind in work]:
             f.result()
 
