@@ -176,7 +176,8 @@ def test_the_engine_refuses_a_first_stage_rho_hat_that_rounds_to_one_in_one_line
     from emarule.engine.loop import build_emas
 
     spec = {"batch": {"size": 256}, "ema": {"momentum": 0.9999999999999999}}
-    plan = emarule.scale(spec, 0.5)
+    with pytest.warns(UserWarning, match="rounds to 1.0 in float32"):
+        plan = emarule.scale(spec, 0.5)
     assert plan["ema.momentum"] == 1.0 and plan.warnings  # the plan warns; a run would never move its EMA
     with pytest.raises(emarule.UserError, match="ema.momentum: ρ̂ = 1 at κ=0.5 never moves the EMA"):
         build_emas(spec, net(), plan)
