@@ -151,6 +151,9 @@ def run_dir(out: Path, resume: bool) -> None:
     stopped before their first one, and refuses one whose checkpoint is gone (`sweep.check_before_training`).
     """
     check_free(out, "run")
+    # a sweep or reproduction holds its experiment folder: a run started in it would take one of its runs'
+    # directories from under it
+    check_free(out.parent, "sweep")
     study = [n for n in STUDY_RECORD if (out / n).exists()]
     record = [n for n in (HPARAMS, METRICS) if (out / n).exists()] + study
     if (out / UNSAVED).exists() and not (out / CHECKPOINT).exists() and not study:

@@ -145,6 +145,24 @@ def test_sweeps_and_reproductions_refuse_a_locked_folder(tmp_path, capsys, argv,
     assert f"is in use by another emarule run (host {socket.gethostname()}, pid {holder.pid}" in err[0]
 
 
+def test_a_run_is_refused_in_a_folder_a_sweep_holds(tmp_path, capsys):
+    """A sweep (or reproduction) holds ROOT/<experiment>: a run given one of its run directories waits its turn
+    rather than take it from under the sweep."""
+    from emarule.cli.main import main
+
+    holder = _hold(tmp_path / "root" / "byol-r18")
+    try:
+        with pytest.raises(SystemExit) as e:
+            main(["run", "byol-r18", "--preset", "tiny", "--out", str(tmp_path / "root" / "byol-r18" / "k1")])
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, err
+    assert f"root/byol-r18 is in use by another emarule run (host {socket.gethostname()}, pid {holder.pid}" in err[0]
+    assert not (tmp_path / "root" / "byol-r18" / "k1").exists()
+
+
 def test_another_rank_of_the_same_launch_does_not_trip_over_rank_0s_lock(holder, monkeypatch):
     """Under torchrun rank 0 holds the lock; rank 1's pre-checks must not read it as another run's (a sweep
     under torchrun failed at random: rank 1 checked after rank 0 had locked)."""
