@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -109,12 +111,11 @@ class LinearProbe(nn.Module):
         return self.fc(self.bn(h))
 
 
-def kaiming_uniform_(module: nn.Module) -> None:
-    """He et al. (2015) uniform init (fan-in, ReLU gain) for every conv and linear weight;
-    zero biases; BatchNorm/LayerNorm scale 1, shift 0."""
+def _init_layers(module: nn.Module, weight: Callable[[torch.Tensor], None]) -> None:
+    """`weight(w)` for every conv and linear weight; zero biases; BatchNorm/LayerNorm/GroupNorm scale 1, shift 0."""
     for m in module.modules():
         if isinstance(m, (nn.Conv2d, nn.Linear)):
-            nn.init.kaiming_uniform_(m.weight, a=0.0, mode="fan_in", nonlinearity="relu")
+            weight(m.weight)
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
         elif isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm, nn.GroupNorm)):
@@ -122,23 +123,21 @@ def kaiming_uniform_(module: nn.Module) -> None:
                 nn.init.ones_(m.weight)
             if getattr(m, "bias", None) is not None:
                 nn.init.zeros_(m.bias)
+
+
+def kaiming_uniform_(module: nn.Module) -> None:
+    """He et al. (2015) uniform init (fan-in, ReLU gain) for every conv and linear weight."""
+    _init_layers(module, lambda w: nn.init.kaiming_uniform_(w, a=0.0, mode="fan_in", nonlinearity="relu"))
 
 
 def fan_in_trunc_normal_(module: nn.Module) -> None:
     """Haiku's default, which BYOL's official ResNets and heads keep (they pass no `w_init`): every conv and
-    linear weight from a normal of std 1/√fan_in truncated at ±2 std; zero biases; norms' scale 1, shift 0."""
-    for m in module.modules():
-        if isinstance(m, (nn.Conv2d, nn.Linear)):
-            fan_in = m.weight[0].numel()  # in_channels / groups × kernel area, or in_features
-            std = fan_in ** -0.5
-            nn.init.trunc_normal_(m.weight, std=std, a=-2 * std, b=2 * std)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm, nn.GroupNorm)):
-            if getattr(m, "weight", None) is not None:
-                nn.init.ones_(m.weight)
-            if getattr(m, "bias", None) is not None:
-                nn.init.zeros_(m.bias)
+    linear weight from a normal of std 1/√fan_in truncated at ±2 std."""
+    def weight(w: torch.Tensor) -> None:
+        std = w[0].numel() ** -0.5  # fan-in: in_channels / groups × kernel area, or in_features
+        nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
+
+    _init_layers(module, weight)
 
 
 def trunc_normal_(module: nn.Module, std: float = 0.02) -> None:

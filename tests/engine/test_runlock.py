@@ -127,13 +127,22 @@ def _hold(path: Path) -> subprocess.Popen:
 SWEEP = ["sweep", "byol-r18", "--preset", "tiny", "--kappas", "2", "--out", "{root}"]
 
 
+RUN_IN_SWEEP = ["run", "byol-r18", "--preset", "tiny", "--out", "{root}/byol-r18/k1"]
+
+
 @pytest.mark.parametrize("argv,locked", [(SWEEP, "byol-r18"), (SWEEP, "byol-r18/tiny-k1-rule-s0"),
-                                         (["reproduce", "parabola", "--preset", "tiny", "--out", "{root}"], "")])
-def test_sweeps_and_reproductions_refuse_a_locked_folder(tmp_path, capsys, argv, locked):
-    """The sweep's experiment folder, one of its runs, a reproduction's --out: each held by another process."""
+                                         (["reproduce", "parabola", "--preset", "tiny", "--out", "{root}"], ""),
+                                         (RUN_IN_SWEEP, "byol-r18")],
+                         ids=["sweep-folder", "sweep-run", "reproduce-out", "run-in-a-sweeps-folder"])
+def test_sweeps_reproductions_and_runs_refuse_a_locked_folder(tmp_path, capsys, argv, locked):
+    """The sweep's experiment folder, one of its runs, a reproduction's --out, and a run given a directory in a
+    folder a sweep holds (it would take one of the sweep's runs from under it): each held by another process,
+    named in one line, and nothing written."""
+    from cli_util import snapshot
     from emarule.cli.main import main
 
     holder = _hold(tmp_path / "root" / locked)
+    before = snapshot(tmp_path / "root")
     try:
         with pytest.raises(SystemExit) as e:
             main([a.format(root=tmp_path / "root") for a in argv])
@@ -142,25 +151,9 @@ def test_sweeps_and_reproductions_refuse_a_locked_folder(tmp_path, capsys, argv,
         holder.wait()
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1, err
-    assert f"is in use by another emarule run (host {socket.gethostname()}, pid {holder.pid}" in err[0]
-
-
-def test_a_run_is_refused_in_a_folder_a_sweep_holds(tmp_path, capsys):
-    """A sweep (or reproduction) holds ROOT/<experiment>: a run given one of its run directories waits its turn
-    rather than take it from under the sweep."""
-    from emarule.cli.main import main
-
-    holder = _hold(tmp_path / "root" / "byol-r18")
-    try:
-        with pytest.raises(SystemExit) as e:
-            main(["run", "byol-r18", "--preset", "tiny", "--out", str(tmp_path / "root" / "byol-r18" / "k1")])
-    finally:
-        holder.kill()
-        holder.wait()
-    err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 2 and len(err) == 1, err
-    assert f"root/byol-r18 is in use by another emarule run (host {socket.gethostname()}, pid {holder.pid}" in err[0]
-    assert not (tmp_path / "root" / "byol-r18" / "k1").exists()
+    assert (f"{tmp_path / 'root' / locked} is in use by another emarule run (host {socket.gethostname()}, "
+            f"pid {holder.pid}") in err[0]
+    assert snapshot(tmp_path / "root") == before
 
 
 def test_another_rank_of_the_same_launch_does_not_trip_over_rank_0s_lock(holder, monkeypatch):

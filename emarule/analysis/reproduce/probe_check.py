@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from emarule.analysis.reproduce.claims import OFFLINE_PROBE
+from emarule.engine.cache import sha256
 from emarule.engine.rundir import CHECKPOINT, HPARAMS, atomic_write_text, read_json
 from emarule.errors import UserError
 
@@ -101,20 +102,12 @@ def _text(reading: dict) -> str:
     return json.dumps(reading, indent=1) + "\n"
 
 
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _source(run_dir: Path, kind: str) -> str:
     """What a cache of `kind` was fitted on: the final teacher's checkpoint, the run's settings (the teacher as
     initialized is built from them) or its data settings (the pixels, shared by the baseline seeds)."""
     name = {"final": CHECKPOINT, "init": HPARAMS}.get(kind)
     if name is not None:
-        return f"{name} " + (_file_digest(run_dir / name) if (run_dir / name).is_file() else "missing")
+        return f"{name} " + (sha256(run_dir / name) if (run_dir / name).is_file() else "missing")
     h = read_json(run_dir / HPARAMS)
     if not isinstance(h, dict) or not isinstance(h.get("spec"), dict):
         return "data missing"
