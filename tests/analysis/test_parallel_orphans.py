@@ -25,6 +25,14 @@ def _gone(proc: psutil.Process) -> bool:
         return True
 
 
+def _cmdline(proc: psutil.Process) -> str:
+    """A child's command line, or "" for one that ended (or became a zombie) since it was listed."""
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""
+
+
 def _training(out) -> bool:
     """True once some run has logged a row: the kill then falls mid-run, where a run holds its lock."""
     return any(out.glob("**/metrics.jsonl"))
@@ -47,13 +55,13 @@ def test_workers_of_a_killed_reproduction_exit_and_the_rerun_resumes(tmp_path):
                 children = psutil.Process(parent.pid).children(recursive=True)
             except psutil.NoSuchProcess:
                 break
-            workers = [c for c in children if "spawn_main" in " ".join(c.cmdline())]
+            workers = [c for c in children if "spawn_main" in _cmdline(c)]
             if len(workers) >= 2 and _training(out):
                 break
             time.sleep(0.1)
         assert parent.poll() is None, "the reproduction ended before its workers trained: " + \
             (tmp_path / "first.log").read_text(errors="replace")[-2000:]
-        assert len(workers) >= 2, f"no two workers within 120 s: {[c.cmdline() for c in children]}"
+        assert len(workers) >= 2, f"no two workers within 120 s: {[_cmdline(c) for c in children]}"
         children = psutil.Process(parent.pid).children(recursive=True)  # the resource tracker too
 
         parent.send_signal(signal.SIGKILL)

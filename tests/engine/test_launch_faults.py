@@ -205,7 +205,11 @@ def test_a_bad_file_one_rank_meets_ends_every_process_with_its_line(tmp_path):
     data = image_folder(tmp_path / "inet")
     bad = data / "train" / "n01" / "3.JPEG"
     bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+    # torchrun's agent stops the other processes once one has failed, at its next look (--monitor-interval,
+    # 0.1 s by default): on a loaded machine that can come before the peer's collective fails and it says so.
+    # Looking every 5 s leaves the peers' own end to be seen, which is what this test checks.
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "--monitor-interval", "5",
            "-m", "emarule", "run", "byol-r18", "--preset", "tiny", "--set", "data.source=imagenet",
            "--data", str(data), "--out", str(tmp_path / "run")]
     start = time.monotonic()
