@@ -247,7 +247,11 @@ def check_before_training(ctxs: list, build_parts: Callable) -> None:
             except (ValueError, AttributeError):  # a damaged record: said when this run resumes
                 recorded = None
             if recorded is not None:  # runs written before hparams.json held it are checked when resumed
-                preflight.check_same_settings(ctx, recorded)
+                try:
+                    preflight.check_same_settings(ctx, recorded)
+                except UserError:
+                    preflight.check_record_if_edited(ctx)
+                    raise
 
     def largest(ctx) -> float:
         return max(p["batch_size"] for _, p in preflight.stage_plans(ctx))

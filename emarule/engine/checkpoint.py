@@ -6,7 +6,8 @@ the data order (epoch, items consumed), the task's own state, and the run's fing
 seed) so `--resume` refuses a directory made with other settings. It also keeps what the log needs to
 go on as if never stopped: "window", the steps since the last train row (their count and sums, which the
 next row averages) and the κ of the last step (loop.window_state; a checkpoint without it resumes with an
-empty window and a row at the first step after the resume). The stage in force is not
+empty window and a row at the first step after the resume), and the log's length and SHA-256 up to the
+checkpoint ("log", `MetricsLog.digest`), against which `--resume` checks the file. The stage in force is not
 stored: it is a function of the clock. Data order and schedules are functions of (seed, data
 seen), so with the RNG states restored
 a run killed at any point (SIGKILL included) and resumed from its last checkpoint ends, on CPU in

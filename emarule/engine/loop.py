@@ -43,13 +43,13 @@ from emarule.engine.context import RunContext
 from emarule.engine.ema import ModelEma
 from emarule.errors import TrainingDiverged, UserError
 from emarule.engine.progress import Progress, Window
-from emarule.engine.rundir import FIGURES, HPARAMS, UNSAVED, DiskFull, MetricsLog, atomic_write_text, write_hparams
+from emarule.engine.rundir import FIGURES, UNSAVED, DiskFull, MetricsLog, atomic_write_text, write_hparams
 from emarule.scaling import BatchSchedule
 from emarule.scaling.plan import extra_ema_name
 from emarule.engine.seeding import mix
 from emarule.config.typed import Config, config_of
 from emarule.engine.interface import MAIN_EMA, Now, TaskParts
-from emarule.engine.preflight import (check_batches_fit, check_same_settings, differences, fingerprint, make_batcher,
+from emarule.engine.preflight import (check_batches_fit, check_record, check_same_settings, fingerprint, make_batcher,
                                       stage_plans)
 
 EPS = 1e-6
@@ -304,7 +304,7 @@ def open_resumed(run: Run, log: MetricsLog) -> bool:
     if not checkpoint.restore_rng(ck):
         seed_everything(mix(ctx.seed, run.clock.samples), run.d.rank)
     run.last_ckpt = (str(checkpoint.path_in(ctx.out)), where(run))
-    log.truncate_after(run.clock.samples)
+    log.truncate_after(run.clock.samples, ck.get("log"), finished=bool(ck.get("finished")))
     run.final = ck.get("final_metrics") or {}
     run.next_ckpt = next_checkpoint(run)
     for e in run.evals:
@@ -329,41 +329,6 @@ def restore_window(run: Run, state: dict | None) -> None:
     # A segment starts at an epoch's batch 0 (checkpoint after its last step) or at a stage change (the step
     # before the checkpoint ran at another κ): those log their first step whether or not the run was resumed.
     run.continues = run.clock.batch > 0 and float(state["kappa"]) == run.kappa
-
-
-# How a run executes, not what it computes: these may change from one --resume to the next.
-EXECUTION_KEYS = frozenset({"layout", "world_size", "max_device_batch", "device", "num_workers", "torch", "python",
-                            "sync_bn_effective", "data"})
-
-
-def check_record(ctx: RunContext, copy: dict | None) -> None:
-    """hparams.json says what the checkpoint's own copy says: a record edited, deleted or damaged after
-    the run wrote it would make the summary and `compare` report settings the run did not use."""
-    import json
-
-    from emarule.engine.rundir import jsonable
-
-    if copy is None:  # a checkpoint written before checkpoints kept a copy
-        return
-    p = ctx.out / HPARAMS
-    fix = "put back the file the run wrote (the checkpoint keeps a copy, see docs/faults.md) or start a new run " \
-          "with --out NEW_DIR"
-    if not p.is_file():
-        raise UserError(f"--resume: {p} is missing; {fix}")
-    try:
-        record = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        why = "not valid JSON" if isinstance(e, ValueError) else (e.strerror or str(e))
-        raise UserError(f"--resume: {p} is corrupt ({why}); {fix}") from None
-    if not isinstance(record, dict):
-        raise UserError(f"--resume: {p} is corrupt (not a JSON object); {fix}")
-    ours = json.loads(json.dumps(jsonable(copy)))
-    diff = differences({k: v for k, v in ours.items() if k not in EXECUTION_KEYS},
-                       {k: v for k, v in record.items() if k not in EXECUTION_KEYS})
-    if diff:
-        shown = ", ".join(diff[:4]) + (f" and {len(diff) - 4} more" if len(diff) > 4 else "")
-        raise UserError(f"--resume: {p} was edited after the run wrote it ({shown} differ from the checkpoint's "
-                        f"copy); {fix}")
 
 
 def where(run: Run) -> str:
@@ -685,7 +650,7 @@ def time_fields(run: Run) -> dict:
             "kappa": run.kappa}
 
 
-def save(run: Run, finished: bool = False) -> None:
+def save(run: Run, log: MetricsLog, finished: bool = False) -> None:
     if not all(bool(torch.isfinite(p).all()) for p in run.model.parameters()):
         # never overwrite the last good checkpoint with a diverged model
         raise diverged(run, "the weights became non-finite")
@@ -694,7 +659,8 @@ def save(run: Run, finished: bool = False) -> None:
         "model": run.model.state_dict(), "emas": {k: e.checkpoint() for k, e in run.emas.items()},
         "optimizer": run.optimizer.state_dict(), "clock": asdict(run.clock), "fingerprint": fingerprint(run.ctx),
         "task_state": run.parts.state.state_dict() if run.parts.state is not None else None,
-        "finished": finished, "final_metrics": run.final, "record": run.record, "window": window_state(run)})
+        "finished": finished, "final_metrics": run.final, "record": run.record, "window": window_state(run),
+        "log": log.digest()})
     if run.d.is_main:
         (run.ctx.out / UNSAVED).unlink(missing_ok=True)
     run.last_ckpt = (str(checkpoint.path_in(run.ctx.out)), where(run))
@@ -793,7 +759,7 @@ def _locked(run: Run, ctx: RunContext, parts: TaskParts, d: distributed.Dist) ->
                     end_epoch(run)
                 evaluate_due(run, log, at_end)
                 if (run.epoch_now + 1e-9 >= run.next_ckpt or time_due or stop_now) and not at_end:
-                    save(run)
+                    save(run, log)
                     run.next_ckpt = next_checkpoint(run)
                 if stop_now and not at_end:  # at the end, the final checkpoint follows
                     raise Interrupted(stop.signal_name)
@@ -805,7 +771,7 @@ def _locked(run: Run, ctx: RunContext, parts: TaskParts, d: distributed.Dist) ->
             if run.skip_bad:
                 sync_skipped(run)
                 run.final["skipped_items"] = run.clock.skipped
-            save(run, finished=True)
+            save(run, log, finished=True)
     except Interrupted as e:
         log.close()
         progress.stop()

@@ -1,6 +1,6 @@
 """What a run checks before it writes anything, shared by the loop and the sweep: every stage's plan, the
-training set's order and measure, that each stage's batch fits it, and that a run continued in a directory
-was made with the same settings (its fingerprint)."""
+training set's order and measure, that each stage's batch fits it, that a run continued in a directory
+was made with the same settings (its fingerprint), and that its hparams.json is the record the run wrote."""
 
 from __future__ import annotations
 
@@ -111,3 +111,54 @@ def check_same_settings(ctx: RunContext, fp: dict | None) -> None:
                             f"or remove that run")
         raise UserError(f"--resume: {ctx.out} was made with other settings ({shown} differ); use the original "
                         f"command or a new --out")
+
+
+# How a run executes, not what it computes: these may change from one --resume to the next.
+EXECUTION_KEYS = frozenset({"layout", "world_size", "max_device_batch", "device", "num_workers", "torch", "python",
+                            "sync_bn_effective", "data"})
+
+
+def check_record(ctx: RunContext, copy: dict | None) -> None:
+    """hparams.json says what the checkpoint's own copy says: a record edited, deleted or damaged after
+    the run wrote it would make the summary and `compare` report settings the run did not use."""
+    import json
+
+    from emarule.engine.rundir import HPARAMS, jsonable
+
+    if copy is None:  # a checkpoint written before checkpoints kept a copy
+        return
+    p = ctx.out / HPARAMS
+    fix = "put back the file the run wrote (the checkpoint keeps a copy, see docs/faults.md) or start a new run " \
+          "with --out NEW_DIR"
+    if not p.is_file():
+        raise UserError(f"--resume: {p} is missing; {fix}")
+    try:
+        record = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        why = "not valid JSON" if isinstance(e, ValueError) else (e.strerror or str(e))
+        raise UserError(f"--resume: {p} is corrupt ({why}); {fix}") from None
+    if not isinstance(record, dict):
+        raise UserError(f"--resume: {p} is corrupt (not a JSON object); {fix}")
+    ours = json.loads(json.dumps(jsonable(copy)))
+    diff = differences({k: v for k, v in ours.items() if k not in EXECUTION_KEYS},
+                       {k: v for k, v in record.items() if k not in EXECUTION_KEYS})
+    if diff:
+        shown = ", ".join(diff[:4]) + (f" and {len(diff) - 4} more" if len(diff) > 4 else "")
+        raise UserError(f"--resume: {p} was edited after the run wrote it ({shown} differ from the checkpoint's "
+                        f"copy); {fix}")
+
+
+def check_record_if_edited(ctx: RunContext) -> None:
+    """hparams.json names other settings than this run's. Where the checkpoint's own copy of the record names
+    this run's, the run was made with them and the file was edited since: that is the line to give
+    (`check_record`'s), not "made with other settings", whose fix (a new --out) would train the run again."""
+    import torch
+
+    from emarule.engine.rundir import CHECKPOINT
+
+    try:
+        copy = torch.load(ctx.out / CHECKPOINT, map_location="cpu", weights_only=False, mmap=True).get("record")
+        check_same_settings(ctx, copy.get("fingerprint"))
+    except Exception:  # no readable copy, or the run was made with other settings indeed
+        return
+    check_record(ctx, copy)

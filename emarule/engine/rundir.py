@@ -14,6 +14,7 @@ Only rank 0 writes. Pure Python apart from the optional lazy wandb import.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import math
 import os
@@ -220,12 +221,26 @@ class MetricsLog:
         self.enabled = enabled
         self._file = None
         self._wandb = None
+        self._written = hashlib.sha256()  # of the bytes the file holds: a checkpoint records it (`digest`)
+        self._bytes = 0
 
-    def truncate_after(self, samples_seen: float) -> None:
+    def digest(self) -> dict | None:
+        """What the log holds so far, as a checkpoint records it: its length and SHA-256. A resumed run, and
+        a reproduction reusing a finished one, check the file against it (`truncate_after`); None on a rank
+        that does not write the log."""
+        return {"bytes": self._bytes, "sha256": self._written.hexdigest()} if self.enabled else None
+
+    def _holds(self, data: bytes) -> None:
+        self._written, self._bytes = hashlib.sha256(data), len(data)
+
+    def truncate_after(self, samples_seen: float, recorded: dict | None = None, finished: bool = False) -> None:
         """Drop rows past a checkpoint (and any torn last line) so a resumed log has no duplicates.
 
         A log that is missing, or holds no row up to the checkpoint, lost the run's record: a
-        resumed run would leave a log without its first part, so it is refused."""
+        resumed run would leave a log without its first part, so it is refused. So is one whose rows up to
+        the checkpoint are not the bytes the checkpoint `recorded` (`digest`: an edited value, a row deleted,
+        added or reordered), and, past a finished run's last row, a whole row nobody of ours wrote. A
+        checkpoint without that record (written before checkpoints held one) is checked row by row only."""
         if not self.enabled:
             return
         fix = "put back the file the run wrote, or start a new run with --out NEW_DIR"
@@ -242,15 +257,30 @@ class MetricsLog:
         if not keep:
             raise UserError(f"--resume: {self.path} holds no row up to the checkpoint (the run's log was emptied "
                             f"or cut); {fix}")
-        text = "".join(json.dumps(r) + "\n" for r in keep)
+        data = self.path.read_bytes()
+        text = ("".join(json.dumps(r) + "\n" for r in keep).encode() if recorded is None
+                else self._recorded_part(data, recorded, finished, fix))
         # A finished run that is resumed (a reproduction reusing it) keeps every row: leave its file untouched,
         # so reuse writes nothing (a full disk, a read-only copy) and the log keeps its modification time.
-        if self.path.read_bytes() != text.encode():
-            atomic_write_text(self.path, text)
+        if data != text:
+            atomic_write_bytes(self.path, text)
+        self._holds(text)
+
+    def _recorded_part(self, data: bytes, recorded: dict, finished: bool, fix: str) -> bytes:
+        n = int(recorded["bytes"])
+        if len(data) < n or hashlib.sha256(data[:n]).hexdigest() != recorded["sha256"]:
+            raise UserError(f"--resume: {self.path} was edited after the run wrote it (its rows up to the "
+                            f"checkpoint are not the ones the checkpoint recorded); {fix}")
+        if finished and b"\n" in data[n:]:  # a finished run writes nothing after its last checkpoint
+            extra = data[n:].count(b"\n")
+            raise UserError(f"--resume: {self.path} holds {extra} row(s) after the finished run's last one, which the "
+                            f"run did not write; {fix}")
+        return data[:n]
 
     def start_fresh(self) -> None:
         if self.enabled:
             atomic_write_text(self.path, "")
+            self._holds(b"")
 
     def attach_wandb(self, mode: str, out: Path, name: str, config: dict) -> None:
         if not self.enabled or mode not in ("offline", "online"):
@@ -277,6 +307,8 @@ class MetricsLog:
                 self._file = open(self.path, "a", buffering=1)
             self._file.write(line)
             self._file.flush()
+            self._written.update(line.encode())
+            self._bytes += len(line.encode())
         except OSError as e:
             if not no_space(e):
                 raise

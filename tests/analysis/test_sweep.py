@@ -127,6 +127,33 @@ def test_a_run_made_with_other_settings_fails_before_the_baseline_trains(tmp_pat
     assert "--resume" not in lines[0] and "give the sweep a new --out" in lines[0]
 
 
+def test_a_record_edited_after_the_run_is_said_to_be_edited_not_made_otherwise(tmp_path):
+    """The sweep checks hparams.json before anything trains. Where the file names other settings but the
+    checkpoint's copy names the sweep's, the run was made with them: the line says the file was edited (and how
+    to put it back), rather than sending the user to a new --out that would train the run again."""
+    import json
+
+    from engine_util import toy_spec
+
+    torch.set_num_threads(1)
+    spec = toy_spec(**{"schedule.epochs": 1})
+    assert _toy_sweep(tmp_path, spec, "--kappas", "2", "--rule", "with").exit_code == 0
+    (hp,) = (tmp_path / "sw").glob("*/k2-*/hparams.json")
+    record = json.loads(hp.read_text())
+    record["fingerprint"]["spec"]["schedule"]["epochs"] = 2
+    hp.write_text(json.dumps(record))
+    res = _toy_sweep(tmp_path, spec, "--kappas", "2", "--rule", "with")
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and f"{hp} was edited after the run wrote it (fingerprint.spec.schedule.epochs differ" \
+        in lines[0], lines
+    assert "put back the file the run wrote" in lines[0]
+    # made with other settings indeed (the sweep's spec changed): the line the sweep gave before
+    res = _toy_sweep(tmp_path, toy_spec(**{"schedule.epochs": 2}), "--kappas", "2", "--rule", "with")
+    lines = res.output.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1 and "was made with other settings" in lines[0], lines
+
+
 def test_a_finished_run_whose_checkpoint_was_deleted_is_not_trained_over(tmp_path):
     from engine_util import toy_spec
 

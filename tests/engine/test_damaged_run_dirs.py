@@ -60,15 +60,31 @@ def test_resume_refuses_a_log_that_is_not_utf8(R):
     assert snapshot(R) == before
 
 
-def test_a_sweep_refuses_a_run_whose_log_is_not_utf8(finished, tmp_path):
-    run = Path(shutil.copytree(finished, tmp_path / "S" / "byol-r18" / "tiny-k1-rule-s0"))
-    with open(run / "metrics.jsonl", "ab") as f:
+def _not_utf8(log: Path) -> None:
+    with open(log, "ab") as f:
         f.write(b"\xff\xfe\x00bad\n")
+
+
+def _a_value_edited(log: Path) -> None:
+    text = log.read_text()
+    assert '"samples_seen": 96,' in text
+    log.write_text(text.replace('"samples_seen": 96,', '"samples_seen": 95,', 1))
+
+
+@pytest.mark.parametrize("damage,words", [
+    (_not_utf8, "line 11 is not UTF-8 text"),
+    (_a_value_edited, "metrics.jsonl was edited after the run wrote it (its rows up to the checkpoint"),
+], ids=["not-utf8", "edited"])
+def test_a_sweep_refuses_a_finished_run_whose_log_is_damaged_or_edited(finished, tmp_path, damage, words):
+    """A sweep (and so a reproduction) reuses a finished run by resuming it: a log that is not the one the run
+    wrote is refused before anything is judged on it."""
+    run = Path(shutil.copytree(finished, tmp_path / "S" / "byol-r18" / "tiny-k1-rule-s0"))
+    damage(run / "metrics.jsonl")
     before = snapshot(tmp_path / "S")
     res = invoke("sweep", "byol-r18", *TINY, "--kappas", "1", "--rule", "with", "--out", tmp_path / "S")
     assert res.exit_code == 2 and "Traceback" not in res.output, (res.output, res.exception)
     errors = [x for x in res.output.splitlines() if x.startswith("error:")]
-    assert len(errors) == 1 and "line 11 is not UTF-8 text" in errors[0], res.output
+    assert len(errors) == 1 and words in errors[0], res.output
     assert snapshot(tmp_path / "S") == before
 
 

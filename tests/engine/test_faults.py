@@ -3,6 +3,7 @@ after the run wrote them, a run killed before its first checkpoint. Each ends in
 the problem and the fix, loses nothing, and leaves a directory the next command accepts."""
 
 import errno
+import hashlib
 import json
 import os
 import subprocess
@@ -175,22 +176,102 @@ def test_a_full_log_write_keeps_the_rows_before(tmp_path, monkeypatch):
 
 def test_resuming_a_finished_run_writes_nothing_to_its_log(tmp_path, monkeypatch):
     """A reproduction reuses a finished run by resuming it: its log keeps every row, so it is left as it is
-    (no temporary copy on a full disk, the same modification time), and only a log with rows past the
-    checkpoint is rewritten."""
+    (no temporary copy on a full disk, the same modification time)."""
     from emarule.engine import rundir
 
     _, ctx = run_toy(tmp_path, toy_spec(**SPEC), out="run")
     log = ctx.out / METRICS
     before, stamp = log.read_bytes(), log.stat().st_mtime_ns
-    written, real = [], rundir.atomic_write_text
-    monkeypatch.setattr(rundir, "atomic_write_text", lambda path, *a, **k: (written.append(Path(path).name),
-                                                                            real(path, *a, **k))[1])
+    written, real = [], rundir.atomic_write_bytes
+    monkeypatch.setattr(rundir, "atomic_write_bytes", lambda path, *a, **k: (written.append(Path(path).name),
+                                                                             real(path, *a, **k))[1])
     run_toy(tmp_path, toy_spec(**SPEC), out="run", resume=True)
     assert METRICS not in written and log.read_bytes() == before and log.stat().st_mtime_ns == stamp
-    with log.open("a") as f:  # a row past the checkpoint, as a run killed between two checkpoints leaves
+
+
+class Killed(BaseException):
+    """Stands for SIGKILL: nothing after it runs (no checkpoint, no clean-up of the run's files)."""
+
+
+@pytest.fixture
+def killed_after_a_checkpoint(tmp_path, monkeypatch):
+    """A run killed right after its first checkpoint (epoch 1 of 3), with a row past it in its log, as a run
+    killed between two checkpoints leaves."""
+    real = train.save
+
+    def save_then_die(*a, **kw):
+        real(*a, **kw)
+        raise Killed
+
+    monkeypatch.setattr(train, "save", save_then_die)
+    with pytest.raises(Killed):
+        run_toy(tmp_path, toy_spec(**SPEC), out="run")
+    monkeypatch.undo()
+    out = tmp_path / "run"
+    upto = (out / METRICS).read_bytes()
+    with (out / METRICS).open("a") as f:
         f.write(json.dumps({"kind": "train", "samples_seen": 10**9, "step": 10**6}) + "\n")
+    return out, upto
+
+
+def test_resume_drops_the_rows_past_the_checkpoint_and_ends_as_the_uninterrupted_run(tmp_path,
+                                                                                   killed_after_a_checkpoint):
+    out, upto = killed_after_a_checkpoint
+    assert load_checkpoint(out)["log"] == {"bytes": len(upto), "sha256": hashlib.sha256(upto).hexdigest()}
+    _, ctx = run_toy(tmp_path, toy_spec(**SPEC), out="run", resume=True)
+    _, ref = run_toy(tmp_path, toy_spec(**SPEC), out="ref")
+    # the resumed log is the uninterrupted run's but for the wall-clock fields, and the final checkpoint
+    # records the file as it now is
+    drop = ("samples_per_s", "wall_s", "data_wait_s")
+    rows = [{k: v for k, v in json.loads(x).items() if k not in drop} for x in (out / METRICS).read_text().splitlines()]
+    assert rows == [{k: v for k, v in json.loads(x).items() if k not in drop}
+                    for x in (ref.out / METRICS).read_text().splitlines()]
+    data = (out / METRICS).read_bytes()
+    assert data.startswith(upto) and load_checkpoint(out)["log"]["sha256"] == hashlib.sha256(data).hexdigest()
+
+
+LOG_EDITS = {
+    "a value": lambda rows: rows[:1] + [rows[1].replace('"step": 2', '"step": 7')] + rows[2:],
+    "a row deleted": lambda rows: rows[:1] + rows[2:],
+    "two rows swapped": lambda rows: [rows[1], rows[0], *rows[2:]],
+    "a row added in the middle": lambda rows: rows[:2] + [rows[1]] + rows[2:],
+}
+
+
+@pytest.mark.parametrize("edit", LOG_EDITS.values(), ids=LOG_EDITS.keys())
+@pytest.mark.parametrize("which", ["finished", "killed"])
+def test_resume_refuses_a_log_edited_before_the_checkpoint(tmp_path, which, edit, request):
+    out = (run_toy(tmp_path, toy_spec(**SPEC), out="run")[1].out if which == "finished"
+           else request.getfixturevalue("killed_after_a_checkpoint")[0])
+    log = out / METRICS
+    rows = log.read_text().splitlines(keepends=True)
+    assert '"step": 2' in rows[1]
+    log.write_text("".join(edit(rows)))
+    before = log.read_bytes()
+    with pytest.raises(UserError) as e:
+        run_toy(tmp_path, toy_spec(**SPEC), out="run", resume=True)
+    assert str(e.value).startswith(f"--resume: {log} was edited after the run wrote it (its rows up to the checkpoint")
+    assert "put back the file the run wrote, or start a new run with --out NEW_DIR" in str(e.value)
+    assert log.read_bytes() == before
+
+
+def test_resume_refuses_a_row_added_after_a_finished_runs_last_one(tmp_path, finished):
+    log = finished / METRICS
+    rows = log.read_text().splitlines(keepends=True)
+    log.write_text("".join(rows + [rows[-1]]))
+    with pytest.raises(UserError, match=r"holds 1 row\(s\) after the finished run's last one, which the run did not"):
+        run_toy(tmp_path, toy_spec(**SPEC), out="run", resume=True)
+
+
+def test_a_checkpoint_without_the_logs_record_is_checked_row_by_row(tmp_path, finished):
+    """Checkpoints written before they held the log's digest still resume; the digest is then the file's."""
+    ck = load_checkpoint(finished)
+    del ck["log"]
+    torch.save(ck, finished / "checkpoint.pt")
+    rows = (finished / METRICS).read_text().splitlines(keepends=True)
+    (finished / METRICS).write_text("".join(rows[:1] + rows[2:]))  # undetectable without the digest
     run_toy(tmp_path, toy_spec(**SPEC), out="run", resume=True)
-    assert METRICS in written and log.read_bytes() == before
+    assert (finished / METRICS).read_text() == "".join(rows[:1] + rows[2:])
 
 
 # --- records edited, deleted or damaged ---------------------------------------------------------
@@ -232,10 +313,6 @@ def test_the_checkpoint_keeps_the_record_it_was_written_with(finished):
 
 
 # --- a run that stopped before its first checkpoint ---------------------------------------------
-
-
-class Killed(BaseException):
-    """Stands for SIGKILL: nothing after it runs (no checkpoint, no clean-up of the run's files)."""
 
 
 @pytest.fixture
