@@ -239,7 +239,7 @@ class MetricsLog:
         A log that is missing, or holds no row up to the checkpoint, lost the run's record: a
         resumed run would leave a log without its first part, so it is refused. So is one whose rows up to
         the checkpoint are not the bytes the checkpoint `recorded` (`digest`: an edited value, a row deleted,
-        added or reordered), and, past a finished run's last row, a whole row nobody of ours wrote. A
+        added or reordered), and, past a finished run's last row, a whole row the run did not write. A
         checkpoint without that record (written before checkpoints held one) is checked row by row only."""
         if not self.enabled:
             return
