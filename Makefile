@@ -38,7 +38,7 @@ test: $(STAMP)
 # seeds 100-104 (`--headline`: only the runs that claim reads) into runs/reproduce/<family>-headline/; last,
 # the README's table of claims is rewritten from their verdict.json files, with the wall time of it all.
 # Finished runs are kept: stopped, the same command resumes. Not part of CI: the reproductions behind the
-# README's table took 190 minutes on a 2-core Intel Xeon, summed (its closing line; docs/speed.md).
+# README's table took 136 minutes on a 2-core Intel Xeon, summed (its closing line; docs/speed.md).
 REPRO_OUT := runs/reproduce
 REPRO_SEEDS_NEW := 100-104
 
