@@ -1,0 +1,332 @@
+"""Decision rules by the shape of a claim, on signed per-seed paired effects. Pure Python, torch-free.
+
+Every effect handed to `decide` is one number per seed, signed so that the paper's direction is positive,
+and in units of the family's baseline pair spread (so a margin of 1 is one spread). The rules, fixed before
+any reproduction is judged by them, are written in docs/statistics.md and applied here exactly as written:
+
+    directional    reproduced     CI95 lies above the size the claim states (0 where it states none)
+                   contradicted   CI95 lies below 0 (the opposite effect), or TOST shows |effect| < margin
+                                  AND the seeds run had the power (MDE ≤ the paper's effect)
+                   otherwise      not reproduced at this preset, with the MDE
+    equivalence    reproduced     TOST at level 0.05: the CI90 lies inside ±margin
+                   contradicted   CI95 lies wholly outside ±margin
+                   otherwise      not reproduced at this preset, with the smallest margin the seeds could show
+    noninferior    reproduced     CI95's low end lies above −margin ("matches or surpasses")
+                   contradicted   CI95's high end lies below −margin
+                   otherwise      not reproduced at this preset, with the MDE
+
+CI95 and CI90 are paired Student-t intervals of the mean effect (two-sided 95 % and 90 %); a t interval keeps
+its coverage at 5 seeds, where a percentile bootstrap of the mean covers about 84 % (docs/statistics.md
+prints both, measured). The minimum detectable effect is the true effect that a one-sample t test at
+two-sided level 0.05 detects with 80 % power at the seeds run, from the effects' own standard deviation:
+(t₀.₉₇₅ + t₀.₈₀) · sd / √n, on n − 1 degrees of freedom.
+
+A claim that joins parts ("with the rule the EMA matches, without it it does not") is judged on each part:
+reproduced only when every part is, contradicted when any part is, otherwise not reproduced.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+from dataclasses import asdict, dataclass, field
+
+SHAPES = ("directional", "equivalence", "noninferior")
+REPRODUCED = "reproduced"
+CONTRADICTED = "contradicted"
+NOT_REPRODUCED = "not reproduced at this preset"
+VERDICTS = (REPRODUCED, NOT_REPRODUCED, CONTRADICTED)
+POWER = 0.8  # the power the minimum detectable effect is quoted at
+MAX_SEEDS = 1000  # seeds_needed's search ends here
+
+
+# --- Student's t, without scipy ------------------------------------------------------------------
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the regularized incomplete beta function (modified Lentz)."""
+    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: int) -> float:
+    """P(T ≤ t) for Student's t with `df` degrees of freedom."""
+    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+@functools.lru_cache(maxsize=4096)  # the rules ask for a few (p, df) pairs, millions of times in `simulate`
+def t_quantile(p: float, df: int) -> float:
+    """The t with P(T ≤ t) = p, by bisection on `t_cdf` (p in (0, 1))."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"t_quantile: p must lie in (0, 1), got {p}")
+    lo, hi = -1e3, 1e3
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+# --- one set of paired effects -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The mean of n per-seed effects, their sd, and two-sided t intervals of the mean."""
+
+    n: int
+    mean: float
+    sd: float
+    ci95: tuple[float, float]
+    ci90: tuple[float, float]
+    mde: float  # minimum detectable effect at POWER, two-sided 0.05
+
+
+def _interval(mean: float, se: float, df: int, level: float) -> tuple[float, float]:
+    h = t_quantile(0.5 + level / 2, df) * se
+    return (mean - h, mean + h)
+
+
+def mde(sd: float, n: int, power: float = POWER) -> float:
+    """The true mean effect a two-sided 0.05 t test detects with `power` at n seeds of this sd."""
+    if n < 2:
+        return math.inf
+    return (t_quantile(0.975, n - 1) + t_quantile(power, n - 1)) * sd / math.sqrt(n)
+
+
+def seeds_needed(effect: float, sd: float, power: float = POWER) -> int | None:
+    """The fewest seeds whose MDE reaches `effect` (None: more than MAX_SEEDS, or no effect to detect)."""
+    if not effect > 0:
+        return None
+    if sd == 0:
+        return 2
+    for n in range(2, MAX_SEEDS + 1):
+        if mde(sd, n, power) <= effect:
+            return n
+    return None
+
+
+def summarize(effects: list[float]) -> Summary:
+    """Mean, sd and t intervals of the per-seed effects. Fewer than 2 seeds, or a non-finite effect (a run
+    that diverged), gives no interval: ±inf, so no rule can decide on it."""
+    n = len(effects)
+    if n < 2 or not all(math.isfinite(e) for e in effects):
+        mean = sum(effects) / n if n and all(math.isfinite(e) for e in effects) else math.nan
+        wide = (-math.inf, math.inf)
+        return Summary(n, mean, math.nan, wide, wide, math.inf)
+    mean = sum(effects) / n
+    sd = math.sqrt(sum((e - mean) ** 2 for e in effects) / (n - 1))
+    se = sd / math.sqrt(n)
+    return Summary(n, mean, sd, _interval(mean, se, n - 1, 0.95), _interval(mean, se, n - 1, 0.90), mde(sd, n))
+
+
+# --- the decision ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Part:
+    """One tested statement of a claim: its shape and the sizes fixed in advance, in spreads.
+
+    `size`: the smallest effect a directional claim states (0: only a sign). `margin`: the equivalence or
+    non-inferiority margin; for a directional claim, the margin inside which its absence counts as shown.
+    `paper_effect`: the effect the paper reports, which a shown absence must have had the power to see."""
+
+    shape: str
+    size: float = 0.0
+    margin: float = 1.0
+    paper_effect: float = 1.0
+
+    def __post_init__(self):
+        if self.shape not in SHAPES:
+            raise ValueError(f"unknown claim shape {self.shape!r}; choose one of: {', '.join(SHAPES)}")
+        for name in ("margin", "paper_effect"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"Part.{name} must be > 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: str
+    shape: str
+    effect: float
+    effect_ci: tuple[float, float]
+    mde: float
+    margin: float | None
+    rule: str  # the words of the rule that gave the verdict
+    n: int
+    parts: tuple = field(default=())  # the parts' own decisions, for a joined claim
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _directional(s: Summary, p: Part) -> tuple[str, str]:
+    lo, hi = s.ci95
+    if lo > p.size:
+        return REPRODUCED, f"CI95 [{lo:+.3g}, {hi:+.3g}] lies above {p.size:g}"
+    if hi < 0:
+        return CONTRADICTED, f"CI95 [{lo:+.3g}, {hi:+.3g}] lies below 0: the opposite effect"
+    l90, h90 = s.ci90
+    if -p.margin < l90 and h90 < p.margin and s.mde <= p.paper_effect:
+        return CONTRADICTED, (f"absence shown: CI90 [{l90:+.3g}, {h90:+.3g}] inside ±{p.margin:g} with "
+                              f"MDE {s.mde:.3g} ≤ the paper's effect {p.paper_effect:g}")
+    return NOT_REPRODUCED, f"CI95 [{lo:+.3g}, {hi:+.3g}] reaches {p.size:g}; MDE {s.mde:.3g}"
+
+
+def _equivalence(s: Summary, p: Part) -> tuple[str, str]:
+    l90, h90 = s.ci90
+    if -p.margin < l90 and h90 < p.margin:
+        return REPRODUCED, f"TOST: CI90 [{l90:+.3g}, {h90:+.3g}] inside ±{p.margin:g}"
+    lo, hi = s.ci95
+    if lo > p.margin or hi < -p.margin:
+        return CONTRADICTED, f"CI95 [{lo:+.3g}, {hi:+.3g}] lies outside ±{p.margin:g}"
+    return NOT_REPRODUCED, f"CI90 [{l90:+.3g}, {h90:+.3g}] reaches ±{p.margin:g}; MDE {s.mde:.3g}"
+
+
+def _noninferior(s: Summary, p: Part) -> tuple[str, str]:
+    lo, hi = s.ci95
+    if lo > -p.margin:
+        return REPRODUCED, f"CI95 [{lo:+.3g}, {hi:+.3g}] lies above −{p.margin:g}"
+    if hi < -p.margin:
+        return CONTRADICTED, f"CI95 [{lo:+.3g}, {hi:+.3g}] lies below −{p.margin:g}"
+    return NOT_REPRODUCED, f"CI95 [{lo:+.3g}, {hi:+.3g}] reaches −{p.margin:g}; MDE {s.mde:.3g}"
+
+
+_RULES = {"directional": _directional, "equivalence": _equivalence, "noninferior": _noninferior}
+
+
+def decide(part: Part, effects: list[float]) -> Decision:
+    """The verdict on one part from its per-seed signed effects (in spreads)."""
+    s = summarize(effects)
+    verdict, rule = _RULES[part.shape](s, part)
+    margin = None if part.shape == "directional" and verdict != CONTRADICTED else part.margin
+    return Decision(verdict, part.shape, s.mean, s.ci95, s.mde, margin, rule, s.n)
+
+
+def join(decisions: list[Decision], lead: int = 0) -> Decision:
+    """A claim of several parts: reproduced only when every part is, contradicted when any part is.
+    Its shape, effect and interval are part `lead`'s, the part in the paper's direction."""
+    verdicts = {d.verdict for d in decisions}
+    if verdicts == {REPRODUCED}:
+        verdict = REPRODUCED
+    elif CONTRADICTED in verdicts:
+        verdict = CONTRADICTED
+    else:
+        verdict = NOT_REPRODUCED
+    head = decisions[lead]
+    rule = "every part: " + "; ".join(d.rule for d in decisions)
+    return Decision(verdict, head.shape, head.effect, head.effect_ci, head.mde, head.margin, rule, head.n,
+                    tuple(decisions))
+
+
+# --- the kinds of claim, and their power ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of claim: its parts, the first in the paper's direction. `emarule power` simulates it."""
+
+    name: str
+    parts: tuple[Part, ...]
+    what: str
+
+    @property
+    def shape(self) -> str:
+        return self.parts[0].shape
+
+    @property
+    def margin(self) -> float | None:
+        p = self.parts[0]
+        return p.margin if p.shape != "directional" else (self.parts[1].margin if len(self.parts) > 1 else None)
+
+
+# Margins are in baseline pair spreads and fixed here, before any reproduction is judged by them.
+KINDS = {k.name: k for k in (
+    Kind("rule_needed", (Part("directional"), Part("equivalence", margin=1.0)),
+         "without the rule the metric moves away from the baseline; with it, the metric stays within ±1 spread"),
+    Kind("rule_closer", (Part("directional"),),
+         "the rule brings the metric closer to the baseline than no rule does"),
+    Kind("same_either_way", (Part("equivalence", margin=1.0), Part("equivalence", margin=1.0)),
+         "with and without the rule the metric ends within ±1 spread of the baseline"),
+    Kind("arm_closer", (Part("directional"),), "setting A ends closer to the baseline than setting B"),
+    Kind("matches_or_better", (Part("noninferior", margin=1.0),),
+         "setting A ends no more than 1 spread below the baseline, or above it"),
+    Kind("with_better", (Part("directional"),), "the rule ends better than no rule"),
+    Kind("ema_above_target", (Part("directional"),), "the EMA ends better than its target model"),
+    Kind("target_explains", (Part("directional"),), "where the EMA strays with the rule, the target strays too"),
+)}
+
+
+def simulate(kind: Kind, effect: float, seeds: int, trials: int = 2000, noise: float = 1.0,
+             rng_seed: int = 0) -> dict:
+    """Each verdict's frequency over `trials` simulated reproductions of `kind`, with `seeds` paired seeds
+    whose per-seed effect is normal, of mean `effect` and sd `noise` (both in spreads).
+
+    The first part carries `effect`: for a directional or non-inferiority part, the true effect in the paper's
+    direction; for an equivalence part, the true distance between the two settings. Further parts of a
+    joined kind hold the paper's other statement exactly (effect 0), so the frequencies are those of the
+    first part as the joined claim sees it."""
+    if seeds < 2:
+        raise ValueError(f"--seeds must be at least 2 for an interval, got {seeds}")
+    if trials < 1:
+        raise ValueError(f"--trials must be at least 1, got {trials}")
+    if not (math.isfinite(effect) and math.isfinite(noise)) or noise <= 0:
+        raise ValueError(f"the effect must be finite and the noise finite and > 0, got {effect} and {noise}")
+    rng = random.Random(rng_seed)
+    counts = dict.fromkeys(VERDICTS, 0)
+    for _ in range(trials):
+        decisions = []
+        for i, part in enumerate(kind.parts):
+            mu = effect if i == 0 else 0.0
+            decisions.append(decide(part, [rng.gauss(mu, noise) for _ in range(seeds)]))
+        counts[join(decisions).verdict] += 1
+    return {"kind": kind.name, "shape": kind.shape, "effect": effect, "seeds": seeds, "trials": trials,
+            "noise": noise, "verdicts": {v: c / trials for v, c in counts.items()},
+            "mde": mde(noise, seeds), "seeds_for_effect": seeds_needed(abs(effect), noise)}
+
+
+def coverage(seeds: int, trials: int = 4000, level: float = 0.95, rng_seed: int = 0) -> float:
+    """How often the t interval at `level` covers the true mean of normal per-seed effects."""
+    rng = random.Random(rng_seed)
+    hit = 0
+    for _ in range(trials):
+        s = summarize([rng.gauss(0.0, 1.0) for _ in range(seeds)])
+        lo, hi = s.ci95 if level == 0.95 else s.ci90
+        hit += lo <= 0.0 <= hi
+    return hit / trials
+
+
+def bootstrap_coverage(seeds: int, trials: int = 1000, resamples: int = 1000, rng_seed: int = 0) -> float:
+    """How often a 95 % percentile bootstrap of the mean covers the true mean, for comparison."""
+    rng = random.Random(rng_seed)
+    hit = 0
+    for _ in range(trials):
+        x = [rng.gauss(0.0, 1.0) for _ in range(seeds)]
+        means = sorted(sum(rng.choice(x) for _ in range(seeds)) / seeds for _ in range(resamples))
+        lo, hi = means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
+        hit += lo <= 0.0 <= hi
+    return hit / trials

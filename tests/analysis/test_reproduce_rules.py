@@ -1,0 +1,144 @@
+"""The decision rules by claim shape (emarule.analysis.reproduce.rules): Student's t, the rules themselves,
+joined claims, and their error rates and coverage measured by simulation."""
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from emarule.analysis.reproduce import rules as r
+
+# Student's t quantiles from printed tables (two-sided 95 % and 90 %, and the 80 % one-sided the MDE uses).
+T_TABLE = [(0.975, 1, 12.706), (0.975, 4, 2.776), (0.975, 9, 2.262), (0.975, 100, 1.984),
+           (0.95, 4, 2.132), (0.95, 9, 1.833), (0.8, 4, 0.941), (0.8, 9, 0.883), (0.5, 7, 0.0)]
+
+
+@pytest.mark.parametrize("p, df, t", T_TABLE)
+def test_t_quantile_matches_the_printed_tables(p, df, t):
+    assert r.t_quantile(p, df) == pytest.approx(t, abs=6e-4)
+
+
+@given(st.floats(-50, 50), st.integers(1, 200))
+def test_t_cdf_is_symmetric_and_inverts_the_quantile(t, df):
+    assert r.t_cdf(t, df) + r.t_cdf(-t, df) == pytest.approx(1.0, abs=1e-12)
+    p = r.t_cdf(t, df)
+    if 1e-9 < p < 1 - 1e-9:
+        assert r.t_quantile(p, df) == pytest.approx(t, abs=1e-6 * max(1.0, abs(t)))
+
+
+def test_t_quantile_refuses_a_probability_outside_the_open_interval():
+    with pytest.raises(ValueError, match="p must lie in"):
+        r.t_quantile(1.0, 4)
+
+
+def test_summary_of_known_effects():
+    s = r.summarize([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert (s.n, s.mean, s.sd) == (5, 3.0, pytest.approx(math.sqrt(2.5)))
+    half = 2.776445 * math.sqrt(2.5) / math.sqrt(5)
+    assert s.ci95 == pytest.approx((3.0 - half, 3.0 + half), abs=1e-5)
+    assert s.mde == pytest.approx((2.776445 + 0.940965) * math.sqrt(2.5) / math.sqrt(5), abs=1e-5)
+
+
+@pytest.mark.parametrize("effects", [[1.0], [1.0, math.inf, 2.0], []])
+def test_no_interval_from_one_seed_or_a_diverged_run_and_no_verdict_either(effects):
+    s = r.summarize(effects)
+    assert s.ci95 == (-math.inf, math.inf) and s.mde == math.inf
+    for shape in r.SHAPES:
+        assert r.decide(r.Part(shape), effects).verdict == r.NOT_REPRODUCED
+
+
+# (shape, size, margin, paper_effect, effects, verdict): each branch of each rule, once.
+CASES = [
+    ("directional", 0, 1, 1, [0.9, 1.1, 1.0, 0.95, 1.05], r.REPRODUCED),
+    ("directional", 2, 1, 1, [0.9, 1.1, 1.0, 0.95, 1.05], r.NOT_REPRODUCED),  # above 0, below the stated size
+    ("directional", 0, 1, 1, [-0.9, -1.1, -1.0, -0.95, -1.05], r.CONTRADICTED),  # the opposite effect
+    ("directional", 0, 0.5, 1, [0.01, -0.01, 0.02, -0.02, 0.0], r.CONTRADICTED),  # absence shown, with power
+    ("directional", 0, 0.5, 0.01, [0.01, -0.01, 0.02, -0.02, 0.0], r.NOT_REPRODUCED),  # absence, no power
+    ("directional", 0, 1, 1, [2.0, -1.0, 0.5, -0.5, 1.0], r.NOT_REPRODUCED),
+    ("equivalence", 0, 1, 1, [0.1, -0.1, 0.05, 0.0, -0.05], r.REPRODUCED),
+    ("equivalence", 0, 1, 1, [3.0, 3.1, 2.9, 3.05, 2.95], r.CONTRADICTED),
+    ("equivalence", 0, 1, 1, [-3.0, -3.1, -2.9, -3.05, -2.95], r.CONTRADICTED),
+    ("equivalence", 0, 1, 1, [0.9, 1.1, 0.8, 1.2, 1.0], r.NOT_REPRODUCED),
+    ("noninferior", 0, 1, 1, [-0.5, -0.4, -0.6, -0.45, -0.55], r.REPRODUCED),
+    ("noninferior", 0, 1, 1, [-3.0, -3.1, -2.9, -3.05, -2.95], r.CONTRADICTED),
+    ("noninferior", 0, 1, 1, [-1.0, -0.5, -1.5, -0.8, -1.2], r.NOT_REPRODUCED),
+]
+
+
+@pytest.mark.parametrize("shape, size, margin, paper, effects, verdict", CASES)
+def test_each_rule_as_written(shape, size, margin, paper, effects, verdict):
+    d = r.decide(r.Part(shape, size=size, margin=margin, paper_effect=paper), effects)
+    assert d.verdict == verdict, d.rule
+    assert d.effect == pytest.approx(sum(effects) / len(effects))
+    assert d.effect_ci[0] < d.effect < d.effect_ci[1]
+    assert d.margin == (None if shape == "directional" and verdict != r.CONTRADICTED else margin)
+
+
+def test_a_joined_claim_needs_every_part_and_falls_to_any_contradiction():
+    yes = r.decide(r.Part("directional"), [1.0, 1.1, 0.9, 1.05, 0.95])
+    no = r.decide(r.Part("directional"), [-1.0, -1.1, -0.9, -1.05, -0.95])
+    maybe = r.decide(r.Part("directional"), [1.0, -1.0, 0.5, -0.5, 0.2])
+    assert r.join([yes, yes]).verdict == r.REPRODUCED
+    assert r.join([yes, maybe]).verdict == r.NOT_REPRODUCED
+    assert r.join([yes, no]).verdict == r.CONTRADICTED
+    joined = r.join([maybe, yes])
+    assert (joined.effect, joined.effect_ci, joined.parts) == (maybe.effect, maybe.effect_ci, (maybe, yes))
+
+
+@pytest.mark.parametrize("bad, match", [({"shape": "sideways"}, "unknown claim shape"),
+                                        ({"shape": "equivalence", "margin": 0}, "margin must be > 0"),
+                                        ({"shape": "directional", "paper_effect": -1}, "paper_effect must be > 0")])
+def test_a_part_refuses_what_no_rule_can_judge(bad, match):
+    with pytest.raises(ValueError, match=match):
+        r.Part(**bad)
+
+
+def test_mde_and_seeds_needed_agree():
+    n = r.seeds_needed(1.0, 1.0)
+    assert r.mde(1.0, n) <= 1.0 < r.mde(1.0, n - 1)
+    assert r.seeds_needed(0.0, 1.0) is None and r.mde(1.0, 1) == math.inf
+
+
+# --- the issue's error rates, by simulation with a noise of one spread ---------------------------
+
+
+@pytest.mark.parametrize("seeds", [5, 10])
+def test_t_intervals_keep_their_coverage_where_the_bootstrap_does_not(seeds):
+    assert r.coverage(seeds, trials=4000) >= 0.93
+    assert r.coverage(seeds, trials=4000, level=0.90) >= 0.88
+    if seeds == 5:
+        assert r.bootstrap_coverage(5, trials=400, resamples=400) < 0.9
+
+
+@pytest.mark.parametrize("kind", list(r.KINDS))
+@pytest.mark.parametrize("seeds", [5, 10])
+def test_error_rates_of_every_kind(kind, seeds):
+    k = r.KINDS[kind]
+    if k.shape == "directional":
+        # No effect: "reproduced" at most 5 %. The paper's effect at one spread: "contradicted" at most 5 %.
+        assert r.simulate(k, 0.0, seeds, trials=2000)["verdicts"][r.REPRODUCED] <= 0.05
+        assert r.simulate(k, 1.0, seeds, trials=2000)["verdicts"][r.CONTRADICTED] <= 0.05
+    elif k.shape == "equivalence":
+        # The paper's statement true (no distance): never contradicted; two margins apart: never reproduced.
+        assert r.simulate(k, 0.0, seeds, trials=2000)["verdicts"][r.CONTRADICTED] <= 0.05
+        assert r.simulate(k, 2.0, seeds, trials=2000)["verdicts"][r.REPRODUCED] <= 0.05
+    else:
+        assert r.simulate(k, 0.0, seeds, trials=2000)["verdicts"][r.CONTRADICTED] <= 0.05
+        assert r.simulate(k, -2.0, seeds, trials=2000)["verdicts"][r.REPRODUCED] <= 0.05
+
+
+def test_power_grows_with_seeds_and_effect():
+    k = r.KINDS["rule_closer"]
+    rep = {(e, n): r.simulate(k, e, n, trials=1000)["verdicts"][r.REPRODUCED] for e in (0.5, 2.0) for n in (5, 10)}
+    assert rep[0.5, 5] < rep[0.5, 10] and rep[0.5, 5] < rep[2.0, 5]
+    assert rep[2.0, 10] > 0.95
+
+
+def test_simulate_is_reproducible_and_refuses_what_it_cannot_run():
+    k = r.KINDS["arm_closer"]
+    assert r.simulate(k, 0.5, 5, trials=200) == r.simulate(k, 0.5, 5, trials=200)
+    for bad in ({"seeds": 1}, {"trials": 0}, {"effect": math.nan}, {"noise": 0.0}):
+        args = {"effect": 0.5, "seeds": 5, "trials": 10} | bad
+        with pytest.raises(ValueError):
+            r.simulate(k, **args)
