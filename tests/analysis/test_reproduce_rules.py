@@ -142,3 +142,12 @@ def test_simulate_is_reproducible_and_refuses_what_it_cannot_run():
         args = {"effect": 0.5, "seeds": 5, "trials": 10} | bad
         with pytest.raises(ValueError):
             r.simulate(k, **args)
+
+
+def test_docs_print_the_power_grid_the_code_gives():
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[2] / "docs" / "reproduce.md").read_text()
+    table = r.grid_markdown(r.power_grid())
+    assert table in doc
+    assert len(table.splitlines()) == 2 + len(r.KINDS) * len(r.GRID_SEEDS)

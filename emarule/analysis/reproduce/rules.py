@@ -10,7 +10,7 @@ any reproduction is judged by them, are written in docs/statistics.md and applie
                    otherwise      not reproduced at this preset, with the MDE
     equivalence    reproduced     TOST at level 0.05: the CI90 lies inside ±margin
                    contradicted   CI95 lies wholly outside ±margin
-                   otherwise      not reproduced at this preset, with the smallest margin the seeds could show
+                   otherwise      not reproduced at this preset, with the MDE
     noninferior    reproduced     CI95's low end lies above −margin ("matches or surpasses")
                    contradicted   CI95's high end lies below −margin
                    otherwise      not reproduced at this preset, with the MDE
@@ -259,9 +259,9 @@ class Kind:
         return self.parts[0].shape
 
     @property
-    def margin(self) -> float | None:
-        p = self.parts[0]
-        return p.margin if p.shape != "directional" else (self.parts[1].margin if len(self.parts) > 1 else None)
+    def margin(self) -> float:
+        """The first part's margin: for a directional part, the band inside which an absence counts as shown."""
+        return self.parts[0].margin
 
 
 # Margins are in baseline pair spreads and fixed here, before any reproduction is judged by them.
@@ -330,3 +330,29 @@ def bootstrap_coverage(seeds: int, trials: int = 1000, resamples: int = 1000, rn
         lo, hi = means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
         hit += lo <= 0.0 <= hi
     return hit / trials
+
+
+GRID_EFFECTS = (0.0, 0.5, 1.0, 2.0)
+GRID_SEEDS = (5, 10)
+GRID_TRIALS = 1000
+
+
+def power_grid(effects=GRID_EFFECTS, seeds=GRID_SEEDS, trials: int = GRID_TRIALS) -> list[dict]:
+    """`simulate` for every kind, effect and seed count: the table docs/reproduce.md prints."""
+    return [simulate(k, e, n, trials) for k in KINDS.values() for n in seeds for e in effects]
+
+
+def grid_markdown(rows: list[dict]) -> str:
+    """The power grid as a Markdown table: each cell reproduced / not reproduced / contradicted."""
+    effects = sorted({row["effect"] for row in rows})
+    head = ["kind", "shape", "margin", "seeds"] + [f"effect {e:g}" for e in effects]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    cells: dict = {}
+    for row in rows:
+        v = row["verdicts"]
+        cells.setdefault((row["kind"], row["seeds"]), {})[row["effect"]] = (
+            f"{v[REPRODUCED]:.2f} / {v[NOT_REPRODUCED]:.2f} / {v[CONTRADICTED]:.2f}")
+    for (name, n), by_effect in cells.items():
+        k = KINDS[name]
+        lines.append(f"| `{name}` | {k.shape} | ±{k.margin:g} | {n} | " + " | ".join(by_effect[e] for e in effects) + " |")
+    return "\n".join(lines)
