@@ -354,5 +354,6 @@ def grid_markdown(rows: list[dict]) -> str:
             f"{v[REPRODUCED]:.2f} / {v[NOT_REPRODUCED]:.2f} / {v[CONTRADICTED]:.2f}")
     for (name, n), by_effect in cells.items():
         k = KINDS[name]
-        lines.append(f"| `{name}` | {k.shape} | ±{k.margin:g} | {n} | " + " | ".join(by_effect[e] for e in effects) + " |")
+        row = [f"`{name}`", k.shape, f"±{k.margin:g}", str(n)] + [by_effect[e] for e in effects]
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
