@@ -46,8 +46,8 @@ class Pending(SystemExit):
 class TrainJob:
     """One run, as submitit runs it in each process of the job. Picklable: the run's context and its task."""
 
-    def __init__(self, ctx, task_spec=None):
-        self.ctx, self.task_spec = ctx, task_spec
+    def __init__(self, ctx, task_spec=None, threads: int | None = None):
+        self.ctx, self.task_spec, self.threads = ctx, task_spec, threads
 
     def __call__(self) -> tuple[dict, float]:
         """The run's result (its final metrics) and this job's time training it."""
@@ -58,6 +58,10 @@ class TrainJob:
         from emarule.errors import TrainingDiverged
         from emarule.tasks import registry
 
+        if self.threads is not None:  # jobs that share this machine's cores, as `parallel`'s workers do
+            import torch
+
+            torch.set_num_threads(self.threads)
         if self.task_spec is not None and registry.lookup(self.task_spec.name) is None:
             registry.register(self.task_spec)
         env = submitit.JobEnvironment()
@@ -82,7 +86,8 @@ class TrainJob:
         """submitit's checkpointing protocol, on a preemption or the time limit: the same run, resumed."""
         import submitit
 
-        return submitit.helpers.DelayedSubmission(TrainJob(replace(self.ctx, resume=True), self.task_spec))
+        return submitit.helpers.DelayedSubmission(TrainJob(replace(self.ctx, resume=True), self.task_spec,
+                                                           self.threads))
 
 
 class _PreemptionStops:
@@ -181,9 +186,11 @@ def _write_record(sweep_dir: Path, record: dict) -> None:
 
 
 def run_as_jobs(console, runs: list, ctxs: list, executor: Executor, after: list, tasks,
-                on_run_end=None) -> list[tuple[int, dict, float]]:
+                on_run_end=None, at_once: int | None = None) -> list[tuple[int, dict, float]]:
     """Submit every run that is neither finished nor queued or running; follow them. [(i, result, wall_s)] of
-    every run once all have finished; a UserError naming each failed run's log; `Pending` with --no-wait."""
+    every run once all have finished; a UserError naming each failed run's log; `Pending` with --no-wait.
+    `at_once`: at most this many jobs queued or running at a time (submitit-local's processes share this
+    machine's cores; Slurm's queue needs no such limit)."""
     from emarule.analysis.sweep import check_before_training
     from emarule.tasks import registry
 
@@ -206,6 +213,11 @@ def run_as_jobs(console, runs: list, ctxs: list, executor: Executor, after: list
     if free:
         check_before_training(free, tasks.build_parts)
     ex = None
+    threads = None
+    if at_once is not None and not os.environ.get("OMP_NUM_THREADS"):  # else the jobs take what it says
+        from emarule.analysis.parallel import cores
+
+        threads = max(1, cores() // (at_once * executor.world[1]))
     started = set()  # the runs submitted by this command
 
     def submit(i: int) -> None:
@@ -220,7 +232,7 @@ def run_as_jobs(console, runs: list, ctxs: list, executor: Executor, after: list
             extra = {"slurm_additional_parameters": add, "name": f"emarule-{names[i]}"}
         if extra:
             ex.update_parameters(**extra)
-        job = ex.submit(TrainJob(ctxs[i], registry.lookup(ctxs[i].spec.get("task"))))
+        job = ex.submit(TrainJob(ctxs[i], registry.lookup(ctxs[i].spec.get("task")), threads))
         held[job.job_id] = job
         entry = record["runs"].get(name_i := names[i]) or {}
         record["runs"][name_i] = {"job": job.job_id, "submitted": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -238,7 +250,8 @@ def run_as_jobs(console, runs: list, ctxs: list, executor: Executor, after: list
 
     def submit_ready() -> None:
         for i in sorted(state, key=lambda i: after[i] is not None):  # baselines first: the others name their job
-            if state[i] == "to submit" and ready(i):
+            busy = sum(s in ("queued", "running") for s in state.values())
+            if state[i] == "to submit" and ready(i) and (at_once is None or busy < at_once):
                 submit(i)
 
     submit_ready()
@@ -303,9 +316,10 @@ def _last_line(text) -> str:
 
 
 def execute_as_jobs(console, runs: list, ctxs: list, executor: Executor, metric: str | None, tasks,
-                    figures: list | None = None, on_run_end=None) -> list[dict]:
+                    figures: list | None = None, on_run_end=None, jobs: int | None = None) -> list[dict]:
     """`sweep.execute` for submitted runs, its checks done: the jobs, then each run's summary, the sweep's table
-    and its comparison, as on this machine."""
+    and its comparison, as on this machine. `jobs` (--jobs): submitit-local's jobs at a time (`parallel.jobs_for`)."""
+    from emarule.analysis.parallel import jobs_for
     from emarule.analysis.run_report import print_report, report
     from emarule.analysis.sweep import compare_after, print_summary
     from emarule.engine.runlock import lock_dir
@@ -314,12 +328,14 @@ def execute_as_jobs(console, runs: list, ctxs: list, executor: Executor, metric:
     base_of = {r.seed: i for i, r in enumerate(runs) if r.baseline}
     after = [None if r.baseline else base_of.get(r.seed) for r in runs]
     nodes, per_node = executor.world
+    at_once = jobs_for(jobs, len(runs), 1) if executor.kind == "submitit-local" else None
     console.print(f"{len(ctxs)} runs, each its own {executor.kind} job of {nodes} node{'s' if nodes > 1 else ''} × "
-                  f"{per_node} process{'es' if per_node > 1 else ''}; job files in "
-                  f"{Path(ctxs[0].out).parent / JOBS_DIR}", highlight=False)
+                  f"{per_node} process{'es' if per_node > 1 else ''}"
+                  + (f", {at_once} at a time (--jobs)" if at_once is not None else "")
+                  + f"; job files in {Path(ctxs[0].out).parent / JOBS_DIR}", highlight=False)
     with lock_dir(Path(ctxs[0].out).parent, "sweep"):
         resumed = {i: (Path(c.out) / CHECKPOINT).exists() for i, c in enumerate(ctxs)}
-        ended = run_as_jobs(console, runs, ctxs, executor, after, tasks, on_run_end)
+        ended = run_as_jobs(console, runs, ctxs, executor, after, tasks, on_run_end, at_once)
         done = []
         for i, result, wall in ended:
             r, ctx = runs[i], ctxs[i]

@@ -139,7 +139,7 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, ta
     if executor is not None and executor.submits:  # each run its own job, checked as its turn comes
         from emarule.analysis.jobs import execute_as_jobs
 
-        return execute_as_jobs(console, runs, ctxs, executor, metric, tasks, figures, on_run_end)
+        return execute_as_jobs(console, runs, ctxs, executor, metric, tasks, figures, on_run_end, jobs)
     check_before_training(ctxs, tasks.build_parts)
     from emarule.engine.runlock import lock_dir
 

@@ -2,6 +2,7 @@
 files a Slurm sweep would submit, read through submitit's own mocked Slurm (no cluster)."""
 
 import re
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -94,7 +95,8 @@ def test_slurm_sweep_submits_each_run_once_with_its_parameters(tmp_path):
 
     root = tmp_path / "runs"
     args = [*TINY, "--out", str(root), "--executor", "slurm", "--partition", "a100", "--account", "proj",
-            "--time", "2-00:00:00", "--nodes", "2", "--gpus-per-node", "4", "--no-wait"]
+            "--time", "2-00:00:00", "--nodes", "2", "--gpus-per-node", "4", "--no-wait",
+            "--slurm-params", str(Path(__file__).resolve().parents[2] / "scripts" / "slurm_a100.yaml")]
     mock = MockedSubprocess(known_cmds=["srun", "sbatch"])
     try:
         with mock.context():
@@ -104,10 +106,10 @@ def test_slurm_sweep_submits_each_run_once_with_its_parameters(tmp_path):
             assert "3 runs queued or running" in first.output
             base, k2 = _sbatch(root, "12"), _sbatch(root, "13")
             for line in ("--partition=a100", "--account=proj", "--time=2880", "--nodes=2", "--ntasks-per-node=4",
-                         "--gpus-per-node=4", "--cpus-per-task=8", "--signal=USR2@120",
+                         "--gpus-per-node=4", "--cpus-per-task=8", "--signal=USR2@120", "--mem=0",
                          "--job-name=emarule-tiny-k1-rule-s0"):
                 assert f"#SBATCH {line}\n" in base, (line, base)
-            assert "dependency" not in base
+            assert "dependency" not in base and "\nexport NCCL_ASYNC_ERROR_HANDLING=1\n" in base
             # the seed's other runs wait in the queue on its baseline, and leave it if it fails
             assert "#SBATCH --dependency=afterok:12\n" in k2 and "#SBATCH --kill-on-invalid-dep=yes\n" in k2
             assert re.search(r"srun .*-m submitit\.core\._submit", k2)
@@ -125,3 +127,8 @@ def test_slurm_sweep_submits_each_run_once_with_its_parameters(tmp_path):
             assert "tiny-k2-rule-s0: queued, job 13" in again.output
     finally:
         SlurmJob.watcher.clear()
+
+
+def test_the_a100_params_file_is_read_whole():
+    params = E.read_params(Path(__file__).resolve().parents[2] / "scripts" / "slurm_a100.yaml")
+    assert params["gpus_per_node"] == 8 and params["slurm_signal_delay_s"] == 120 and params["slurm_mem"] == "0"
