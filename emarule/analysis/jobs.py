@@ -136,7 +136,7 @@ def _job_state(kind: str, folder: Path, job_id: str, held: dict) -> str:
 
     if _paths(folder, job_id).result_pickle.exists():
         return "ended"
-    state = (job or SlurmJob(folder / "%j", job_id)).state.split()[0] if job_id else "UNKNOWN"
+    state = ((job or SlurmJob(folder / "%j", job_id)).state.split() or ["UNKNOWN"])[0]
     # UNKNOWN: sacct does not list the job yet (just submitted)
     return LIVE.get(state, "queued" if state == "UNKNOWN" else "ended")
 
@@ -203,11 +203,14 @@ def run_as_jobs(console, runs: list, ctxs: list, executor: Executor, after: list
     require_submitit(executor.kind)
     held: dict = {}  # job id → the submitit Job this command submitted
     names = [Path(c.out).name for c in ctxs]
-    state = {}
+    state, done = {}, {}  # done: run → (its final metrics, this command's time training it)
     for i, name in enumerate(names):
         job_id = (record["runs"].get(name) or {}).get("job")
         live = _job_state(executor.kind, folder, job_id, held) if job_id else "ended"
-        state[i] = live if live != "ended" else ("finished" if _finished(ctxs[i].out) is not None else "to submit")
+        final = _finished(ctxs[i].out) if live == "ended" else None
+        state[i] = live if live != "ended" else ("finished" if final is not None else "to submit")
+        if final is not None:
+            done[i] = (final, 0.0)
     # runs this command may train are checked as on this machine (settings, locks); a live job holds its lock
     free = [ctxs[i] for i in state if state[i] in ("to submit", "finished")]
     if free:
@@ -254,22 +257,23 @@ def run_as_jobs(console, runs: list, ctxs: list, executor: Executor, after: list
             if state[i] == "to submit" and ready(i) and (at_once is None or busy < at_once):
                 submit(i)
 
+    def waiting(i: int) -> str:
+        return "waits for its baseline" if not ready(i) else "waits for a job to end (--jobs)"
+
     submit_ready()
     for i, name in enumerate(names):
         job_id = (record["runs"].get(name) or {}).get("job")
-        what = state[i] + (" (submitted now)" if i in started else "") if state[i] != "to submit" else \
-            "waits for its baseline"
+        what = state[i] + (" (submitted now)" if i in started else "") if state[i] != "to submit" else waiting(i)
         console.print(f"  {name}: {what}" + (f", job {job_id}" if job_id and state[i] != "finished" else "")
                       + (f", log {log_of(folder, job_id)}" if job_id and state[i] in ("queued", "running") else ""),
                       highlight=False)
-    done: dict[int, tuple] = {i: (_finished(ctxs[i].out), 0.0) for i in state if state[i] == "finished"}
     failed: list[str] = []
-    for i in done:
-        if on_run_end is not None:
-            on_run_end()
+    for _ in done if on_run_end is not None else ():
+        on_run_end()
     if not executor.wait and any(state[i] != "finished" for i in state):
-        console.print(f"{sum(state[i] != 'finished' for i in state)} runs queued or running; run the same command "
-                      f"again to see their states and judge them once every one has finished", highlight=False)
+        console.print(f"{sum(state[i] != 'finished' for i in state)} of {len(state)} runs not finished yet; run the "
+                      f"same command again to see their states, submit what is left and judge them once every one "
+                      f"has finished", highlight=False)
         raise Pending()
     try:
         while any(state[i] in ("queued", "running", "to submit") for i in state):
@@ -283,8 +287,9 @@ def run_as_jobs(console, runs: list, ctxs: list, executor: Executor, after: list
                     state[i] = now
                     continue
                 kind, value = _outcome(folder, job_id)
-                if kind == "success":
-                    state[i], done[i] = "finished", tuple(value)
+                final = _finished(ctxs[i].out) if kind == "gone" else None
+                if kind == "success" or final is not None:  # a run whose job's result went astray is still done
+                    state[i], done[i] = "finished", tuple(value) if kind == "success" else (final, 0.0)
                     console.print(f"  {names[i]}: finished, job {job_id}", highlight=False)
                     if on_run_end is not None:
                         on_run_end()
@@ -295,7 +300,7 @@ def run_as_jobs(console, runs: list, ctxs: list, executor: Executor, after: list
                     failed.append(f"{ctxs[i].out} failed in job {job_id}: {why}; its log: {log_of(folder, job_id)}")
                     console.print(f"  {failed[-1]}", markup=False, highlight=False)
             for i in state:  # a run whose baseline failed cannot start: it is left for the next command
-                if state[i] == "to submit" and state[after[i]] == "failed":
+                if state[i] == "to submit" and after[i] is not None and state[after[i]] == "failed":
                     state[i] = "waits for its baseline"
             submit_ready()
     except KeyboardInterrupt:

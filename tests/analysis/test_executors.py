@@ -103,7 +103,7 @@ def test_slurm_sweep_submits_each_run_once_with_its_parameters(tmp_path):
             first = runner.invoke(app, args)
             assert first.exit_code == 0, first.output
             assert mock.job_count == 15  # three runs, three jobs: 12 (the baseline), 13 and 14
-            assert "3 runs queued or running" in first.output
+            assert "3 of 3 runs not finished yet" in first.output
             base, k2 = _sbatch(root, "12"), _sbatch(root, "13")
             for line in ("--partition=a100", "--account=proj", "--time=2880", "--nodes=2", "--ntasks-per-node=4",
                          "--gpus-per-node=4", "--cpus-per-task=8", "--signal=USR2@120", "--mem=0",

@@ -143,3 +143,16 @@ def test_a_failed_job_is_one_line_naming_the_run_and_its_log(tmp_path, monkeypat
     assert last.startswith(f"error: {tmp_path / 'polyak-r50' / 'tiny-k1-rule-s0'} failed in job {job}: "), last
     assert "EMARULE_DEVICE='tpu'" in last and f"its log: {log}" in last, last
     assert "EMARULE_DEVICE='tpu'" in log.read_text()
+
+
+def test_a_job_of_two_processes_trains_one_run_in_one_process_group(tmp_path):
+    """Each process reads its rank from submitit's environment and joins the group (gloo here): one run at
+    world size 2, its record written once."""
+    res = runner.invoke(app, [*SWEEP, "--kappas", "1", "--out", str(tmp_path), "--executor", "submitit-local",
+                              "--gpus-per-node", "2"])
+    assert res.exit_code == 0, res.output
+    run = tmp_path / "polyak-r50" / "tiny-k1-rule-s0"
+    assert json.loads((run / "hparams.json").read_text())["world_size"] == 2
+    job = job_ids(tmp_path / "polyak-r50")["tiny-k1-rule-s0"]
+    second = (tmp_path / "polyak-r50" / J.JOBS_DIR / job / f"{job}_1_log.out").read_text()
+    assert "global_rank=1(2)" in second and "Traceback" not in second, second
