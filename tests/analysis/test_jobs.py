@@ -93,14 +93,24 @@ def reference(tmp_path: Path) -> list[dict]:
     return rows(tmp_path / "ref" / "polyak-r50" / "tiny-k1-rule-s0")
 
 
-def test_a_job_killed_mid_run_is_submitted_again_and_resumes(tmp_path):
-    root = tmp_path / "jobs"
-    args = [*SWEEP, "--kappas", "1", *LONG, "--out", str(root), "--executor", "submitit-local"]
+def submitted_and_training(tmp_path: Path, signum: int) -> tuple[list, Path, str]:
+    """A one-run sweep submitted with --no-wait, `signum` sent to its training process past its first checkpoint:
+    (the command, the sweep's directory, the job id)."""
+    args = [*SWEEP, "--kappas", "1", *LONG, "--out", str(tmp_path / "jobs"), "--executor", "submitit-local"]
     first = runner.invoke(app, [*args, "--no-wait"])
     assert first.exit_code == 0, first.output
-    sweep_dir = root / "polyak-r50"
-    killed = job_ids(sweep_dir)["tiny-k1-rule-s0"]
-    os.kill(_training_task(sweep_dir, "tiny-k1-rule-s0"), signal.SIGKILL)  # no checkpoint, no word
+    sweep_dir = tmp_path / "jobs" / "polyak-r50"
+    job = job_ids(sweep_dir)["tiny-k1-rule-s0"]
+    os.kill(_training_task(sweep_dir, "tiny-k1-rule-s0"), signum)
+    return args, sweep_dir, job
+
+
+def log_of(sweep_dir: Path, job: str) -> str:
+    return (sweep_dir / J.JOBS_DIR / job / f"{job}_0_log.out").read_text()
+
+
+def test_a_job_killed_mid_run_is_submitted_again_and_resumes(tmp_path):
+    args, sweep_dir, killed = submitted_and_training(tmp_path, signal.SIGKILL)  # no checkpoint, no word
     deadline = time.monotonic() + 30
     while J._job_state("submitit-local", sweep_dir / J.JOBS_DIR, killed, {}) != "ended":
         assert time.monotonic() < deadline
@@ -110,26 +120,20 @@ def test_a_job_killed_mid_run_is_submitted_again_and_resumes(tmp_path):
     assert again.exit_code == 0, again.output
     record = J.read_record(sweep_dir)["runs"]["tiny-k1-rule-s0"]
     assert record["job"] != killed and record["earlier"] == [killed]
-    assert "resum" in (sweep_dir / J.JOBS_DIR / record["job"] / f"{record['job']}_0_log.out").read_text().lower()
+    assert f"resuming {sweep_dir / 'tiny-k1-rule-s0'} at " in log_of(sweep_dir, record["job"])
     assert rows(sweep_dir / "tiny-k1-rule-s0") == reference(tmp_path)
 
 
 def test_a_preempted_job_checkpoints_requeues_and_resumes(tmp_path):
     """Slurm's signal before a time limit or on a preemption is submitit's USR2: the loop checkpoints, submitit's
     checkpointing protocol requeues the job (here its LocalExecutor starts the process again) and the run resumes."""
-    root = tmp_path / "jobs"
-    args = [*SWEEP, "--kappas", "1", *LONG, "--out", str(root), "--executor", "submitit-local"]
-    first = runner.invoke(app, [*args, "--no-wait"])
-    assert first.exit_code == 0, first.output
-    sweep_dir = root / "polyak-r50"
-    job = job_ids(sweep_dir)["tiny-k1-rule-s0"]
-    os.kill(_training_task(sweep_dir, "tiny-k1-rule-s0"), signal.SIGUSR2)
-
+    args, sweep_dir, job = submitted_and_training(tmp_path, signal.SIGUSR2)
     follow = runner.invoke(app, args)  # the same job, requeued: nothing submitted again
     assert follow.exit_code == 0, follow.output
     assert job_ids(sweep_dir) == {"tiny-k1-rule-s0": job}
-    log = (sweep_dir / J.JOBS_DIR / job / f"{job}_0_log.out").read_text()
+    log = log_of(sweep_dir, job)
     assert "SIGTERM: checkpoint written" in log and "Requeued job" in log, log
+    assert log.index("Requeued job") < log.index(f"resuming {sweep_dir / 'tiny-k1-rule-s0'} at "), log
     assert rows(sweep_dir / "tiny-k1-rule-s0") == reference(tmp_path)
 
 
