@@ -138,6 +138,11 @@ def from_options(kind: str | None, params_file: Path | None = None, partition: s
         if extra:
             raise UserError(f"{extra[0]} applies to submitted jobs; add --executor slurm (or submitit-local)")
         return Executor()
+    from emarule.engine.distributed import world_size
+
+    if world_size() > 1:
+        raise UserError(f"--executor {kind} under torchrun: each job starts its own processes; run the command "
+                        f"once, without torchrun")
     require_submitit(kind)
     for name, n in (("--nodes", nodes), ("--gpus-per-node", gpus_per_node)):
         if n is not None and n < (1 if name == "--nodes" else 0):

@@ -315,6 +315,13 @@ def run_as_jobs(console, runs: list, ctxs: list, executor: Executor, after: list
     return [(i, done[i][0], done[i][1]) for i in sorted(done)]
 
 
+def _drop_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:  # not there, or not empty
+        pass
+
+
 def _last_line(text) -> str:
     lines = [ln.strip() for ln in str(text or "").strip().splitlines() if ln.strip()]
     return lines[-1] if lines else "an error without a message"
@@ -340,7 +347,10 @@ def execute_as_jobs(console, runs: list, ctxs: list, executor: Executor, metric:
                   + f"; job files in {Path(ctxs[0].out).parent / JOBS_DIR}", highlight=False)
     with lock_dir(Path(ctxs[0].out).parent, "sweep"):
         resumed = {i: (Path(c.out) / CHECKPOINT).exists() for i, c in enumerate(ctxs)}
-        ended = run_as_jobs(console, runs, ctxs, executor, after, tasks, on_run_end, at_once)
+        try:
+            ended = run_as_jobs(console, runs, ctxs, executor, after, tasks, on_run_end, at_once)
+        finally:
+            _drop_empty(Path(ctxs[0].out).parent / JOBS_DIR / "%j")  # LocalExecutor's controller makes it
         done = []
         for i, result, wall in ended:
             r, ctx = runs[i], ctxs[i]

@@ -132,3 +132,9 @@ def test_slurm_sweep_submits_each_run_once_with_its_parameters(tmp_path):
 def test_the_a100_params_file_is_read_whole():
     params = E.read_params(Path(__file__).resolve().parents[2] / "scripts" / "slurm_a100.yaml")
     assert params["gpus_per_node"] == 8 and params["slurm_signal_delay_s"] == 120 and params["slurm_mem"] == "0"
+
+
+def test_submitted_jobs_are_not_launched_under_torchrun(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(UserError, match="without torchrun"):
+        E.from_options("submitit-local")
