@@ -103,7 +103,7 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, ta
             max_device_batch: int | None = None, wandb: str = "off", metric: str | None = None,
             jobs: int | None = 1, follow_up: Callable | None = None,
             num_workers: int | None = None, figures: list | None = None,
-            on_run_end: Callable[[], None] | None = None) -> list[dict]:
+            on_run_end: Callable[[], None] | None = None, executor=None) -> list[dict]:
     """Resolve and check every run first (a bad κ, rule, batch, --data or --metric fails before any
     training and before anything is written), run them in turn, compare.
 
@@ -114,6 +114,7 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, ta
     `figures`: a list the comparison figures' paths are appended to as they are written (none where the
     comparison is not drawn: not the main process, or no run done).
     `on_run_end()`: called as each run ends (a reproduction's ledger line counts it).
+    `executor` (`emarule.analysis.executors.Executor`): None or local trains here; else each run is a job.
     """
     from emarule.engine.context import RunContext, default_run_name
 
@@ -135,6 +136,10 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, ta
         ctxs.append(RunContext(spec=s, kappa=k, ema_rule=rule, plan=p, out=out, progressive=pr,
                                preset=s.get("preset"), data=data, seed=r.seed, wandb=wandb,
                                max_device_batch=max_device_batch, num_workers=num_workers))
+    if executor is not None and executor.submits:  # each run its own job, checked as its turn comes
+        from emarule.analysis.jobs import execute_as_jobs
+
+        return execute_as_jobs(console, runs, ctxs, executor, metric, tasks, figures, on_run_end, jobs)
     check_before_training(ctxs, tasks.build_parts)
     from emarule.engine.runlock import lock_dir
 

@@ -276,6 +276,20 @@ WorkersOpt = typer.Option(None, "--num-workers", metavar="N",
 JobsOpt = typer.Option(None, "--jobs", metavar="N|auto",
                        help="runs trained at once, each in its own process (default auto: one per CPU core, "
                             "one on a GPU machine or under torchrun; $EMARULE_JOBS sets the default)")
+ExecutorOpt = typer.Option("local", "--executor", metavar="local|slurm|submitit-local",
+                           help="local: the runs on this machine; slurm: each unfinished run its own Slurm job "
+                                "(submitit); submitit-local: those jobs as processes here")
+SlurmParamsOpt = typer.Option(None, "--slurm-params", metavar="YAML",
+                              help="submitit's job parameters: timeout_min, cpus_per_task, mem_gb, slurm_qos, ...")
+PartitionOpt = typer.Option(None, "--partition", metavar="NAME", help="the jobs' Slurm partition")
+AccountOpt = typer.Option(None, "--account", metavar="NAME", help="the jobs' Slurm account")
+TimeOpt = typer.Option(None, "--time", metavar="D-HH:MM:SS",
+                       help="each job's time limit (default 24:00:00); a run past it requeues and resumes")
+NodesOpt = typer.Option(None, "--nodes", metavar="N", help="nodes per run's job (default 1)")
+GpusOpt = typer.Option(None, "--gpus-per-node", metavar="G",
+                       help="GPUs and processes per node (default 8 on Slurm; submitit-local: processes, default 1)")
+WaitOpt = typer.Option(True, "--wait/--no-wait", help="follow the jobs until they end and judge them (default), or "
+                                                       "submit and return")
 ProgOpt = typer.Option(None, "--progressive", metavar="SCHEDULE",
                        help="Progressive Scaling: constant, step:E, smooth:E1-E2, "
                             "incremental:START,DELTA_B,EVERY[,FROM_KAPPA]")
@@ -538,14 +552,24 @@ def sweep(
     max_device_batch: Optional[int] = MaxDevOpt,
     num_workers: Optional[int] = WorkersOpt,
     jobs: Optional[str] = JobsOpt,
+    executor: str = ExecutorOpt,
+    slurm_params: Optional[Path] = SlurmParamsOpt,
+    partition: Optional[str] = PartitionOpt,
+    account: Optional[str] = AccountOpt,
+    time_limit: Optional[str] = TimeOpt,
+    nodes: Optional[int] = NodesOpt,
+    gpus_per_node: Optional[int] = GpusOpt,
+    wait: bool = WaitOpt,
 ) -> None:
     """The κ=1 baseline and each κ with and without the EMA Scaling Rule; then compare."""
     from emarule import tasks
     from emarule.analysis import sweep as sw
+    from emarule.analysis.executors import from_options
     from emarule.analysis.parallel import parse_jobs
 
     check_run_options(wandb, max_device_batch, num_workers=num_workers)
     n_jobs = parse_jobs(jobs)
+    where = from_options(executor, slurm_params, partition, account, time_limit, nodes, gpus_per_node, wait)
     seed_list = check_seeds(seeds)
     runs = sw.plan_runs(sw.distinct_kappas(numbers(kappas, "--kappas"), kappas), sw.parse_rules(rule),
                         seed_list)
@@ -563,7 +587,7 @@ def sweep(
     checks.not_a_run(root, "for the sweep's runs, e.g. --out runs")
     sw.execute(console, runs, resolve_run, root, tasks, data=data,
                max_device_batch=max_device_batch, wandb="off" if wandb == "disabled" else wandb, metric=metric,
-               jobs=n_jobs, num_workers=num_workers)
+               jobs=n_jobs, num_workers=num_workers, executor=where)
 
 
 @app.command("compare", cls=Help)
@@ -637,14 +661,25 @@ def reproduce(
     headline: bool = typer.Option(False, "--headline",
                                   help="judge the family's headline claim only, on only the runs it reads (for a "
                                        "check on new seeds: --headline --seeds 100-104)"),
+    executor: str = ExecutorOpt,
+    slurm_params: Optional[Path] = SlurmParamsOpt,
+    partition: Optional[str] = PartitionOpt,
+    account: Optional[str] = AccountOpt,
+    time_limit: Optional[str] = TimeOpt,
+    nodes: Optional[int] = NodesOpt,
+    gpus_per_node: Optional[int] = GpusOpt,
+    wait: bool = WaitOpt,
 ) -> None:
     """Every claim of the paper for one family: run the sweep, measure gaps and seed spread, write a verdict."""
     from emarule.analysis.parallel import parse_jobs
     from emarule.analysis.reproduce.command import reproduce as run_reproduction
     from emarule.cli.checks import batch_multiple
 
+    from emarule.analysis.executors import from_options
+
     seed_list = check_seeds(seeds)
     n_jobs = parse_jobs(jobs)
+    where = from_options(executor, slurm_params, partition, account, time_limit, nodes, gpus_per_node, wait)
 
     def resolver(experiment: str, spec_preset: Optional[str]):
         def resolve_run(k: float, ema: Optional[str], baseline: bool, arm=None):
@@ -659,7 +694,7 @@ def reproduce(
 
     run_reproduction(console, family, preset=preset, seeds=seed_list,
                      kappas=distinct_kappas(numbers(kappas, "--kappas"), kappas), out=out,
-                     data=data, resolver=resolver, jobs=n_jobs, headline=headline)
+                     data=data, resolver=resolver, jobs=n_jobs, headline=headline, executor=where)
 
 
 def main(argv: list[str] | None = None) -> None:

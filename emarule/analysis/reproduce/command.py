@@ -102,11 +102,15 @@ def command_text(family: Family, preset: str | None, seeds: tuple | None, kappas
 
 def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, kappas: list[float] | None,
               out: str | None, data: Path | None, resolver: Callable, jobs: int | None = None,
-              headline: bool = False) -> dict:
+              headline: bool = False, executor=None) -> dict:
     """`resolver(experiment, preset)` → `resolve_run(kappa, rule, baseline, arm=None)` as `emarule sweep`
     builds it; an arm (`claims.Arm`) adds its --set overrides and --progressive schedule. `seeds`: the
-    seeds (`emarule.cli.seeds.parse_seeds`), None for the family's default."""
+    seeds (`emarule.cli.seeds.parse_seeds`), None for the family's default. `executor`
+    (`emarule.analysis.executors.Executor`): where a sweep family's runs train."""
     family = family_of(name)
+    if executor is not None and executor.submits and family.kind != "sweep":
+        raise UserError(f"reproduce {name} --executor {executor.kind}: the {name} study is one run on this machine; "
+                        f"drop --executor")
     if headline:
         if family.kind != "sweep":
             raise UserError(f"reproduce {name} --headline: the {name} study judges every claim from one run; "
@@ -142,7 +146,7 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
                 if family.kind == "sweep":
                     args["arms"] = R.arms_rows(family, spec_preset)
                     result = _sweep(console, family, args, root, data, resolve_run, jobs,
-                                    beat.poke if distributed.is_main() else None)
+                                    beat.poke if distributed.is_main() else None, executor)
                 else:
                     result = _study(console, family, root, resolve_run)
         except BaseException as e:  # Ctrl-C or a failure: the time its finished runs took is still counted
@@ -215,7 +219,7 @@ def _forget(root: Path, token: str) -> None:
 
 
 def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, resolve_run,
-           jobs: int | None = None, on_run_end: Callable[[], None] | None = None) -> tuple | None:
+           jobs: int | None = None, on_run_end: Callable[[], None] | None = None, executor=None) -> tuple | None:
     from emarule import tasks
     from emarule.analysis import sweep
     from emarule.cli.seeds import seeds_label
@@ -230,7 +234,7 @@ def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, r
     drawn: list = []  # the comparison figures the sweep wrote, this time
     done = sweep.execute(console, runs, resolve_run, root, tasks, data=data, metric=family.target_metric.name,
                          jobs=jobs, follow_up=P.follow_up(runs, arms=finals) if probes else None, figures=drawn,
-                         on_run_end=on_run_end)
+                         on_run_end=on_run_end, executor=executor)
     from emarule.engine import distributed
 
     if not distributed.is_main():
