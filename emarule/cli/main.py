@@ -697,6 +697,55 @@ def reproduce(
                      data=data, resolver=resolver, jobs=n_jobs, headline=headline, executor=where)
 
 
+@app.command(cls=Help)
+@friendly
+def power(
+    kind: Optional[str] = typer.Argument(None, metavar="KIND", help="a claim kind; --list names them"),
+    list_kinds: bool = typer.Option(False, "--list", help="the claim kinds: name, shape, margin"),
+    effect: Optional[str] = typer.Option(None, "--effect", metavar="E",
+                                         help="the true effect in baseline pair spreads, positive in the paper's "
+                                              "direction (an equivalence kind: the true distance)"),
+    seeds: str = typer.Option("5", "--seeds", metavar="N", help="paired seeds in each simulated reproduction"),
+    trials: str = typer.Option("2000", "--trials", metavar="T", help="simulated reproductions"),
+    noise: str = typer.Option("1", "--noise", metavar="S", help="the sd of one seed's effect, in spreads"),
+    format: LimitsFmt = typer.Option(LimitsFmt.table, "--format", "-f"),
+) -> None:
+    """How likely each verdict is, for a claim kind, a true effect and a seed count, under the rules by claim
+    shape (docs/reproduce.md): the same decision code, fed simulated paired seeds."""
+    from emarule.analysis.reproduce.rules import KINDS, MAX_SEEDS as MOST, simulate
+    from emarule.cli.render import print_power, print_power_kinds
+
+    if list_kinds:
+        if kind is not None or effect is not None:
+            raise UserError("--list takes no KIND or --effect; drop them, or drop --list")
+        return print_power_kinds(console, KINDS, format.value)
+    if kind is None:
+        raise UserError(f"name a claim KIND ({', '.join(KINDS)}), or give --list")
+    if kind not in KINDS:
+        raise UserError(f"unknown claim kind {kind!r}; choose one of: {', '.join(KINDS)}")
+    if effect is None:
+        raise UserError("--effect E is needed: the true effect in baseline pair spreads (0 for none)")
+    n, t = count_in(seeds, "--seeds", 2, MOST), count_in(trials, "--trials", 1, 1_000_000)
+    try:
+        e = float(effect)
+    except ValueError:
+        raise UserError(f"--effect must be a number, got {effect!r}") from None
+    if not math.isfinite(e):
+        raise UserError(f"--effect must be finite, got {effect!r}")
+    sd = number(noise, "--noise")
+    print_power(console, simulate(KINDS[kind], e, n, t, sd), format.value)
+
+
+def count_in(text: str, option: str, low: int, high: int) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise UserError(f"{option} must be a whole number, got {text!r}") from None
+    if not low <= n <= high:
+        raise UserError(f"{option} must lie in [{low}, {high}], got {n}")
+    return n
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: usage errors become one line on stderr with exit code 2, like every other error."""
     command = typer.main.get_command(app)

@@ -222,3 +222,44 @@ def print_limits(console: Console, lim: Limits, fmt_: str) -> None:
     lo, hi = d["meaningful_kappa"]
     blo, bhi = d["meaningful_batch_size"]
     console.print(f"meaningful: κ ∈ [{lo:.4g}, {hi:.4g}], batch size ∈ [{blo:.4g}, {bhi:.4g}]", markup=False)
+
+
+def print_power_kinds(console: Console, kinds: dict, fmt_: str) -> None:
+    rows = [{"name": k.name, "shape": k.shape, "margin": k.margin, "what": k.what} for k in kinds.values()]
+    if fmt_ == "json":
+        import json
+
+        console.print_json(json.dumps(rows))
+        return
+    from rich.table import Table
+
+    t = Table(title="claim kinds (margins in baseline pair spreads)", title_justify="left")
+    for c in ("kind", "shape", "margin", "what"):
+        t.add_column(c, overflow="fold")
+    for r in rows:
+        t.add_row(r["name"], r["shape"], f"±{r['margin']:g}", r["what"])
+    console.print(t)
+
+
+def print_power(console: Console, result: dict, fmt_: str) -> None:
+    if fmt_ == "json":
+        import json
+
+        console.print_json(json.dumps(_finite_json(result), allow_nan=False))
+        return
+    from rich.table import Table
+
+    console.print(f"{result['kind']} ({result['shape']}): a true effect of {result['effect']:g} spreads, "
+                  f"{result['seeds']} seeds, a noise of {result['noise']:g} spreads, {result['trials']} simulated "
+                  "reproductions", markup=False, highlight=False, soft_wrap=True)
+    t = Table()
+    t.add_column("verdict")
+    t.add_column("frequency", justify="right")
+    for verdict, share in result["verdicts"].items():
+        t.add_row(verdict, f"{share:.3f}")
+    console.print(t)
+    need = result["seeds_for_effect"]
+    console.print(f"minimum detectable effect at {result['seeds']} seeds: {result['mde']:.3g} spreads (80 % power); "
+                  + (f"seeds to detect {abs(result['effect']):g}: {need}" if need else
+                     "no seed count detects an effect of 0" if result["effect"] == 0 else
+                     "more than 1000 seeds to detect it"), markup=False, highlight=False, soft_wrap=True)

@@ -1,0 +1,58 @@
+"""`emarule power`: each verdict's frequency under the rules by claim shape, through the command line."""
+
+import json
+
+import pytest
+
+from emarule.analysis.reproduce import rules
+from tests.cli_util import invoke, refused_in_one_line
+
+
+def power_json(*args):
+    res = invoke("power", *args, "--format", "json")
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)
+
+
+def test_list_names_every_kind_with_its_shape_and_margin():
+    listed = power_json("--list")
+    assert [k["name"] for k in listed] == list(rules.KINDS)
+    assert {k["shape"] for k in listed} <= set(rules.SHAPES) and all(k["margin"] > 0 for k in listed)
+
+
+def test_the_json_is_the_simulation_the_rules_give():
+    got = power_json("rule_closer", "--effect", "0.5", "--seeds", "7", "--trials", "300")
+    assert got == rules.simulate(rules.KINDS["rule_closer"], 0.5, 7, 300)
+    assert set(got) >= {"kind", "effect", "seeds", "trials", "verdicts", "mde"}
+    assert sum(got["verdicts"].values()) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("seeds", ["5", "10"])
+@pytest.mark.parametrize("kind", [k for k, v in rules.KINDS.items() if v.shape == "directional"])
+def test_directional_kinds_keep_their_error_rates(kind, seeds):
+    """No effect: reproduced at most 5 % of the time; the paper's effect at one spread: contradicted at most 5 %."""
+    assert power_json(kind, "--effect", "0", "--seeds", seeds, "--trials", "1000")["verdicts"]["reproduced"] <= 0.05
+    assert power_json(kind, "--effect", "1", "--seeds", seeds, "--trials", "1000")["verdicts"]["contradicted"] <= 0.05
+
+
+def test_the_table_gives_the_minimum_detectable_effect_and_the_seeds_needed():
+    res = invoke("power", "arm_closer", "--effect", "1", "--seeds", "5", "--trials", "100")
+    assert res.exit_code == 0, res.output
+    assert "minimum detectable effect at 5 seeds: 1.66 spreads" in res.output
+    assert "seeds to detect 1: 10" in res.output
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["power"], "name a claim KIND"),
+    (["power", "sideways", "--effect", "1"], "unknown claim kind 'sideways'"),
+    (["power", "rule_closer"], "--effect E is needed"),
+    (["power", "rule_closer", "--effect", "x"], "--effect must be a number"),
+    (["power", "rule_closer", "--effect", "inf"], "--effect must be finite"),
+    (["power", "rule_closer", "--effect", "1", "--seeds", "1"], "--seeds must lie in [2, 1000]"),
+    (["power", "rule_closer", "--effect", "1", "--seeds", "2.5"], "--seeds must be a whole number"),
+    (["power", "rule_closer", "--effect", "1", "--trials", "0"], "--trials must lie in"),
+    (["power", "rule_closer", "--effect", "1", "--noise", "0"], "--noise must be finite and > 0"),
+    (["power", "--list", "rule_closer"], "--list takes no KIND"),
+])
+def test_bad_input_is_one_line(argv, needle, capsys):
+    refused_in_one_line(argv, capsys, needle)
