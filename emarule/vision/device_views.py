@@ -135,10 +135,7 @@ class MultiCrops(MultiCropSet):
 
     def __getitems__(self, indices: list) -> list:
         idx = [int(i) for i in indices]
-        views = [(aug, self.global_size) for aug in self.global_augs]
-        views += [(self.local_aug, self.local_size)] * self.local_crops
-        draws = [[A._Draws(g) for _ in views] for g in map(self.generator, idx)]
-        images = [self.source.image(i) for i in idx]
+        views, draws, images = self.crops_of(idx)
         made = [crops(images, aug, size, [d[c] for d in draws]) for c, (aug, size) in enumerate(views)]
         g, n = len(self.global_augs), len(idx)
 

@@ -2,8 +2,6 @@
 distributions the CPU path draws from, the device's half makes the CPU path's views where the parameters are
 the same, and a run on it repeats itself and resumes bit for bit."""
 
-import os
-import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -25,7 +23,7 @@ from emarule.vision import data as D
 from emarule.vision import device_views as V
 from emarule.vision import multicrop as MC
 from emarule.vision import supervised as S
-from engine_util import load_checkpoint, tensors_equal
+from engine_util import load_checkpoint, tensors_equal, train_until_sigterm
 
 SIZE, H, W = 8, 40, 48  # small views of larger images: the crop's geometry is fine-grained, the ops cheap
 N = 3000  # items per sample: a KS test then tells apart ranges that differ by a few percent
@@ -79,13 +77,13 @@ def device_sample(aug: A.ViewAug, seed: int, monkeypatch) -> list:
         row = {"box": box, "sigma": q[V.SIGMA], "jitter": max(ops) >= 0, "order": tuple(ops)}
         row.update({k: q[c] > 0 for k, c in (("flip", V.FLIP), ("gray", V.GRAY), ("blur", V.BLUR),
                                               ("solarize", V.SOLARIZE))})
-        row.update(zip(("brightness", "contrast", "saturation", "hue"), q[V.FACTORS]))
+        row.update(zip(("brightness", "contrast", "saturation", "hue"), q[V.FACTORS], strict=True))
         rows.append(row)
     return rows
 
 
 def geometry(rows: list) -> dict:
-    i, j, ch, cw = (np.array(v, float) for v in zip(*[r["box"] for r in rows]))
+    i, j, ch, cw = (np.array(v, float) for v in zip(*[r["box"] for r in rows], strict=True))
     return {"crop area": ch * cw / (H * W), "crop log ratio": np.log(cw / ch),
             "crop centre y": (i + ch / 2) / H, "crop centre x": (j + cw / 2) / W}
 
@@ -250,21 +248,7 @@ def test_a_run_stopped_mid_epoch_resumes_the_same_views_bit_for_bit(tmp_path, ru
     torch.set_num_threads(1)
     try:
         ctx = context(tmp_path, "cut")
-        parts = build_parts(ctx)
-        loss, calls = parts.loss, []
-
-        def cut(*args, **kwargs):  # SIGTERM at the second step of the first epoch's four
-            calls.append(1)
-            if len(calls) == 2:
-                os.kill(os.getpid(), signal.SIGTERM)
-            return loss(*args, **kwargs)
-
-        parts.loss = cut
-        from emarule.engine.loop import train
-
-        with pytest.raises(SystemExit) as stopped:
-            train(ctx, parts)
-        assert stopped.value.code == 143
+        train_until_sigterm(ctx, build_parts(ctx), at_call=2)  # at the second step of the first epoch's four
         cut_at = load_checkpoint(tmp_path / "cut")
         assert not cut_at["finished"] and cut_at["clock"]["step"] == 2
         run_task(context(tmp_path, "cut", resume=True))
