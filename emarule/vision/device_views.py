@@ -80,7 +80,7 @@ def colour(x: torch.Tensor, params: torch.Tensor, mean: tuple, std: tuple) -> to
     from kornia import color, enhance, filters
 
     with torch.autocast(x.device.type, enabled=False):  # the views in float32 whatever the step's precision
-        x = A.to_float(x).contiguous()
+        x = A.to_float(x.clone() if x.is_floating_point() else x).contiguous()  # the ops below write into it
         p = params.to(x.device, torch.float32)
         plan = params.cpu()  # which items each op takes: one transfer, and index lists built on the host
 

@@ -268,3 +268,15 @@ def test_the_device_half_runs_in_float32_under_a_bf16_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         cast = half.stage(batch)
     assert cast[0].dtype == torch.float32 and torch.equal(cast[0], plain[0]) and torch.equal(cast[1], plain[1])
+
+
+def test_a_run_recorded_without_augment_on_is_one_made_on_the_cpu_path():
+    """--resume and reproduce's reuse compare specs (`preflight.comparable`): a run whose record has no
+    data.augment_on made its views in the workers, as `cpu` does, and not as `device` does."""
+    from emarule.engine.preflight import comparable
+
+    spec = load_spec("byol-vit", preset="tiny")
+    recorded = {**spec, "data": {k: v for k, v in spec["data"].items() if k != "augment_on"}}
+    assert spec["data"]["augment_on"] == "cpu" and comparable(recorded) == comparable(spec)
+    device = load_spec("byol-vit", preset="tiny", overrides=["data.augment_on=device"])
+    assert comparable(device) != comparable(spec) and comparable(device) != comparable(recorded)
