@@ -154,6 +154,8 @@ def test_views_match_the_cpu_paths_where_the_parameters_match(size):
             d = (a - b).abs() * 255
             assert d.max() < 6 and d.mean() < 0.5, (d.max(), d.mean())
     assert (cpu[0] - dev[1]).abs().mean() * 255 > 20  # another view's parameters: far apart
+    cpu, dev = views_both_ways(D.digits(True).subset(32), "byol_digits", size)  # one channel: no hue, saturation
+    assert all((a - b).abs().max() < 1e-5 for a, b in zip(cpu, dev, strict=True))
 
 
 def test_multi_crop_views_match_the_cpu_paths_where_the_parameters_match():
