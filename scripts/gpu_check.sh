@@ -6,8 +6,9 @@
 #   4. the EMA update against timm's and torch's (benchmarks/run.py).
 # Logs go to $OUT (default gpu-check/). Run from the repository root on a CUDA machine whose python3 has
 # torch, torchvision, timm, typer>=0.29 (with its pydantic and annotated-doc), rich, pyyaml, scikit-learn,
-# pytest, soundfile, jiwer, espeakng-loader (`python3 -m pip install --no-deps WHEELS` adds missing ones to
-# that python, but only the wheels given); PYTHONPATH may add the rest.
+# pytest, soundfile, jiwer, espeakng-loader, kornia and kornia-rs (the image recipes' views; `python3 -m pip
+# install --no-deps WHEELS` adds missing ones to that python, but only the wheels given); PYTHONPATH may add
+# the rest.
 set -u
 OUT=${OUT:-gpu-check}
 mkdir -p "$OUT"

@@ -57,15 +57,18 @@ def _blur(img, sigma):
     return F.conv2d(out, w.view(1, 1, k, 1).expand(c, 1, k, 1), groups=c)[0]
 
 
-def reference_view(img, aug, size, g, applied=None, draws=None):
+def reference_view(img, aug, size, g, applied=None, draws=None, drawn=None):
     """apply_view with every operation in torch (the implementation before the numpy one); the names of
     the operations it applied are added to `applied`. `draws`: the `_Draws` to take from instead of a new
-    one on `g`, so that a caller can see where they end."""
+    one on `g`, so that a caller can see where they end. `drawn`: a dict that receives every value drawn
+    (the crop box, the uniforms behind the switches, the factors, σ and the jitter's order)."""
     applied = set() if applied is None else applied
+    drawn = {} if drawn is None else drawn
     d = A._Draws(g) if draws is None else draws
     if aug.crop:
         h, w = img.shape[-2:]
         i, j, ch, cw = A.crop_box(h, w, aug.crop_scale, aug.crop_ratio, d)
+        drawn["box"] = (i, j, ch, cw)
         img = img[:, i:i + ch, j:j + cw]
     else:
         d.i += 40
@@ -80,6 +83,10 @@ def reference_view(img, aug, size, g, applied=None, draws=None):
     fs = d.u(1 - aug.saturation, 1 + aug.saturation)
     fh = d.u(-aug.hue, aug.hue)
     order = sorted(range(4), key=lambda _: d.u())
+    sigma = aug.blur_sigma[0] + bl_s * (aug.blur_sigma[1] - aug.blur_sigma[0])
+    drawn.update(flip=flip < aug.flip_p, jitter=jit < aug.jitter_p, gray=g_p < aug.gray_p, blur=bl < aug.blur_p,
+                 solarize=sol < aug.solarize_p, sigma=sigma, brightness=fb, contrast=fc, saturation=fs, hue=fh,
+                 order=tuple(order))
     if flip < aug.flip_p:
         x = x.flip(-1)
         applied.add("flip")
@@ -101,7 +108,7 @@ def reference_view(img, aug, size, g, applied=None, draws=None):
         x = gray(x).expand(3, -1, -1).contiguous()
         applied.add("gray")
     if bl < aug.blur_p:
-        x = _blur(x, aug.blur_sigma[0] + bl_s * (aug.blur_sigma[1] - aug.blur_sigma[0]))
+        x = _blur(x, sigma)
         applied.add("blur")
     if sol < aug.solarize_p:
         x = torch.where(x >= 0.5, 1.0 - x, x)

@@ -155,3 +155,26 @@ def native_bf16() -> bool:
 def full_size_autocast():
     """bf16 autocast where the CPU multiplies bf16 natively, else fp32 (`native_bf16`)."""
     return torch.autocast("cpu", dtype=torch.bfloat16, enabled=native_bf16())
+
+
+def train_until_sigterm(ctx: RunContext, parts, at_call: int) -> None:
+    """Train `parts` in this process until the `at_call`-th call of its loss sends SIGTERM: the loop checkpoints at
+    that step and exits 143 (checked)."""
+    import signal
+
+    import pytest
+
+    from emarule.engine.loop import train
+
+    loss, calls = parts.loss, []
+
+    def cut(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == at_call:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return loss(*args, **kwargs)
+
+    parts.loss = cut
+    with pytest.raises(SystemExit) as stopped:
+        train(ctx, parts)
+    assert stopped.value.code == 143

@@ -12,6 +12,11 @@ from typing import Any
 from emarule.config.schema import (NONNEG, POSITIVE, SKIP_BAD_ITEMS, Field, flag, integer, momentum, num, numlist,
                                    text, with_defaults)
 
+# The vision tasks' data.augment_on (emarule/vision/device_views.py)
+AUGMENT_ON = text("where the training views are made: cpu (whole, in the loader's workers) or device (the workers "
+                  "crop; the training device colours and normalizes, emarule/vision/device_views.py)",
+                  choices=("cpu", "device"))
+
 TOY: dict[str, Any] = {  # engine tests: a generated regression (emarule/tasks/toy.py)
     "toy": {
         "samples": integer(lo=1), "eval_samples": integer(lo=1), "dim": integer(lo=1), "hidden": integer(lo=1),
@@ -87,10 +92,11 @@ POLYAK: dict[str, Any] = {  # emarule/tasks/polyak.py
              "eval_samples": integer("textures: validation images", null_is_default=True, lo=1),
              "noise": num("textures: white noise std relative to the texture's", **NONNEG),
              "seed": integer("textures: the data set's seed (the same images for every run seed)", **NONNEG),
-             "skip_bad_items": SKIP_BAD_ITEMS},
+             "skip_bad_items": SKIP_BAD_ITEMS, "augment_on": AUGMENT_ON},
 }
 POLYAK = with_defaults(POLYAK, {
-    "data.augmentation": "imagenet", "data.image_size": 224, "data.label_smoothing": 0.0, "data.noise": 1.0,
+    "data.augment_on": "cpu", "data.augmentation": "imagenet", "data.image_size": 224, "data.label_smoothing": 0.0,
+    "data.noise": 1.0,
     "data.seed": 0, "data.source": "imagenet", "data.train_samples": 4096, "data.eval_samples": 1024,
     "model.arch": "resnetv2_50", "model.init": "kaiming_normal_relu",
     "model.num_classes": 1000, "model.output_stride": 32, "model.stem": "imagenet"
@@ -166,6 +172,7 @@ BYOL: dict[str, Any] = {
         "source": text(choices=("cifar10", "imagenet", "digits", "shapes", "synthetic")),
         "train_samples": integer("cap on the training set (cpu/tiny presets)", nullable=True, lo=1),
         "eval_samples": integer(nullable=True, lo=1), "skip_bad_items": SKIP_BAD_ITEMS,
+        "augment_on": AUGMENT_ON,
     },
     "probe": {"lr": num("the tracking probe's own Adam lr at batch.size (emarule/vision/probe.py)", **POSITIVE),
               "kind": text(choices=("pre-bn",))},
@@ -174,7 +181,8 @@ BYOL: dict[str, Any] = {
 }
 BYOL = with_defaults(BYOL, {
     "byol.loss_scale": 1.0, "model.head_out_bias": False,
-    "data.augmentation": "byol_cifar10", "data.image_size": 32, "data.num_classes": 10, "data.source": "cifar10",
+    "data.augment_on": "cpu", "data.augmentation": "byol_cifar10", "data.image_size": 32, "data.num_classes": 10,
+    "data.source": "cifar10",
     "model.arch": "resnet18", "model.cifar_stem": False, "model.head_norm": "batchnorm",
     "model.init": "kaiming_uniform",
     "model.predictor_hidden": 4096, "model.projector_hidden": 4096, "model.projector_out": 256,
@@ -199,6 +207,7 @@ DINO: dict[str, Any] = {  # emarule/tasks/dino.py
         "source": text(choices=("cifar10", "imagenet", "digits", "shapes", "synthetic")),
         "train_samples": integer("cap on the training set (cpu/tiny presets)", nullable=True, lo=1),
         "eval_samples": integer(nullable=True, lo=1), "skip_bad_items": SKIP_BAD_ITEMS,
+        "augment_on": AUGMENT_ON,
     },
     "dino": {
         "center_momentum": momentum("center EMA ρ_c, unscaled in the paper"),
@@ -210,7 +219,7 @@ DINO: dict[str, Any] = {  # emarule/tasks/dino.py
     "probe": {"lr": num(**POSITIVE), "kind": text(choices=("pre-bn",))},
 }
 DINO = with_defaults(DINO, {
-    "data.augmentation": "dino", "data.global_crops": 2,
+    "data.augment_on": "cpu", "data.augmentation": "dino", "data.global_crops": 2,
     "data.global_scale": [0.4, 1.0], "data.local_scale": [0.05, 0.4],  # main_dino.py's crop scales
     "data.image_size": 224, "data.local_crops": 8,
     "data.local_size": 96, "data.num_classes": 10, "data.source": "cifar10", "dino.freeze_last_layer_epochs": 1,

@@ -17,10 +17,20 @@ EPS = 1e-6
 DESCRIPTIVE = frozenset({"title", "section", "dataset", "paper_result"})
 
 
+# Keys at the value that computes what a spec without the key computes: a run recorded without one compares
+# equal to a spec that names it so (every run made with the views in the loader's workers, docs/speed.md).
+NEUTRAL = {("data", "augment_on"): "cpu"}
+
+
 def comparable(spec: dict) -> dict:
-    """A spec as far as what it computes: without its descriptive fields and its file's path (`source`). What
-    `--resume` compares, and what `emarule reproduce` compares before it reuses a study's results."""
-    return {k: v for k, v in spec.items() if k not in DESCRIPTIVE and k != "source"}
+    """A spec as far as what it computes: without its descriptive fields, its file's path (`source`) and its
+    `NEUTRAL` keys. What `--resume` compares, and what `emarule reproduce` compares before it reuses a study's
+    results."""
+    out = {k: v for k, v in spec.items() if k not in DESCRIPTIVE and k != "source"}
+    for (section, key), value in NEUTRAL.items():
+        if isinstance(out.get(section), dict) and out[section].get(key, value) == value:
+            out[section] = {k: v for k, v in out[section].items() if k != key}
+    return out
 
 
 def stage_plans(ctx: RunContext) -> list:

@@ -36,7 +36,8 @@ from emarule.errors import UserError
 from emarule.vision.probe import TrackingProbe, probe_evaluation
 from emarule.engine.interface import TaskParts
 from emarule.vision import models as M
-from emarule.vision.data import TwoViewSet, load_sources
+from emarule.vision.data import load_sources
+from emarule.vision.device_views import training_set
 
 
 class Online(nn.Module):
@@ -126,7 +127,7 @@ def build(ctx: RunContext) -> TaskParts:
                                        int(data.num_classes))
     num_classes = max(int(data.num_classes), train_src.num_classes)
     augmentation = data.augmentation
-    train_set = TwoViewSet(train_src, augmentation, image_size, ctx.seed)
+    train_set, staged = training_set("two_views", data.augment_on, train_src, augmentation, image_size, ctx.seed)
 
     # Same initial weights for every κ and rule at a given seed (the loop seeds the rest).
     torch.manual_seed(ctx.seed)
@@ -168,6 +169,7 @@ def build(ctx: RunContext) -> TaskParts:
     }
     evaluation = probe_evaluation(probe.module, lambda teacher, x: teacher(x)[0], test_src, image_size,
                                   float(cfg.eval.every_epochs), cfg.eval.every_base_steps)
-    return TaskParts(model=model, ema_source=model.online, train_set=train_set, loss=make_loss(probe, scale),
+    loss = staged(make_loss(probe, scale))
+    return TaskParts(model=model, ema_source=model.online, train_set=train_set, loss=loss,
                      evaluations=[evaluation], on_step=probe.step, state=probe, progress_metric="byol_loss",
                      no_decay=no_decay, info=info)

@@ -47,7 +47,7 @@ from emarule.engine.interface import TaskParts
 from emarule.vision import models as M
 from emarule.vision.data import load_sources
 from emarule.vision.dino_head import DINOHead, DinoNet
-from emarule.vision.multicrop import MultiCropSet
+from emarule.vision.device_views import training_set
 
 
 class DINO(nn.Module):
@@ -183,8 +183,8 @@ def build(ctx: RunContext) -> TaskParts:
                                        int(data.num_classes))
     num_classes = max(int(data.num_classes), train_src.num_classes)
     augmentation = data.augmentation
-    train_set = MultiCropSet(train_src, augmentation, size, local_size, ctx.seed, n_global, n_local,
-                             data.global_scale, data.local_scale)
+    train_set, staged = training_set("multi_crop", data.augment_on, train_src, augmentation, size, local_size,
+                                     ctx.seed, n_global, n_local, data.global_scale, data.local_scale)
 
     torch.manual_seed(ctx.seed)  # the same initial weights for every κ and rule at a given seed
     dims = {"embed_dim": m.embed_dim, "depth": m.depth, "num_heads": m.heads}
@@ -219,7 +219,7 @@ def build(ctx: RunContext) -> TaskParts:
     }
     evaluation = P.probe_evaluation(model.probe, lambda teacher, x: teacher.backbone(x), test_src, size,
                                     float(cfg.eval.every_epochs), cfg.eval.every_base_steps)
-    return TaskParts(model=model, ema_source=model.student, train_set=train_set,
-                     loss=make_loss(cfg, center, probe, n_global, n_local), evaluations=[evaluation],
+    loss = staged(make_loss(cfg, center, probe, n_global, n_local))
+    return TaskParts(model=model, ema_source=model.student, train_set=train_set, loss=loss, evaluations=[evaluation],
                      on_step=on_step, state=TaskState(center, probe), progress_metric="dino_loss",
                      no_decay=no_decay, info=info)

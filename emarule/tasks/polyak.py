@@ -31,6 +31,7 @@ from emarule.engine.interface import Evaluation, TaskParts
 from emarule.vision import data as D
 from emarule.vision import resnetv2 as R
 from emarule.vision import supervised as S
+from emarule.vision.device_views import training_set
 from emarule.vision.models import no_weight_decay_names
 from emarule.vision.textures import textures
 
@@ -105,7 +106,7 @@ def build(ctx: RunContext) -> TaskParts:
     model = R.resnetv2(arch, num_classes, width=m.width, layers=m.layers, stem=m.stem,
                        output_stride=int(m.output_stride), init=m.init)
     augmentation = cfg.data.augmentation
-    train_set = S.TrainViews(train_src, augmentation, size, ctx.seed)
+    train_set, staged = training_set("supervised", cfg.data.augment_on, train_src, augmentation, size, ctx.seed)
     no_decay = no_weight_decay_names(model) if cfg.optimizer.weight_decay_skip_bias else set()
     evaluation = Evaluation(data=S.EvalViews(val_src, size), score=score, finish=finish,
                             every_epochs=float(cfg.eval.every_epochs), every_base_steps=cfg.eval.every_base_steps)
@@ -126,5 +127,6 @@ def build(ctx: RunContext) -> TaskParts:
         "loss": f"cross-entropy, label smoothing {cfg.data.label_smoothing}",
         "ema_buffers": cfg.ema.buffers,
     }
-    return TaskParts(model=model, train_set=train_set, loss=make_loss(float(cfg.data.label_smoothing)),
+    loss = staged(make_loss(float(cfg.data.label_smoothing)))
+    return TaskParts(model=model, train_set=train_set, loss=loss,
                      teacher=None, evaluations=[evaluation], no_decay=no_decay, info=info)

@@ -250,7 +250,7 @@ def _hue(x: np.ndarray, shift: np.ndarray) -> np.ndarray:
 
 def gaussian_blur(img: torch.Tensor, sigma: float) -> torch.Tensor:
     size = img.shape[-1]
-    k = max(3, (int(0.1 * size) // 2) * 2 + 1)
+    k = blur_kernel(size)
     x = torch.arange(k, dtype=img.dtype) - (k - 1) / 2
     w = torch.exp(-(x**2) / (2 * sigma**2))
     w = w / w.sum()
@@ -262,6 +262,55 @@ def gaussian_blur(img: torch.Tensor, sigma: float) -> torch.Tensor:
     return out[0]
 
 
+def view_draws(h: int, w: int, aug: ViewAug, d: _Draws) -> tuple[tuple | None, np.ndarray]:
+    """One view's crop box of an h×w image (None without a crop) and the 14 uniforms its colour draws come from
+    (`colour_draws`), taken from `d` in the order every path takes them."""
+    if aug.crop:
+        box = crop_box(h, w, aug.crop_scale, aug.crop_ratio, d)
+    else:
+        box, d.i = None, d.i + 40
+    # Every draw is taken whether or not its op applies, so that one op's probability never shifts the
+    # randomness of the others.
+    u = np.asarray(d.values[d.i:d.i + 14])
+    d.i += 14
+    return box, u
+
+
+@dataclass(frozen=True)
+class Colour:
+    """Per item of a view: whether each op applies, its factors (float64, as drawn) and the jitter's ops in
+    their order (`ops[k, position]`: 0 brightness, 1 contrast, 2 saturation, 3 hue, −1 none there)."""
+
+    flip: np.ndarray
+    gray: np.ndarray
+    blur: np.ndarray
+    solarize: np.ndarray
+    sigma: np.ndarray
+    factor: list
+    ops: np.ndarray
+
+
+def colour_draws(u: np.ndarray, aug: ViewAug, mono: np.ndarray) -> Colour:
+    """The colour parameters of N items from their N×14 uniforms (`view_draws`); `mono` marks one-channel
+    images, on which saturation and hue are no-ops."""
+    jitter = u[:, 1] < aug.jitter_p
+    factor = [lo + (hi - lo) * u[:, 6 + c] for c, (lo, hi) in enumerate((
+        (1 - aug.brightness, 1 + aug.brightness), (1 - aug.contrast, 1 + aug.contrast),
+        (1 - aug.saturation, 1 + aug.saturation), (-aug.hue, aug.hue)))]
+    order = np.argsort(u[:, 10:14], axis=1, kind="stable")  # the jitter ops in a random order per item
+    strength = np.array((aug.brightness, aug.contrast, aug.saturation, aug.hue))
+    on = jitter[:, None] & (strength[order] > 0) & ~(mono[:, None] & (order >= 2))
+    return Colour(flip=u[:, 0] < aug.flip_p, gray=u[:, 2] < aug.gray_p, blur=u[:, 3] < aug.blur_p,
+                  solarize=u[:, 5] < aug.solarize_p,
+                  sigma=aug.blur_sigma[0] + u[:, 4] * (aug.blur_sigma[1] - aug.blur_sigma[0]),
+                  factor=factor, ops=np.where(on, order, -1))
+
+
+def blur_kernel(size: int) -> int:
+    """The blur's odd kernel width for a size×size view: about 10 % of it, at least 3."""
+    return max(3, (int(0.1 * size) // 2) * 2 + 1)
+
+
 def views(images: list, aug: ViewAug, size: int, draws: list) -> np.ndarray:
     """One augmented view of each image (uint8 or float C×H×W), each from its own `_Draws`, as an
     N×3×size×size float32 array in [0, 1]."""
@@ -271,39 +320,25 @@ def views(images: list, aug: ViewAug, size: int, draws: list) -> np.ndarray:
     u = np.empty((n, 14))  # per item: flip, jitter, gray, blur, blur σ, solarize, 4 jitter factors, 4 order keys
     crops = {}  # crops of one shape are resized together: item indices, crops
     for k, (img, d) in enumerate(zip(_floats(images), draws, strict=True)):
-        if aug.crop:
-            h, w = img.shape[-2:]
-            i, j, ch, cw = crop_box(h, w, aug.crop_scale, aug.crop_ratio, d)
+        box, u[k] = view_draws(*img.shape[-2:], aug, d)
+        if box is not None:
+            i, j, ch, cw = box
             img = img[:, i:i + ch, j:j + cw]
-        else:
-            d.i += 40
         ks, imgs = crops.setdefault(img.shape, ([], []))
         ks.append(k)
         imgs.append(img)
-        # Every draw below is taken whether or not its op applies, so that one op's probability
-        # never shifts the randomness of the others.
-        u[k] = d.values[d.i:d.i + 14]
-        d.i += 14
     for ks, imgs in crops.values():  # a gray image's one channel fills all three
         if len(ks) == 1:  # most crops have a size of their own: no copy, no fancy indexing
             x[ks[0]] = resize(torch.from_numpy(imgs[0]), size).numpy()
         else:
             x[ks] = resize(torch.from_numpy(np.stack(imgs)), size).numpy()
-    flip, jitter, to_gray = u[:, 0] < aug.flip_p, u[:, 1] < aug.jitter_p, u[:, 2] < aug.gray_p
-    blur, sol = u[:, 3] < aug.blur_p, u[:, 5] < aug.solarize_p
-    sigma = aug.blur_sigma[0] + u[:, 4] * (aug.blur_sigma[1] - aug.blur_sigma[0])
-    factor = [lo + (hi - lo) * u[:, 6 + c] for c, (lo, hi) in enumerate((
-        (1 - aug.brightness, 1 + aug.brightness), (1 - aug.contrast, 1 + aug.contrast),
-        (1 - aug.saturation, 1 + aug.saturation), (-aug.hue, aug.hue)))]
-    order = np.argsort(u[:, 10:14], axis=1, kind="stable")  # the jitter ops in a random order per item
+    c = colour_draws(u, aug, mono)
+    flip, to_gray, blur, sol, sigma, factor = c.flip, c.gray, c.blur, c.solarize, c.sigma, c.factor
     x[flip] = x[flip][..., ::-1]
-    strength = (aug.brightness, aug.contrast, aug.saturation, aug.hue)
     for position in range(4):
         for op in range(4):
-            sel = jitter & (order[:, position] == op)
-            if op >= 2:
-                sel &= ~mono
-            if strength[op] <= 0 or not sel.any():
+            sel = c.ops[:, position] == op
+            if not sel.any():
                 continue
             v, f = x[sel], factor[op][sel]
             if op == 0:

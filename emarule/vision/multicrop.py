@@ -67,14 +67,18 @@ class MultiCropSet(A.SeededViews):
         self.global_size, self.local_size, self.local_crops = int(global_size), int(local_size), int(local_crops)
         self.augmentation = augmentation
 
-    def __getitems__(self, indices: list) -> list:
-        """A batch of items, made together (`augment.views`): each is bitwise the item `[i]` gives."""
-        idx = [int(i) for i in indices]
+    def crops_of(self, idx: list) -> tuple[list, list, list]:
+        """For items `idx`: each crop's (augmentation, size), each item's `_Draws` per crop, and the images."""
         crops = [(aug, self.global_size) for aug in self.global_augs]
         crops += [(self.local_aug, self.local_size)] * self.local_crops
         # Each item's generator feeds its crops in order: the globals, then the locals.
         draws = [[A._Draws(g) for _ in crops] for g in map(self.generator, idx)]
-        images = [self.source.image(i) for i in idx]
+        return crops, draws, [self.source.image(i) for i in idx]
+
+    def __getitems__(self, indices: list) -> list:
+        """A batch of items, made together (`augment.views`): each is bitwise the item `[i]` gives."""
+        idx = [int(i) for i in indices]
+        crops, draws, images = self.crops_of(idx)
         m, s = self.source.mean, self.source.std
         made = [A.normalized_views(images, aug, size, [d[c] for d in draws], m, s)
                 for c, (aug, size) in enumerate(crops)]

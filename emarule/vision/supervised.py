@@ -40,9 +40,13 @@ def pil_image(source: ImageFolderSource, i: int):
     return source.pil(i)  # RGB; a file that fails to decode is an ItemError naming it
 
 
-def pil_to_float(img) -> torch.Tensor:
-    from torchvision.transforms.functional import pil_to_tensor
+def pil_to_tensor(img) -> torch.Tensor:
+    from torchvision.transforms.functional import pil_to_tensor as to_tensor
 
+    return to_tensor(img)
+
+
+def pil_to_float(img) -> torch.Tensor:
     return pil_to_tensor(img).float().div_(255.0)
 
 
@@ -50,9 +54,11 @@ def three_channels(x: torch.Tensor) -> torch.Tensor:
     return x.expand(3, -1, -1).contiguous() if x.shape[0] == 1 else x
 
 
-def train_view(source, i: int, size: int, augmentation: str, g: torch.Generator) -> tuple[torch.Tensor, bool]:
+def train_view(source, i: int, size: int, augmentation: str, g: torch.Generator,
+               as_float: bool = True) -> tuple[torch.Tensor, bool]:
     """One augmented view before its flip, float C×size×size in [0, 1] (or the source's own range), not
-    normalised, and whether to flip it."""
+    normalised, and whether to flip it. With `as_float` false the view keeps the source's dtype (uint8 for
+    an image folder), for the training device to convert (`emarule.vision.device_views`)."""
     d = A._Draws(g)
     if is_folder(source):
         from PIL import Image
@@ -60,9 +66,10 @@ def train_view(source, i: int, size: int, augmentation: str, g: torch.Generator)
         img = pil_image(source, i)
         top, left, ch, cw = A.crop_box(img.height, img.width, CROP_SCALE, CROP_RATIO, d)
         # crop and resize in one resampling, as torchvision's RandomResizedCrop does on PIL images
-        x = pil_to_float(img.resize((size, size), Image.BILINEAR, box=(left, top, left + cw, top + ch)))
+        x = img.resize((size, size), Image.BILINEAR, box=(left, top, left + cw, top + ch))
+        x = pil_to_float(x) if as_float else pil_to_tensor(x)
     else:
-        img = A.to_float(source.image(i))
+        img = A.to_float(source.image(i)) if as_float else source.image(i)
         h, w = img.shape[-2:]
         if augmentation == "imagenet":
             top, left, ch, cw = A.crop_box(h, w, CROP_SCALE, CROP_RATIO, d)

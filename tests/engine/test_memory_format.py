@@ -2,8 +2,6 @@
 bit for bit, and the layout changes only the rounding of the trajectory, not the trajectory."""
 
 import json
-import os
-import signal
 from pathlib import Path
 
 import pytest
@@ -13,7 +11,7 @@ from emarule.config.load import load_spec
 from emarule.engine.context import RunContext
 from emarule.scaling import plan
 from emarule.tasks import build_parts, run_task
-from engine_util import load_checkpoint, tensors_equal
+from engine_util import load_checkpoint, tensors_equal, train_until_sigterm
 
 
 def context(tmp: Path, out: str, layout: str, resume: bool = False) -> RunContext:
@@ -69,21 +67,7 @@ def test_a_resumed_channels_last_run_is_the_uninterrupted_run_bit_for_bit(tmp_pa
     torch.set_num_threads(1)
     try:
         ctx = context(tmp_path, "cut", "channels_last")
-        parts = build_parts(ctx)
-        loss, calls = parts.loss, []
-
-        def cut(*args, **kwargs):  # SIGTERM mid-run: the loop checkpoints at the step and exits 143
-            calls.append(1)
-            if len(calls) == 1:
-                os.kill(os.getpid(), signal.SIGTERM)
-            return loss(*args, **kwargs)
-
-        parts.loss = cut
-        from emarule.engine.loop import train
-
-        with pytest.raises(SystemExit) as stopped:
-            train(ctx, parts)
-        assert stopped.value.code == 143
+        train_until_sigterm(ctx, build_parts(ctx), at_call=1)  # SIGTERM mid-run
         assert not load_checkpoint(tmp_path / "cut")["finished"]
         run_task(context(tmp_path, "cut", "channels_last", resume=True))
     finally:

@@ -21,6 +21,7 @@ from emarule.tasks import byol as B
 from emarule.vision import augment as A
 from emarule.vision import data as D
 from emarule.vision import models as M
+from emarule.vision.device_views import DeviceHalf
 
 runner = CliRunner()
 
@@ -90,8 +91,11 @@ def test_full_size_vit_and_resnet50_build(tmp_path):
     assert bb.blocks[-1].drop_path1.drop_prob == pytest.approx(0.1) and bb.patch_embed.patch_size == (16, 16)
     assert {"online.backbone.pos_embed", "online.backbone.cls_token"} <= vit.no_decay
     assert vit.model.online.projector[0].in_features == 768 and vit.model.online.projector[0].out_features == 4096
-    x1, x2, y = torch.utils.data.default_collate([vit.train_set[i] for i in range(2)])
-    assert x1.shape == (2, 3, 224, 224)
+    crops, params, y = torch.utils.data.default_collate([vit.train_set[i] for i in range(2)])
+    assert crops.shape == (2, 2, 3, 224, 224) and crops.dtype == torch.uint8  # the recipe colours on the device
+    src = vit.train_set.source
+    x1, x2, y = DeviceHalf("two_views", src.mean, src.std).stage((crops, params, y))
+    assert x1.shape == (2, 3, 224, 224) and x1.dtype == torch.float32
     vit.model.eval()
     with torch.no_grad():
         h, z = vit.model.online(x1)
