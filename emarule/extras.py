@@ -14,7 +14,7 @@ from emarule.errors import UserError
 
 # extra -> the modules emarule imports from it (import names, which are not always the package names)
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "vision": ("torchvision", "timm", "sklearn", "threadpoolctl"),
+    "vision": ("torchvision", "timm", "PIL", "sklearn", "threadpoolctl"),
     "speech": ("soundfile", "jiwer", "espeakng_loader"),
     "plots": ("matplotlib",),
     "wandb": ("wandb",),

@@ -28,12 +28,13 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from emarule.extras import EXTRAS
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = {"torch", "numpy", "pyyaml", "typer", "rich"}
-EXTRA_MODULES = ("torchvision", "timm", "sklearn", "threadpoolctl", "matplotlib", "soundfile", "jiwer",
-                 "espeakng_loader", "wandb")
+EXTRA_MODULES = tuple(m for modules in EXTRAS.values() for m in modules)
 
 
 def sh(args, **kw) -> subprocess.CompletedProcess:
