@@ -32,7 +32,7 @@ from emarule.extras import EXTRAS
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CORE = {"torch", "numpy", "pyyaml", "typer", "rich"}
 EXTRA_MODULES = tuple(m for modules in EXTRAS.values() for m in modules)
 
