@@ -18,6 +18,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "speech": ("soundfile", "jiwer", "espeakng_loader"),
     "plots": ("matplotlib",),
     "wandb": ("wandb",),
+    "slurm": ("submitit",),  # emarule.analysis.executors checks it itself, naming the same install
 }
 
 
