@@ -118,7 +118,8 @@ def test_a_probe_verdict_where_the_data_bar_is_missed_says_so(root):
     head["probe_check"] = v["probe_check"]
     (root / "byol-headline" / "verdict.json").write_text(json.dumps(head))
     row = next(line for line in T.markdown(root).splitlines() if "byol-r18.md" in line)
-    assert row.endswith("| inconclusive (the probe misses the data bar) | [byol-r18](emarule/experiments/byol-r18.md) |")
+    assert row.endswith("| inconclusive (the probe misses the data bar) "
+                        "| [byol-r18](emarule/experiments/byol-r18.md) |")
     v["probe_check"]["bar"] |= {"trained": 47.0, "margin": 15.8, "met": True}
     (root / "byol" / "verdict.json").write_text(json.dumps(v))
     assert "| reproduced |" in T.markdown(root) and "(meets the 15-point bar)" in T.markdown(root)
