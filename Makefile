@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip 2>/dev/null || true
 	$(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -e '.[dev,lightning,hf,slurm,gpu-augment]'
+	$(BIN)/python -m pip install -q -e '.[all,dev,lightning,hf]'
 	touch $(STAMP)
 
 venv: $(STAMP)

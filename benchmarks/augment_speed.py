@@ -45,7 +45,7 @@ from emarule.vision.multicrop import MultiCropSet  # noqa: E402
 
 
 def training_sets(n: int) -> dict:
-    """The cpu presets' training sets (experiments/byol-vit.yaml, dino-vit.yaml), on their first n images."""
+    """The cpu presets' training sets (emarule/experiments/byol-vit.yaml, dino-vit.yaml), on their first n images."""
     source, _ = load_sources("shapes", None, 16, n, 16, 5)
     return {"byol-vit": TwoViewSet(source, "byol_cifar10", 16, seed=0),
             "dino-vit": MultiCropSet(source, "dino_digits", 16, 8, 0, 2, 0, (0.8, 1.0))}

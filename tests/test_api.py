@@ -127,8 +127,8 @@ def test_sgd_keeps_heavy_ball_momentum_and_auto_weight_decay():
 
 def test_named_experiment_and_yaml_path_match_the_cli_json():
     by_name = emarule.scale("byol-vit", 6)
-    by_path = emarule.scale(ROOT / "experiments" / "byol-vit.yaml", 6)
-    by_text = emarule.scale(str(ROOT / "experiments" / "byol-vit.yaml"), 6)
+    by_path = emarule.scale(ROOT / "emarule" / "experiments" / "byol-vit.yaml", 6)
+    by_text = emarule.scale(str(ROOT / "emarule" / "experiments" / "byol-vit.yaml"), 6)
     r = subprocess.run([sys.executable, "-m", "emarule", "plan", "byol-vit", "--kappa", "6", "--format", "json"],
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -1,6 +1,7 @@
 """The tests mirror the package: each folder of tests/ is named after a package of emarule/ (docs/ holds the
-README, docs and examples checks; data/ the fixtures), a test file at the top of tests/ after a module at the top
-of emarule/, and no two files share a name (pytest imports a test module by its file name)."""
+README, docs and examples checks; data/ the fixtures; install/ the wheel, installed as a user installs it), a test
+file at the top of tests/ after a module at the top of emarule/, and no two files share a name (pytest imports a
+test module by its file name)."""
 
 from collections import Counter
 from pathlib import Path
@@ -12,7 +13,7 @@ PACKAGE = TESTS.parent / "emarule"
 def test_every_folder_and_top_level_test_is_named_after_a_part_of_the_package():
     folders = {p.name for p in TESTS.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
     packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
-    assert folders - {"docs", "data"} <= packages, folders - {"docs", "data"} - packages
+    assert folders - {"docs", "data", "install"} <= packages, folders - {"docs", "data", "install"} - packages
     top = {p.stem.removeprefix("test_") for p in TESTS.glob("test_*.py")} - {"test_layout"}
     assert top <= {p.stem for p in PACKAGE.glob("*.py")}, top - {p.stem for p in PACKAGE.glob("*.py")}
 

@@ -522,8 +522,11 @@ def run_compare(console, paths: list[Path], metric: str | None, out: Path | str 
     The figure's path is checked before anything is read, and the default one (beside the runs)
     before it is written, so that an unwritable place is a one-line error, not a half-done command.
     """
+    from emarule import extras
     from emarule.cli import checks
 
+    if figure:
+        extras.require("compare's figure", ("plots",))
     if figure and out is not None:
         out = checks.out_file(out)
         if out.suffix.lower() != ".png":

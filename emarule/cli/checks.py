@@ -13,6 +13,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from emarule import extras
 from emarule.cli import suggest
 from emarule.errors import UserError
 from emarule.engine.rundir import CHECKPOINT, HPARAMS, METRICS, STUDY_RECORD, UNSAVED
@@ -275,13 +276,15 @@ def _exact(x: float) -> str:
 
 
 def runnable(spec: dict, runnable_tasks, sweep: bool = False) -> None:
-    """The task can run here (and, for a sweep, trains at one κ per run)."""
+    """The task can run here, its extras installed (and, for a sweep, trains at one κ per run)."""
     name, task = spec.get("name", "?"), spec.get("task")
     if task not in runnable_tasks:
         ready = ", ".join(sorted(runnable_tasks))
         raise UserError(f"{name}: the {task!r} task cannot run yet (runnable tasks: {ready}); "
                         f"`{suggest.plan_command(spec)} --kappa K` shows its scaled recipe")
     t = registry.lookup(task)
+    if t is not None:
+        extras.require(name, t.extras)
     unit = value(spec, "batch.unit")
     if t is not None and t.kind == "training" and unit not in t.units:
         fix = t.units[0]

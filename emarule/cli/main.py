@@ -192,6 +192,10 @@ def check_run_options(wandb: str, max_device_batch: int | None, seed: int | None
                       num_workers: int | None = None) -> None:
     if wandb not in ("off", "offline", "online", "disabled"):
         raise UserError(f"--wandb must be off, offline or online, got {wandb!r}")
+    if wandb in ("offline", "online"):
+        from emarule import extras
+
+        extras.require(f"--wandb {wandb}", ("wandb",))
     if max_device_batch is not None and max_device_batch < 1:
         raise UserError(f"--max-device-batch must be ≥ 1, got {max_device_batch}")
     if num_workers is not None and num_workers < 0:
@@ -204,7 +208,11 @@ def presets_help() -> str:
     from emarule.config.load import experiment_names, read_yaml, spec_path
 
     have = []
-    for name in experiment_names():
+    try:
+        names = experiment_names()
+    except UserError as e:  # a help page is still shown where $EMARULE_EXPERIMENTS is wrong, and says so
+        return f"Presets (--preset): none read ({e})."
+    for name in names:
         try:
             presets = read_yaml(spec_path(name, None)).get("presets") or {}
         except UserError:
@@ -314,22 +322,38 @@ def list_cmd() -> None:
     from rich.table import Table
 
     from emarule.cli.render import fmt
-    from emarule.config.load import experiment_names, load_spec, read_yaml, spec_path
+    from emarule.config.load import experiment_names, load_spec, no_experiments, read_yaml, spec_path
     from emarule.config.schema import value
     from emarule.tasks import RUNNABLE_TASKS
 
     t = Table(title="emarule experiments (base values at κ=1)", title_justify="left")
     for c in ("experiment", "section", "data set", "base batch", "optimizer", "EMA ρ", "task", "runs", "presets"):
         t.add_column(c)
-    for name in experiment_names():
+    names = experiment_names()
+    if not names:
+        raise no_experiments()
+    for name in names:
         s = load_spec(name)
         b = s["batch"]
         unit = "" if b.get("unit", "samples") == "samples" else f" {b['unit']}"
         presets = ", ".join(sorted(read_yaml(spec_path(name, None)).get("presets") or {}))
         t.add_row(name, s.get("section", ""), s.get("dataset", ""), f"{fmt(b['size'])}{unit}",
                   value(s, "optimizer.name"), fmt(s["ema"].get("momentum")), s["task"],
-                  "yes" if s["task"] in RUNNABLE_TASKS else "plan only", presets)
+                  runs_here(s["task"], RUNNABLE_TASKS), presets)
     console.print(t)
+
+
+def runs_here(task: str, runnable) -> str:
+    """`list`'s runs column: yes, plan only, or the extras a run of the task needs that are not installed."""
+    from rich.markup import escape
+
+    from emarule import extras
+    from emarule.tasks import registry
+
+    if task not in runnable:
+        return "plan only"
+    lacking = extras.missing(registry.lookup(task).extras)
+    return escape(f"with emarule[{','.join(lacking)}]") if lacking else "yes"
 
 
 @app.command(cls=Help)
@@ -623,9 +647,11 @@ def probe_cmd(
     pixels."""
     import json
 
+    from emarule import extras
     from emarule.analysis.parallel import cores, parse_jobs
     from emarule.analysis.teacher_probe import checked, measure, show
 
+    extras.require("emarule probe", ("vision",))
     asked = parse_jobs(jobs)
     runs = checked(run_dirs)
     n_jobs = min(asked or cores(), len(runs))

@@ -11,11 +11,11 @@ from emarule.errors import UserError
 
 
 def _given_as(spec: dict) -> str:
-    """EXPERIMENT, or --spec PATH where the spec is not an experiment of experiments/."""
-    from emarule.config.load import EXPERIMENTS_DIR, experiment_names
+    """EXPERIMENT, or --spec PATH where the spec is not one of the named experiments (`emarule list`)."""
+    from emarule.config.load import experiment_names, experiments_dir
 
     source, name = spec.get("source"), spec.get("name", "?")
-    named = source is None or Path(source).resolve() == (EXPERIMENTS_DIR / f"{name}.yaml").resolve()
+    named = source is None or Path(source).resolve() == (experiments_dir() / f"{name}.yaml").resolve()
     return str(name) if named and name in experiment_names() else f"--spec {shlex.quote(str(source))}"
 
 

@@ -151,11 +151,40 @@ def _unreadable_scalar(root, text: str, loader_class: type) -> SpecShapeError:
     return SpecShapeError("a value its tag cannot read", None, "check the values' !! tags")
 
 
-EXPERIMENTS_DIR = Path(os.environ.get("EMARULE_EXPERIMENTS", Path(__file__).resolve().parents[2] / "experiments"))
+EXPERIMENTS_ENV = "EMARULE_EXPERIMENTS"
+
+
+def experiments_dir() -> Path:
+    """The folder of the named experiments' specs: $EMARULE_EXPERIMENTS where it is set and not empty, else the
+    specs installed with the package. Read at each call, so a process sees the variable as it is now."""
+    given = os.environ.get(EXPERIMENTS_ENV, "")
+    if not given:
+        from importlib import resources
+
+        # a wheel installs into a folder, so the package's resource is a real path (a zip import would fail here)
+        return Path(os.fspath(resources.files("emarule").joinpath("experiments")))
+    p = Path(given).expanduser().absolute()
+    if p.is_file():
+        raise UserError(f"{EXPERIMENTS_ENV}={given} is a file; point it at a folder of <name>.yaml specs, or unset "
+                        f"it to use the specs installed with emarule")
+    if not p.is_dir():
+        raise UserError(f"{EXPERIMENTS_ENV}={given}: no such folder; point it at a folder of <name>.yaml specs, or "
+                        f"unset it to use the specs installed with emarule")
+    return p
 
 
 def experiment_names() -> list[str]:
-    return sorted(p.stem for p in EXPERIMENTS_DIR.glob("*.yaml"))
+    return sorted(p.stem for p in experiments_dir().glob("*.yaml"))
+
+
+def no_experiments() -> UserError:
+    """What `list` (and a lookup by name) says where the folder of specs holds none."""
+    where = experiments_dir()
+    if os.environ.get(EXPERIMENTS_ENV):
+        return UserError(f"{EXPERIMENTS_ENV}={os.environ[EXPERIMENTS_ENV]} holds no <name>.yaml spec; point it at a "
+                         f"folder of specs, or unset it to use the specs installed with emarule")
+    return UserError(f"no experiment specs in {where}: this emarule was installed without its specs; reinstall it "
+                     f"(pip install --force-reinstall emarule)")
 
 
 def spec_path(name: str | None, path: str | os.PathLike | None) -> Path:
@@ -170,10 +199,12 @@ def spec_path(name: str | None, path: str | os.PathLike | None) -> Path:
         return p
     if not name:
         raise UserError("no experiment given; name one (see `emarule list`) or pass --spec PATH")
-    p = EXPERIMENTS_DIR / f"{name}.yaml"
+    p = experiments_dir() / f"{name}.yaml"
     if not p.is_file():
-        known = ", ".join(experiment_names()) or "(none found)"
-        raise UserError(f"unknown experiment {name!r}; choose one of: {known} (or pass --spec PATH)")
+        known = experiment_names()
+        if not known:
+            raise no_experiments()
+        raise UserError(f"unknown experiment {name!r}; choose one of: {', '.join(known)} (or pass --spec PATH)")
     return p
 
 
@@ -351,4 +382,4 @@ def load_spec(
     return spec
 
 
-__all__ = ["get", "load_spec", "experiment_names", "spec_path", "read_yaml", "yaml_load"]
+__all__ = ["get", "load_spec", "experiment_names", "experiments_dir", "spec_path", "read_yaml", "yaml_load"]

@@ -1,4 +1,4 @@
-"""The shape of an experiment spec (`experiments/*.yaml`), checked on load.
+"""The shape of an experiment spec (`emarule/experiments/*.yaml`), checked on load.
 
 A spec is a nested mapping. Each leaf is described by a `Field`; an unknown key, a wrong
 type or an out-of-range value is reported with its dotted path (`optimizer.betas[1]`).

@@ -1,7 +1,7 @@
 """Every task family, one `TaskSpec` each: the one place a family is registered. Torch-free.
 
 A new family is one module (its builder), one `register(TaskSpec(...))` line here (or in the module that
-adds it, before the run) and its `experiments/<name>.yaml`. Everything else reads this registry: the runnable
+adds it, before the run) and its `emarule/experiments/<name>.yaml`. Everything else reads this registry: the runnable
 tasks, the spec checks (`schema_for`), the pre-run checks (default data source, studies, metrics), `compare`'s
 default metric and the training loss a sweep compares after it.
 
@@ -35,6 +35,7 @@ class TaskSpec:
     headline: str | None = None  # what compare, sweep and reproduce judge by default
     loss: str = "loss"  # the training loss a sweep compares after the headline
     experiments: str = ""  # its specs and their presets (`presets:` in each YAML)
+    extras: tuple[str, ...] = ("plots",)  # the pip extras a run needs (emarule.extras): a run draws its figures
     doc: str = ""  # the paper section it reproduces
 
     def __post_init__(self):
@@ -88,20 +89,22 @@ register(TaskSpec("precision", "study", "emarule.studies.precision", "run", keys
 register(TaskSpec("byol", "training", "emarule.tasks.byol", "build", keys.BYOL,
                   metrics=("byol_loss", "probe_loss", "probe_train_top1", "probe_top1"),
                   headline="probe_top1", loss="byol_loss",
-                  experiments="byol-r18, byol-vit, byol-r50-lars", doc="§3.4, App. H"))
+                  experiments="byol-r18, byol-vit, byol-r50-lars", doc="§3.4, App. H", extras=("vision", "plots")))
 register(TaskSpec("dino", "training", "emarule.tasks.dino", "build", keys.DINO,
                   metrics=("dino_loss", "probe_loss", "probe_train_top1", "probe_top1", "center_momentum",
                            "teacher_entropy", "teacher_temp"),
-                  headline="probe_top1", experiments="dino-vit", doc="App. H.11"))
+                  headline="probe_top1", experiments="dino-vit", doc="App. H.11", extras=("vision", "plots")))
 register(TaskSpec("polyak", "training", "emarule.tasks.polyak", "build", keys.POLYAK,
                   metrics=("train_top1", "bn_momentum", "top1", "val_loss"), ema_metrics=("top1", "val_loss"),
-                  headline="ema_top1", experiments="polyak-r50", doc="§3.2, App. F.2–F.3"))
+                  headline="ema_top1", experiments="polyak-r50", doc="§3.2, App. F.2–F.3",
+                  extras=("vision", "plots")))
 register(TaskSpec("ctc", "training", "emarule.tasks.ctc", "build", keys.CTC, units=("seconds",),
                   metrics=("ctc_loss", "wer", "pl_wer", "phase", "unlabeled_share"), ema_metrics=("wer",),
-                  headline="ema_wer", experiments="ctc-polyak, ctc-pseudo-label", doc="§3.2, §3.3, App. G"))
+                  headline="ema_wer", experiments="ctc-polyak, ctc-pseudo-label", doc="§3.2, §3.3, App. G",
+                  extras=("speech", "plots")))
 register(TaskSpec("toy", "training", "emarule.tasks.toy", "build", keys.TOY, units=("samples", "seconds"),
                   metrics=("mse", "val_mse"), ema_metrics=("val_mse",), headline="loss",
-                  doc="the engine's tests (tests/engine_util.py; no experiments/*.yaml)"))
+                  doc="the engine's tests (tests/engine_util.py; no emarule/experiments/*.yaml)"))
 
 
 def training() -> tuple[TaskSpec, ...]:

@@ -12,7 +12,7 @@ function of (seed, epoch, index). Options that exercise the engine's other parts
   micro-batches and ranks), and the center is checkpointed.
 - `ema.also` in the spec: further EMAs, each evaluated (`ema_val_mse/<momentum>`).
 
-Not a paper experiment: there is no experiments/toy.yaml; tests write a spec to a temporary
+Not a paper experiment: there is no emarule/experiments/toy.yaml; tests write a spec to a temporary
 directory and pass it with `--spec`.
 """
 

@@ -38,7 +38,7 @@ def test_one_row_per_judged_claim_with_its_headline_check(root):
                         "100–104 | page |")
     polyak = [line for line in lines if "polyak-r50.md" in line]
     assert polyak[0] == (f"| 3 | {K.POLYAK.claims[0].short} | 2 | reproduced |  | **contradicted** "
-                         f"| [polyak-r50](experiments/polyak-r50.md) |")
+                         f"| [polyak-r50](emarule/experiments/polyak-r50.md) |")
     assert "| 2 | inconclusive (without < 2× with) | gap with 1, without 1.1 | — |" in polyak[1]
     assert "| 4 | **contradicted** |  | — |" in polyak[2]
     # Families without a verdict.json say so rather than borrow a number.
@@ -118,14 +118,15 @@ def test_a_probe_verdict_where_the_data_bar_is_missed_says_so(root):
     head["probe_check"] = v["probe_check"]
     (root / "byol-headline" / "verdict.json").write_text(json.dumps(head))
     row = next(line for line in T.markdown(root).splitlines() if "byol-r18.md" in line)
-    assert row.endswith("| inconclusive (the probe misses the data bar) | [byol-r18](experiments/byol-r18.md) |")
+    assert row.endswith("| inconclusive (the probe misses the data bar) "
+                        "| [byol-r18](emarule/experiments/byol-r18.md) |")
     v["probe_check"]["bar"] |= {"trained": 47.0, "margin": 15.8, "met": True}
     (root / "byol" / "verdict.json").write_text(json.dumps(v))
     assert "| reproduced |" in T.markdown(root) and "(meets the 15-point bar)" in T.markdown(root)
     head["probe_check"] = v["probe_check"]
     (root / "byol-headline" / "verdict.json").write_text(json.dumps(head))
     row = next(line for line in T.markdown(root).splitlines() if "byol-r18.md" in line)
-    assert row.endswith("| inconclusive | [byol-r18](experiments/byol-r18.md) |")
+    assert row.endswith("| inconclusive | [byol-r18](emarule/experiments/byol-r18.md) |")
 
 
 def test_the_tally_counts_claims_rows_and_agreeing_headlines(root):

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from emarule.cli.main import app
 
 GOLDEN = Path(__file__).parents[1] / "data" / "golden"
-EXPERIMENTS = sorted(p.stem for p in (Path(__file__).parents[2] / "experiments").glob("*.yaml"))
+EXPERIMENTS = sorted(p.stem for p in (Path(__file__).parents[2] / "emarule" / "experiments").glob("*.yaml"))
 
 CASES = {f"plan-{e}-{k}": ["plan", e, "--kappa", k] for e in EXPERIMENTS for k in ("2", "8")}
 CASES |= {f"plan-{e}-4-json": ["plan", e, "--kappa", "4", "--format", "json"] for e in EXPERIMENTS}

@@ -1,8 +1,8 @@
-"""Every ```console block of the README, docs/*.md and experiments/*.md is what its commands print.
+"""Every ```console block of the README, docs/*.md and emarule/experiments/*.md is what its commands print.
 
 A block is a list of `$ command` lines, each followed by the output it shows. The test runs each command
-line with bash (`emarule` is `python -m emarule`) in a scratch directory that sees the repository's `tests/`
-and `experiments/`, and compares stdout and stderr with the block. A comment `<!-- setup: COMMAND -->` on
+line with bash (`emarule` is `python -m emarule`) in a scratch directory that sees the repository's `tests/`,
+and compares stdout and stderr with the block. A comment `<!-- setup: COMMAND -->` on
 the line before a block is run first, in the same directory, for what the block assumes (a file, a run).
 Only what must vary is normalised: trailing spaces, the scratch directory's path, durations (`1.6 s`) and
 a checkpoint's size in a disk-full line (`699,909 bytes needed`).
@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "experiments").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+         *sorted((ROOT / "emarule" / "experiments").glob("*.md"))]
 BLOCK = re.compile(r"^(?:<!-- setup: (.*?) -->\n)?```console\n(.*?)^```", re.S | re.M)
 DURATION = re.compile(r"\b\d+(?:\.\d+)? s\b")
 BYTES_NEEDED = re.compile(r"\b\d[\d,]* bytes needed\b")
@@ -84,8 +85,7 @@ def test_the_pages_hold_checked_blocks():
 
 @pytest.mark.parametrize("where,setup,steps", ALL, ids=[where for where, _, _ in ALL])
 def test_a_console_block_is_what_its_commands_print(where, setup, steps, tmp_path):
-    for name in ("tests", "experiments"):
-        (tmp_path / name).symlink_to(ROOT / name)
+    (tmp_path / "tests").symlink_to(ROOT / "tests")
     if setup:
         run(setup, tmp_path)
     for command, shown in steps:

@@ -4,7 +4,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SPECS = sorted((ROOT / "experiments").glob("*.yaml"))
+SPECS = sorted((ROOT / "emarule" / "experiments").glob("*.yaml"))
 
 
 def test_the_readme_stays_short():
@@ -27,7 +27,7 @@ def test_every_spec_has_its_page_with_the_recipe_presets_results_and_full_scale(
 def test_the_readme_links_every_page_and_answers_the_four_where_questions():
     text = (ROOT / "README.md").read_text()
     for spec in SPECS:
-        assert f"experiments/{spec.stem}.md" in text
+        assert f"emarule/experiments/{spec.stem}.md" in text
     layout = text[text.index("## Layout"):]
     for path in ("engine/schedules.py", "tasks/registry.py", "engine/clock.py", "experiments/<name>.yaml"):
         assert path in layout

@@ -156,7 +156,7 @@ def test_resume_ignores_descriptive_spec_fields_and_refuses_real_changes(R):
 
 
 def test_resume_names_another_experiments_run(R, tmp_path):
-    spec = yaml.safe_load((ROOT / "experiments" / "byol-r18.yaml").read_text())
+    spec = yaml.safe_load((ROOT / "emarule" / "experiments" / "byol-r18.yaml").read_text())
     (tmp_path / "mine.yaml").write_text(yaml.safe_dump({**spec, "name": "mine"}))
     before = snapshot(R)
     res = invoke("run", "--spec", tmp_path / "mine.yaml", *TINY, "--resume", "--out", R)

@@ -1,6 +1,6 @@
 """`augment.views` converts, crops, resizes and takes contrast means in batches; its output and where each
 item's draws end must be bitwise the one-image torch oracle's (`augment_reference.reference_view`), on the
-sources, sizes and view augmentations of the presets (experiments/*.yaml, `cpu` and `tiny`), on gray, RGB
+sources, sizes and view augmentations of the presets (emarule/experiments/*.yaml, `cpu` and `tiny`), on gray, RGB
 and mixed batches, on 1 and 2 torch threads."""
 
 from __future__ import annotations

@@ -121,7 +121,7 @@ def slower_ramp(spec: dict) -> str:
 @dataclass(frozen=True)
 class Family:
     name: str  # `emarule reproduce NAME`
-    experiment: str  # experiments/<experiment>.yaml
+    experiment: str  # emarule/experiments/<experiment>.yaml
     section: str
     kind: str  # "sweep" or "study"
     claims: tuple
@@ -395,7 +395,7 @@ SHORT_EMA_WER = Metric(f"ema_wer/{SHORTEST_ALSO}", "short-horizon EMA WER (%), {
 
 CTC_POLYAK = Family(
     name="ctc-polyak", experiment="ctc-polyak", section="§3.2, Fig. 3; App. G", kind="sweep",
-    kappas=(1.0, 4.0, 8.0),  # κ=8: where the cpu preset's Adam rule breaks (experiments/ctc-polyak.yaml)
+    kappas=(1.0, 4.0, 8.0),  # κ=8: where the cpu preset's Adam rule breaks (emarule/experiments/ctc-polyak.yaml)
     ema_metric=Metric("ema_wer", "EMA WER (%), {split}", False, True),
     target_metric=Metric("wer", "target model WER (%), {split}", False, False),
     more_metrics=(SHORT_EMA_WER,),
@@ -426,7 +426,7 @@ CTC_POLYAK = Family(
 CTC_PL = Family(
     name="ctc-pseudo-label", experiment="ctc-pseudo-label", section="§3.3, Fig. 4; App. G", kind="sweep",
     # κ=2: where the paper's Adam rule still holds in pre-training, so the EMA claims apply there (§3.3);
-    # κ=4: where it strays, and the paper postpones pseudo-labeling (experiments/ctc-pseudo-label.yaml).
+    # κ=4: where it strays, and the paper postpones pseudo-labeling (emarule/experiments/ctc-pseudo-label.yaml).
     kappas=(1.0, 2.0, 4.0), goal_kappa=2.0, target_blind_until="pseudo_label.pretrain_steps",
     ema_metric=Metric("pl_wer", "pseudo-label WER of the teacher (%)", False, True),
     target_metric=Metric("wer", "student WER (%), {split}", False, True),

@@ -19,11 +19,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
+from emarule import extras
 from emarule.cli import checks
 from emarule.errors import UserError
 from emarule.analysis.reproduce import ledger, report as R
 from emarule.analysis.reproduce.claims import FAMILIES, FULL, PROBES, Family, headline_only
 from emarule.engine.rundir import atomic_write_text, read_json
+from emarule.tasks import registry
 
 STUDY_SPEC = "reproduce-spec.json"  # the spec a study's results.json was computed with
 
@@ -56,6 +58,7 @@ def check(family: Family, preset: str | None, seeds: tuple | None, kappas: list[
         raise UserError(f"reproduce {family.name}: the {family.experiment} experiment's {task!r} task cannot run yet "
                         f"(runnable tasks: {', '.join(sorted(RUNNABLE_TASKS))}); its claims are listed in the "
                         f"README's Reproduction table")
+    extras.require(f"reproduce {family.name}", registry.lookup(task).extras)
     if family.kind == "study" and (seeds is not None or kappas is not None):
         raise UserError(f"reproduce {family.name}: the study sweeps κ and ρ itself in one run (parabola: exact "
                         f"expectations and a Monte Carlo hold-out; precision: repeats); drop --seeds and --kappas")

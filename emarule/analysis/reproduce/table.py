@@ -172,7 +172,7 @@ def _measured(c: dict, width: int = 140) -> str:
 
 
 def _page(family: Family) -> str:
-    return f"[{family.experiment}](experiments/{family.experiment}.md)"
+    return f"[{family.experiment}](emarule/experiments/{family.experiment}.md)"
 
 
 def _same_claim(a: dict, b: dict) -> bool:
