@@ -16,7 +16,7 @@ from pathlib import Path
 from emarule import extras
 from emarule.cli import suggest
 from emarule.errors import UserError
-from emarule.engine.rundir import CHECKPOINT, HPARAMS, METRICS, STUDY_RECORD, UNSAVED
+from emarule.engine.rundir import CHECKPOINT, HPARAMS, METRICS, STUDY_RECORD, UNSAVED, holds_a_run, nothing_to_resume
 from emarule.engine.runlock import check_free
 from emarule.config.schema import get, task_keys, value
 from emarule.tasks import registry
@@ -167,10 +167,9 @@ def run_dir(out: Path, resume: bool) -> None:
             if record:
                 raise UserError(f"--resume: no checkpoint in {out} (it holds {' and '.join(record)} of a run that "
                                 f"cannot be continued); pass --out NEW_DIR to start a new run, or delete {out}")
-            raise UserError(f"--resume: no checkpoint in {out}; drop --resume to start the run from scratch")
+            raise nothing_to_resume(out)
     elif (out / CHECKPOINT).exists():
-        raise UserError(f"{out} already holds a run (checkpoint.pt); pass --resume to continue it or "
-                        f"--out NEW_DIR to start another")
+        raise holds_a_run(out)
     elif record:
         raise UserError(f"{out} already holds a run ({' and '.join(record)}, no checkpoint to resume from); "
                         f"pass --out NEW_DIR to start another, or delete {out} to start over")
