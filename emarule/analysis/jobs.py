@@ -54,9 +54,9 @@ class TrainJob:
         import submitit
 
         from emarule import tasks
-        from emarule.analysis.sweep import DIVERGED_KEY
+        from emarule.analysis.parallel import DIVERGED_KEY
         from emarule.errors import TrainingDiverged
-        from emarule.tasks import registry
+        from emarule import registry
 
         if self.threads is not None:  # jobs that share this machine's cores, as `parallel`'s workers do
             import torch
@@ -192,7 +192,7 @@ def run_as_jobs(console, runs: list, ctxs: list, executor: Executor, after: list
     `at_once`: at most this many jobs queued or running at a time (submitit-local's processes share this
     machine's cores; Slurm's queue needs no such limit)."""
     from emarule.analysis.sweep import check_before_training
-    from emarule.tasks import registry
+    from emarule import registry
 
     sweep_dir = Path(ctxs[0].out).parent
     folder = sweep_dir / JOBS_DIR
@@ -333,6 +333,7 @@ def execute_as_jobs(console, runs: list, ctxs: list, executor: Executor, metric:
     and its comparison, as on this machine. `jobs` (--jobs): submitit-local's jobs at a time (`parallel.jobs_for`)."""
     from emarule.analysis.parallel import jobs_for
     from emarule.analysis.run_report import print_report, report
+    from emarule import registry
     from emarule.analysis.sweep import compare_after, print_summary
     from emarule.engine.runlock import lock_dir
 
@@ -359,7 +360,7 @@ def execute_as_jobs(console, runs: list, ctxs: list, executor: Executor, metric:
                          "resumed": resumed[i], "result": result, "arm": r.arm.name if r.arm is not None else None})
         print_summary(console, done)
         compared = compare_after(console, [Path(d["run"]) for d in done if d["arm"] is None],
-                                 Path(ctxs[0].out).parent, metric, tasks.registry.training_losses())
+                                 Path(ctxs[0].out).parent, metric, registry.training_losses())
         if figures is not None:
             figures.extend(Path(c["figure"]) for c in compared if c.get("figure"))
         return done

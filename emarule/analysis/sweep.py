@@ -20,13 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from emarule.cli import checks
+from emarule import registry
+from emarule.request import checks
 from emarule.engine.context import EMA_RULE_NAMES, rule_from_word, rule_names
 from emarule.errors import UserError
 from emarule.engine.rundir import CHECKPOINT
+from emarule.analysis.parallel import DIVERGED_KEY  # noqa: F401 (a sweep's results name it)
 
 RULES = {r.word: r.rule for r in EMA_RULE_NAMES}  # --rule word → the plan's rule
-DIVERGED_KEY = "diverged"  # a run's result when it raised TrainingDiverged: its message
 
 
 @dataclass
@@ -77,7 +78,7 @@ def distinct_kappas(kappas: list[float] | None, text: str | None) -> list[float]
 
 def plan_runs(kappas: list[float], rules: list[str | None], seeds, arms=()) -> list[SweepRun]:
     """Baseline first for each seed, then κ ascending, rule in the order given, then each arm. `seeds`:
-    the seeds (`emarule.cli.seeds.parse_seeds`), or a count N for seeds 0…N−1."""
+    the seeds (`emarule.request.seeds.parse_seeds`), or a count N for seeds 0…N−1."""
     if isinstance(seeds, int):
         if seeds < 1:
             raise UserError(f"--seeds must be ≥ 1, got {seeds}")
@@ -217,7 +218,7 @@ def _run_all(console, runs: list[SweepRun], ctxs: list, metric: str | None, task
         # An arm shares κ and rule with a standard setting (it differs by --set or --progressive), so
         # compare, which groups by those, sees the standard runs only; the reproduction's figure draws arms.
         compared = compare_after(console, [Path(d["run"]) for d in done_list if d["arm"] is None],
-                                 ctxs[0].out.parent, metric, tasks.registry.training_losses())
+                                 ctxs[0].out.parent, metric, registry.training_losses())
         if figures is not None:
             figures.extend(Path(c["figure"]) for c in compared if c.get("figure"))
     return done_list

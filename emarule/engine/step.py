@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 
 from emarule.engine import distributed, schedules
 from emarule.engine.feed import Batch
-
-if TYPE_CHECKING:
-    from emarule.engine.loop import Run
 
 
 @dataclass
@@ -78,8 +75,8 @@ def agree_on_metric_names(sums: dict, device: torch.device) -> None:
                 sums[k] = 0.0 if shape is None else torch.zeros(shape, dtype=torch.float64, device=device)
 
 
-def optimizer_step(run: Run, batch: Batch, stop_requested: Callable[[], bool], checkpoint_due: bool) -> StepOutcome:
-    """Forward/backward every micro-batch, agree, check, clip, step, update the EMAs.
+def optimizer_step(run, batch: Batch, stop_requested: Callable[[], bool], checkpoint_due: bool) -> StepOutcome:
+    """Forward/backward every micro-batch, agree, check, clip, step, update the EMAs of `run` (the loop's `Run`).
 
     `stop_requested` is read after the last backward, so a signal that came during the step still stops after
     it on every rank; `checkpoint_due` is rank 0's wall-clock cadence, made every rank's by the agreement."""
@@ -137,7 +134,7 @@ def total_norm(grads: list) -> float:
     return float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0))
 
 
-def update_emas(run: Run, seen_after: float) -> None:
+def update_emas(run, seen_after: float) -> None:
     """Each EMA holds the stage's ρ̂ from the momentum schedule (set_momentum) and no base batch, so ρ is raised to
     κ once, in the plan."""
     for name, e in run.emas.items():
