@@ -52,7 +52,7 @@ def context(experiment: str, preset: str | None, out: Path, sets: tuple = (), ka
     given, with the EMA rule), with the evaluations and checkpoints put past the run's end: the bare loop
     has neither, and an epoch of byol-r18's cpu preset is 156 steps. `engine`: more RunContext fields
     (data, max_device_batch, num_workers)."""
-    from emarule.cli.main import resolve
+    from emarule.request.resolve import resolve
     from emarule.engine.context import RunContext
 
     s, k, rule, pr, p = resolve(experiment, None, preset, [f"eval.every_epochs={NEVER}", *sets],

@@ -100,23 +100,23 @@ class Feed:
         measure = planned
         seg.next += 1
         several = self.dist.world_size > 1
-        micro, measures, skipped, got = [], [], False, None
+        micro, measures, skipped, loaded = [], [], False, None
         for m in rank_lists:
-            got = next(seg.loader)
-            bad = {b.index for b in got.bad}
+            loaded = next(seg.loader)
+            bad = {b.index for b in loaded.bad}
             if bad:
-                self.count_bad_items(got.bad, clock)
+                self.count_bad_items(loaded.bad, clock)
                 skipped = True
-            if got.batch is not None:
-                micro.append(got.batch)
+            if loaded.batch is not None:
+                micro.append(loaded.batch)
                 # one process: the skipped items' share goes to the others (below); several: the step's total
                 # is summed over ranks from the plan, so each micro-batch keeps its planned share of it
                 measures.append(self.batcher.measure(m if several else [i for i in m if i not in bad]))
         if rank_lists and not micro:
-            raise UserError(f"every item of a batch failed to decode (the first: {got.bad[0].path}); the data set "
+            raise UserError(f"every item of a batch failed to decode (the first: {loaded.bad[0].path}); the data set "
                             f"is too damaged to train on: check it")
         if len(micro) < len(rank_lists) and several:
-            raise UserError(f"every item of a micro-batch failed to decode (the first: {got.bad[0].path}); with "
+            raise UserError(f"every item of a micro-batch failed to decode (the first: {loaded.bad[0].path}); with "
                             f"several processes a rank cannot sit a micro-batch out: check the data set")
         if skipped and not several:
             measure = sum(measures)  # the skipped items' share of the step goes to the others

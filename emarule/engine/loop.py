@@ -116,7 +116,7 @@ class Run:
     batcher: batching.Batcher
     feed: Feed
     sched: schedules.Schedule
-    batches: BatchSchedule
+    batch_schedule: BatchSchedule  # Progressive Scaling: the batch size over the run
     total: float  # the run's length in the batch unit
     model: nn.Module
     source: nn.Module  # what the EMAs average
@@ -275,7 +275,7 @@ def setup(ctx: RunContext, parts: TaskParts, dist: distributed.Dist) -> Run:
     named = dict(model.named_parameters())
     workers = parts_workers(parts, ctx, dist)
     run = Run(ctx=ctx, parts=parts, dist=dist, unit=unit, measure=measure_for(unit), base_batch=base_batch,
-              batcher=batcher, sched=sched, batches=batches, total=sched.total_epochs * batcher.epoch_measure,
+              batcher=batcher, sched=sched, batch_schedule=batches, total=sched.total_epochs * batcher.epoch_measure,
               feed=Feed(batcher, parts, dist, ctx.seed, workers, bool("data" in cfg and cfg.data.skip_bad_items)),
               model=model, source=source, emas=emas,
               momentum_schedule=schedules.EmaMomenta.from_plan(ctx.plan, list(emas), MAIN_EMA),
@@ -420,7 +420,7 @@ def hparams(run: Run) -> dict:
 
 def schedule_time(run: Run) -> float:
     """Where the clock is on the Progressive Scaling schedule's axis: epochs or base steps."""
-    return run.clock.seen / run.base_batch if run.batches.axis == "base_steps" else run.epoch_now
+    return run.clock.seen / run.base_batch if run.batch_schedule.axis == "base_steps" else run.epoch_now
 
 
 def enter_stage(run: Run, kappa: float) -> None:
