@@ -88,6 +88,12 @@ def finals_of(curves: list, stopped: list) -> list:
     return [None if st else V.final(c) for c, st in zip(curves, stopped, strict=True)]
 
 
+def stopped_early(run) -> bool | None:
+    """Whether the run's log ends before its planned end; None where the run does not record its end
+    (`compare.Run.stopped_early`, which memoises it)."""
+    return run.stopped_early()
+
+
 def measure(family: Family, runs: list, arms: dict | None = None) -> dict:
     """Every claim of `family` judged on `runs`, with the metric names and labels of the spec the baseline ran
     (`claims.for_spec`): the tables' `metric` entries are the ones the figure draws. `arms`: run directory →
