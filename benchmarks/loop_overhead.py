@@ -52,7 +52,7 @@ def context(experiment: str, preset: str | None, out: Path, sets: tuple = (), ka
     given, with the EMA rule), with the evaluations and checkpoints put past the run's end: the bare loop
     has neither, and an epoch of byol-r18's cpu preset is 156 steps. `engine`: more RunContext fields
     (data, max_device_batch, num_workers)."""
-    from emarule.cli.main import resolve
+    from emarule.request.resolve import resolve
     from emarule.engine.context import RunContext
 
     s, k, rule, pr, p = resolve(experiment, None, preset, [f"eval.every_epochs={NEVER}", *sets],
@@ -194,6 +194,56 @@ def print_ratios(results: dict, a: str, b: str, ratio: str) -> None:
               f"min {min(ratios):.3f}x  max {max(ratios):.3f}x")
 
 
+def costs(family: str, root: Path, reps: int = 500) -> None:
+    """What emarule's loop does on every step that the bare loop does not, each timed alone in CPU µs on the
+    family's model after one step: the logged gradient norm, ModelEma's update against the bare loop's two foreach
+    calls, and within it the check that the model still holds the tensors it paired."""
+    from torch.utils.data import default_collate
+
+    from emarule.engine.ema import ModelEma
+    from emarule.engine.interface import Now
+    from emarule.engine.step import total_norm
+
+    experiment, preset = FAMILIES[family]
+    ctx = context(experiment, PRESET.get(family, preset), root / f"{family}-costs")
+    parts = build(ctx)
+    model, batch = parts.model.train(), int(ctx.spec["batch"]["size"])
+    items = (parts.collate or default_collate)([parts.train_set[i] for i in range(batch)])
+    now = Now(seen=0.0, samples=0, epoch=0.0, base_step=0.0, step=0, kappa=1.0, plan=ctx.plan, emas={})
+    ema = ModelEma(parts.ema_source if parts.ema_source is not None else model, 0.99)
+    teacher = ema.module if parts.teacher is not None else None
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        parts.loss(model, teacher, items, now)[0].backward()
+
+    shadow, source = list(ema.module.parameters()), list(model.parameters())
+    shadow_b, source_b = list(ema.module.buffers()), list(model.buffers())
+
+    @torch.no_grad()
+    def bare_ema():
+        torch._foreach_lerp_(shadow, source, 0.01)
+        torch._foreach_copy_(shadow_b, source_b)
+
+    def cpu_us(fn, n=reps) -> float:
+        fn()
+        t0 = time.process_time()
+        for _ in range(n):
+            fn()
+        return (time.process_time() - t0) / n * 1e6
+
+    step_us = cpu_us(step, 20)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    rows = [("forward + backward (scale)", step_us),
+            ("gradient norm (logged, checked finite)", cpu_us(lambda: total_norm(grads))),
+            ("ModelEma.update", cpu_us(lambda: ema.update(model, batch_size=batch))),
+            ("  bare EMA: _foreach_lerp_ + _foreach_copy_", cpu_us(bare_ema)),
+            ("  ModelEma's check of the paired tensors", cpu_us(lambda: ema._pair(model)))]
+    print(f"{experiment} --preset {PRESET.get(family, preset)}: per-step costs, CPU µs (the mean of {reps} calls)")
+    for name, us in rows:
+        print(f"  {name:<46} {us:9.1f} µs  {100 * us / step_us:5.1f} % of forward + backward")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", choices=[*FAMILIES, "all"], default="all")
@@ -202,6 +252,7 @@ def main(argv=None) -> None:
     ap.add_argument("--warmup", type=int, default=10, help="steps before the timing starts")
     ap.add_argument("--threads", type=int, default=1, help="torch threads, the same for both loops")
     ap.add_argument("--quick", action="store_true", help="a smoke test: polyak's tiny preset, 1 round of 4 steps")
+    ap.add_argument("--costs", action="store_true", help="instead: time what the loop adds per step, each alone")
     args = ap.parse_args(argv)
     if args.quick:
         args.rounds, args.steps, args.warmup = 1, 4, 1
@@ -211,6 +262,9 @@ def main(argv=None) -> None:
     families = list(FAMILIES) if args.family == "all" else [args.family]
     with tempfile.TemporaryDirectory(prefix="emarule-bench-") as tmp:
         for family in families:
+            if args.costs:
+                costs(family, Path(tmp))
+                continue
             results = measure(family, args.rounds, args.warmup, args.steps, Path(tmp))
             report(family, results, args.threads, args.steps)
 

@@ -24,7 +24,7 @@ FIGURES = ("trajectories", "momenta_and_errors", "summary")
 
 
 def context(preset: str, out: Path):
-    from emarule.cli.main import resolve
+    from emarule.request.resolve import resolve
     from emarule.engine.context import RunContext
 
     s, k, rule, pr, p = resolve("parabola", None, preset, ["parabola.workers=1"], None, None, False, None, None)

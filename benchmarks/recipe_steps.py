@@ -132,19 +132,19 @@ def measure(ctx, warmup: int, steps: int) -> dict:
     layout: dict = {}
     inner = loop.optimizer_step
 
-    def timed(run, micro, measures, global_measure, *args, **kwargs):
+    def timed(run, batch, *args, **kwargs):
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        got = inner(run, micro, measures, global_measure, *args, **kwargs)
+        outcome = inner(run, batch, *args, **kwargs)
         if cuda:
             torch.cuda.synchronize()
-        stamps.append((t0, time.perf_counter(), float(global_measure)))
-        layout.update(accumulation=run.lay.accumulation, micro=max(measures), global_batch=run.lay.global_batch,
-                      workers=run.workers, device=str(run.d.device))
+        stamps.append((t0, time.perf_counter(), float(batch.measure)))
+        layout.update(accumulation=run.layout.accumulation, micro=max(batch.measures),
+                      global_batch=run.layout.global_batch, workers=run.workers, device=str(run.dist.device))
         if len(stamps) >= warmup + steps:
             raise Done
-        return got
+        return outcome
 
     if cuda:
         torch.cuda.reset_peak_memory_stats()

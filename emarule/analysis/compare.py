@@ -30,7 +30,7 @@ from pathlib import Path
 from emarule.errors import UserError
 from emarule.engine.context import progressive_label, rule_names, rule_of_hparams
 from emarule.engine.rundir import CHECKPOINT, HPARAMS, METRICS, atomic_write_bytes, jsonable, numbered_rows, png_bytes
-from emarule.tasks.registry import preferred_metrics
+from emarule.registry import preferred_metrics
 
 # Row keys that are clocks or settings, not metrics (also with a `/suffix`: `ema_momentum/0.9999`).
 NOT_METRICS = {"kind", "samples_seen", "seconds_seen", "epoch", "step", "kappa", "batch_size", "accumulation", "lr",
@@ -126,10 +126,14 @@ class Run:
         return dict(self._memo["ending", metric])
 
     def stopped_early(self) -> bool | None:
-        from emarule.analysis.reproduce.measure import stopped_early  # it imports this module
-
+        """Whether the log ends before the run's planned end (`total` in hparams.json, in the batch unit: samples,
+        or seconds of audio, logged as `seconds_seen`): a run that diverged or is still training. None where the
+        run does not record its end."""
         if "stopped_early" not in self._memo:
-            self._memo["stopped_early"] = stopped_early(self)
+            total = finite_number(self.hparams.get("total"))
+            unit = self.hparams.get("batch_unit") or "samples"
+            seen = [x for x in (finite_number(r.get(f"{unit}_seen")) for r in self.rows) if x is not None]
+            self._memo["stopped_early"] = None if total is None or not seen else max(seen) < total * (1 - 1e-9)
         return self._memo["stopped_early"]
 
     def incomplete(self, metric: str) -> str | None:
@@ -343,7 +347,7 @@ def compare(paths: list[Path], metric: str | None = None) -> dict:
     base = sorted((r for r in runs if r.is_baseline), key=lambda r: (r.seed is None, r.seed, r.name))
     if not base:
         have = ", ".join(f"{r.name} (κ={r.kappa:g})" for r in runs)
-        from emarule.cli.suggest import baseline_command
+        from emarule.request.suggest import baseline_command
 
         raise UserError(f"no κ=1 baseline among the runs ({have}); add one, e.g. "
                         f"`{baseline_command(runs[0].hparams, runs[0].path)}` or `emarule sweep "
@@ -523,7 +527,7 @@ def run_compare(console, paths: list[Path], metric: str | None, out: Path | str 
     before it is written, so that an unwritable place is a one-line error, not a half-done command.
     """
     from emarule import extras
-    from emarule.cli import checks
+    from emarule.request import checks
 
     if figure:
         extras.require("compare's figure", ("plots",))

@@ -24,6 +24,7 @@ import signal
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 from emarule.analysis.executors import Executor, make, require_submitit
 from emarule.engine.rundir import CHECKPOINT, atomic_write_text, read_json
@@ -54,9 +55,9 @@ class TrainJob:
         import submitit
 
         from emarule import tasks
-        from emarule.analysis.sweep import DIVERGED_KEY
+        from emarule.analysis.parallel import DIVERGED_KEY
         from emarule.errors import TrainingDiverged
-        from emarule.tasks import registry
+        from emarule import registry
 
         if self.threads is not None:  # jobs that share this machine's cores, as `parallel`'s workers do
             import torch
@@ -185,14 +186,14 @@ def _write_record(sweep_dir: Path, record: dict) -> None:
     atomic_write_text(sweep_dir / RECORD, json.dumps(record, indent=1) + "\n")
 
 
-def run_as_jobs(console, runs: list, ctxs: list, executor: Executor, after: list, tasks,
+def run_as_jobs(console, runs: list, ctxs: list, executor: Executor, after: list, tasks, check: Callable,
                 on_run_end=None, at_once: int | None = None) -> list[tuple[int, dict, float]]:
     """Submit every run that is neither finished nor queued or running; follow them. [(i, result, wall_s)] of
     every run once all have finished; a UserError naming each failed run's log; `Pending` with --no-wait.
     `at_once`: at most this many jobs queued or running at a time (submitit-local's processes share this
-    machine's cores; Slurm's queue needs no such limit)."""
-    from emarule.analysis.sweep import check_before_training
-    from emarule.tasks import registry
+    machine's cores; Slurm's queue needs no such limit). `check`: the sweep's check of the runs before the first
+    trains (`sweep.check_before_training`), passed in as `tasks` is."""
+    from emarule import registry
 
     sweep_dir = Path(ctxs[0].out).parent
     folder = sweep_dir / JOBS_DIR
@@ -214,7 +215,7 @@ def run_as_jobs(console, runs: list, ctxs: list, executor: Executor, after: list
     # runs this command may train are checked as on this machine (settings, locks); a live job holds its lock
     free = [ctxs[i] for i in state if state[i] in ("to submit", "finished")]
     if free:
-        check_before_training(free, tasks.build_parts)
+        check(free, tasks.build_parts)
     ex = None
     threads = None
     if at_once is not None and not os.environ.get("OMP_NUM_THREADS"):  # else the jobs take what it says
@@ -315,7 +316,7 @@ def run_as_jobs(console, runs: list, ctxs: list, executor: Executor, after: list
     return [(i, done[i][0], done[i][1]) for i in sorted(done)]
 
 
-def _drop_empty(folder: Path) -> None:
+def drop_empty(folder: Path) -> None:
     try:
         folder.rmdir()
     except OSError:  # not there, or not empty
@@ -325,41 +326,3 @@ def _drop_empty(folder: Path) -> None:
 def _last_line(text) -> str:
     lines = [ln.strip() for ln in str(text or "").strip().splitlines() if ln.strip()]
     return lines[-1] if lines else "an error without a message"
-
-
-def execute_as_jobs(console, runs: list, ctxs: list, executor: Executor, metric: str | None, tasks,
-                    figures: list | None = None, on_run_end=None, jobs: int | None = None) -> list[dict]:
-    """`sweep.execute` for submitted runs, its checks done: the jobs, then each run's summary, the sweep's table
-    and its comparison, as on this machine. `jobs` (--jobs): submitit-local's jobs at a time (`parallel.jobs_for`)."""
-    from emarule.analysis.parallel import jobs_for
-    from emarule.analysis.run_report import print_report, report
-    from emarule.analysis.sweep import compare_after, print_summary
-    from emarule.engine.runlock import lock_dir
-
-    # Each seed's κ=1 baseline finishes before that seed's other runs start, as on this machine.
-    base_of = {r.seed: i for i, r in enumerate(runs) if r.baseline}
-    after = [None if r.baseline else base_of.get(r.seed) for r in runs]
-    nodes, per_node = executor.world
-    at_once = jobs_for(jobs, len(runs), 1) if executor.kind == "submitit-local" else None
-    console.print(f"{len(ctxs)} runs, each its own {executor.kind} job of {nodes} node{'s' if nodes > 1 else ''} × "
-                  f"{per_node} process{'es' if per_node > 1 else ''}"
-                  + (f", {at_once} at a time (--jobs)" if at_once is not None else "")
-                  + f"; job files in {Path(ctxs[0].out).parent / JOBS_DIR}", highlight=False)
-    with lock_dir(Path(ctxs[0].out).parent, "sweep"):
-        resumed = {i: (Path(c.out) / CHECKPOINT).exists() for i, c in enumerate(ctxs)}
-        try:
-            ended = run_as_jobs(console, runs, ctxs, executor, after, tasks, on_run_end, at_once)
-        finally:
-            _drop_empty(Path(ctxs[0].out).parent / JOBS_DIR / "%j")  # LocalExecutor's controller makes it
-        done = []
-        for i, result, wall in ended:
-            r, ctx = runs[i], ctxs[i]
-            print_report(console, report(ctx.out, wall))
-            done.append({"run": str(ctx.out), "kappa": r.kappa, "rule": r.label, "seed": r.seed, "wall_s": wall,
-                         "resumed": resumed[i], "result": result, "arm": r.arm.name if r.arm is not None else None})
-        print_summary(console, done)
-        compared = compare_after(console, [Path(d["run"]) for d in done if d["arm"] is None],
-                                 Path(ctxs[0].out).parent, metric, tasks.registry.training_losses())
-        if figures is not None:
-            figures.extend(Path(c["figure"]) for c in compared if c.get("figure"))
-        return done

@@ -30,6 +30,8 @@ from pathlib import Path
 
 from emarule.errors import UserError
 
+DIVERGED_KEY = "diverged"  # a run's result when it raised TrainingDiverged: its message
+
 
 def cores() -> int:
     try:
@@ -137,7 +139,7 @@ def exit_with_parent(parent: int) -> None:
 def _train(ctx, task_spec, threads: int) -> tuple[str, dict, float, str]:
     """In a worker: one run, single- or few-threaded, its console output held. ("done", result, wall, output),
     ("stopped", {}, wall, output) when a signal stopped it at a checkpoint, ("skipped", ...) when a signal
-    came before it started. A run that diverged is done: its result is the message (`sweep.DIVERGED_KEY`), and
+    came before it started. A run that diverged is done: its result is the message (`DIVERGED_KEY`), and
     the other runs go on, as they do one at a time."""
     global _busy
     _busy = True
@@ -155,11 +157,10 @@ def _train_one(ctx, task_spec, threads: int) -> tuple[str, dict, float, str]:
 
     torch.set_num_threads(threads)
     from emarule import tasks
-    from emarule.tasks import registry
+    from emarule import registry
 
     if task_spec is not None and registry.lookup(task_spec.name) is None:  # registered in the parent only
         registry.register(task_spec)
-    from emarule.analysis.sweep import DIVERGED_KEY
     from emarule.errors import TrainingDiverged
 
     buf = io.StringIO()
@@ -238,7 +239,7 @@ def run_side_by_side(console, labels: list[str], ctxs: list, jobs: int, on_done,
     """
     import multiprocessing
 
-    from emarule.tasks import registry
+    from emarule import registry
 
     threads = max(1, cores() // jobs)
     console.print(f"{len(ctxs)} runs, {jobs} at a time ({threads} torch thread{'s' if threads > 1 else ''} each; "

@@ -20,13 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from emarule.cli import checks
+from emarule import registry
+from emarule.request import checks
 from emarule.engine.context import EMA_RULE_NAMES, rule_from_word, rule_names
 from emarule.errors import UserError
 from emarule.engine.rundir import CHECKPOINT
+from emarule.analysis.parallel import DIVERGED_KEY  # noqa: F401 (a sweep's results name it)
 
 RULES = {r.word: r.rule for r in EMA_RULE_NAMES}  # --rule word → the plan's rule
-DIVERGED_KEY = "diverged"  # a run's result when it raised TrainingDiverged: its message
 
 
 @dataclass
@@ -77,7 +78,7 @@ def distinct_kappas(kappas: list[float] | None, text: str | None) -> list[float]
 
 def plan_runs(kappas: list[float], rules: list[str | None], seeds, arms=()) -> list[SweepRun]:
     """Baseline first for each seed, then κ ascending, rule in the order given, then each arm. `seeds`:
-    the seeds (`emarule.cli.seeds.parse_seeds`), or a count N for seeds 0…N−1."""
+    the seeds (`emarule.request.seeds.parse_seeds`), or a count N for seeds 0…N−1."""
     if isinstance(seeds, int):
         if seeds < 1:
             raise UserError(f"--seeds must be ≥ 1, got {seeds}")
@@ -137,9 +138,7 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, ta
                                preset=s.get("preset"), data=data, seed=r.seed, wandb=wandb,
                                max_device_batch=max_device_batch, num_workers=num_workers))
     if executor is not None and executor.submits:  # each run its own job, checked as its turn comes
-        from emarule.analysis.jobs import execute_as_jobs
-
-        return execute_as_jobs(console, runs, ctxs, executor, metric, tasks, figures, on_run_end, jobs)
+        return _execute_as_jobs(console, runs, ctxs, executor, metric, tasks, figures, on_run_end, jobs)
     check_before_training(ctxs, tasks.build_parts)
     from emarule.engine.runlock import lock_dir
 
@@ -217,7 +216,7 @@ def _run_all(console, runs: list[SweepRun], ctxs: list, metric: str | None, task
         # An arm shares κ and rule with a standard setting (it differs by --set or --progressive), so
         # compare, which groups by those, sees the standard runs only; the reproduction's figure draws arms.
         compared = compare_after(console, [Path(d["run"]) for d in done_list if d["arm"] is None],
-                                 ctxs[0].out.parent, metric, tasks.registry.training_losses())
+                                 ctxs[0].out.parent, metric, registry.training_losses())
         if figures is not None:
             figures.extend(Path(c["figure"]) for c in compared if c.get("figure"))
     return done_list
@@ -306,3 +305,41 @@ def compare_after(console, run_dirs: list[Path], root: Path, metric: str | None,
     for m in metrics:
         out.append(compare.run_compare(console, run_dirs, m, root / f"compare-{m}.png"))
     return out
+
+
+def _execute_as_jobs(console, runs: list, ctxs: list, executor, metric: str | None, tasks,
+                    figures: list | None = None, on_run_end=None, jobs: int | None = None) -> list[dict]:
+    """`sweep.execute` for submitted runs, its checks done: the jobs, then each run's summary, the sweep's table
+    and its comparison, as on this machine. `jobs` (--jobs): submitit-local's jobs at a time (`parallel.jobs_for`)."""
+    from emarule.analysis import parallel
+    from emarule.analysis.jobs import JOBS_DIR, drop_empty, run_as_jobs
+    from emarule.analysis.run_report import print_report, report
+    from emarule.engine.runlock import lock_dir
+
+    # Each seed's κ=1 baseline finishes before that seed's other runs start, as on this machine.
+    base_of = {r.seed: i for i, r in enumerate(runs) if r.baseline}
+    after = [None if r.baseline else base_of.get(r.seed) for r in runs]
+    nodes, per_node = executor.world
+    at_once = parallel.jobs_for(jobs, len(runs), 1) if executor.kind == "submitit-local" else None
+    console.print(f"{len(ctxs)} runs, each its own {executor.kind} job of {nodes} node{'s' if nodes > 1 else ''} × "
+                  f"{per_node} process{'es' if per_node > 1 else ''}"
+                  + (f", {at_once} at a time (--jobs)" if at_once is not None else "")
+                  + f"; job files in {Path(ctxs[0].out).parent / JOBS_DIR}", highlight=False)
+    with lock_dir(Path(ctxs[0].out).parent, "sweep"):
+        resumed = {i: (Path(c.out) / CHECKPOINT).exists() for i, c in enumerate(ctxs)}
+        try:
+            ended = run_as_jobs(console, runs, ctxs, executor, after, tasks, check_before_training, on_run_end, at_once)
+        finally:
+            drop_empty(Path(ctxs[0].out).parent / JOBS_DIR / "%j")  # LocalExecutor's controller makes it
+        done = []
+        for i, result, wall in ended:
+            r, ctx = runs[i], ctxs[i]
+            print_report(console, report(ctx.out, wall))
+            done.append({"run": str(ctx.out), "kappa": r.kappa, "rule": r.label, "seed": r.seed, "wall_s": wall,
+                         "resumed": resumed[i], "result": result, "arm": r.arm.name if r.arm is not None else None})
+        print_summary(console, done)
+        compared = compare_after(console, [Path(d["run"]) for d in done if d["arm"] is None],
+                                 Path(ctxs[0].out).parent, metric, registry.training_losses())
+        if figures is not None:
+            figures.extend(Path(c["figure"]) for c in compared if c.get("figure"))
+        return done

@@ -1,7 +1,7 @@
 """The `emarule` command line: parse, resolve the spec and κ, check, dispatch. No logic of its own.
 
 `list`, `plan`, `table`, `limits` and `compare` never import torch; `run` and `sweep` import a task
-only once every option has been checked (`emarule.cli.checks`), before anything is written.
+only once every option has been checked (`emarule.request.checks`), before anything is written.
 """
 
 # No `from __future__ import annotations` here: typer reads the annotations of every command each time the
@@ -16,8 +16,9 @@ from typing import List, Optional
 import typer
 
 from emarule import __version__
-from emarule.cli.render import wide_console
-from emarule.cli.seeds import MAX_SEED, MAX_SEEDS, parse_seeds
+from emarule.console import wide_console
+from emarule.request.resolve import number, numbers, resolve
+from emarule.request.seeds import MAX_SEED, MAX_SEEDS, parse_seeds
 
 try:  # typer ≥ 0.26 vendors click; older releases use the click package
     from typer._click import exceptions as click_exc
@@ -102,89 +103,13 @@ def friendly(fn):
     return wrapper
 
 
-def number(text: str | None, what: str) -> float | None:
-    """Parse a float given as text so that 'abc', 'nan' and 'inf' get our one-line error."""
-    if text is None:
-        return None
-    try:
-        v = float(text)
-    except ValueError:
-        raise UserError(f"{what} must be a number, got {text!r}") from None
-    if not math.isfinite(v) or v <= 0:
-        raise UserError(f"{what} must be finite and > 0, got {text!r}")
-    return v
-
-
-def numbers(text: str | None, what: str, example: str = "1,2,4") -> list[float] | None:
-    """Comma-separated numbers; an empty list or an empty item ('2,,4', '2,4,') is an error."""
-    if text is None:
-        return None
-    items = [t.strip() for t in text.split(",")]
-    if not any(items):
-        raise UserError(f"{what} is empty; give comma-separated numbers, e.g. {what} {example}")
-    if not all(items):
-        raise UserError(f"{what} {text!r}: an empty item; give numbers separated by commas, e.g. {example}")
-    return [number(t, what) for t in items]
-
-
-def whole(values: list[float], what: str) -> list[int]:
-    bad = [v for v in values if not float(v).is_integer()]
-    if bad:
-        raise UserError(f"{what} {bad[0]:g}: batch sizes count samples; give whole numbers")
-    # past 2^53 a float64 no longer holds every whole number, so the count it reads is not the one written
-    huge = [v for v in values if v > 2**53]
-    if huge:
-        raise UserError(f"{what} {huge[0]:g}: past 2^53, where float64 stops counting whole samples exactly; "
-                        f"give smaller batch sizes")
-    return [int(v) for v in values]
-
-
-def resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule, ema_rule, progressive,
-            batch_option: bool = True, batch_multiple=None, baseline: bool = False):
-    """Spec + κ + rule + progressive schedule → (spec, κ, rule name or None, progressive dict, plan).
-    `batch_option`: the command offers --batch-size (sweep and reproduce take κ only). `batch_multiple(spec)`:
-    what a run's ramp batches are multiples of (`emarule.cli.checks.batch_multiple`; None: 1). `baseline`: a
-    sweep's κ=1 run, whose `constant` schedule is the sweep's, so the overrides meant for its other runs stand."""
-    from emarule.cli import checks
-    from emarule.scaling import kappa_from, plan
-    from emarule.scaling import progressive as prog
-    from emarule.config.load import load_spec
-
-    if no_ema_rule and ema_rule is not None:
-        raise UserError(f"--no-ema-rule and --ema-rule {ema_rule.value} contradict each other; give one of them")
-    s = load_spec(experiment, spec, preset, overrides or [])
-    schedule = prog.parse(progressive) if progressive is not None else None
-    _no_schedule_sets(schedule, overrides or [], baseline)
-    b = number(batch_size, "--batch-size")
-    k = kappa_from(s, number(kappa, "--kappa"), b)
-    rule = None if no_ema_rule else (ema_rule or EmaRule.exponential).value
-    # Only a command-line schedule is passed on: `plan` itself takes the spec's, or skips it (κ < 1).
-    p = plan(s, k, rule, schedule, batch_multiple(s) if batch_multiple is not None else 1)
-    checks.whole_batches(s, p, b, runs=False, batch_option=batch_option)
-    return s, k, rule, p.progressive, p
-
-
-def _no_schedule_sets(schedule: dict | None, overrides: list[str], baseline: bool = False) -> None:
-    """--progressive replaces the spec's schedule, so a --set of its shape (progressive.epoch, .from_kappa, ...)
-    would be dropped unseen: refused, `--progressive constant` included. progressive.batch_multiple (the processes
-    a ramp splits over) is kept. A sweep's baseline runs constant beside the sets its other runs take."""
-    if schedule is None or baseline:
-        return
-    for item in overrides:
-        key = item.split("=", 1)[0].strip()
-        if (key == "progressive" or key.startswith("progressive.")) and key != "progressive.batch_multiple":
-            raise UserError(f"--set {key} and --progressive both give the schedule, and --progressive replaces the "
-                            f"spec's; put it in --progressive (e.g. incremental:START,DELTA_B,EVERY,FROM_KAPPA) or "
-                            f"drop --progressive and set progressive.kind too")
-
-
 def check_seed(seed: int | None) -> None:
     if seed is not None and not 0 <= seed <= MAX_SEED:
         raise UserError(f"--seed must be a whole number from 0 to {MAX_SEED} (2^32 − 1), got {seed}")
 
 
 def check_seeds(seeds: str | None) -> tuple[int, ...] | None:
-    """--seeds as a count, a range or a list (`emarule.cli.seeds`); None when not given."""
+    """--seeds as a count, a range or a list (`emarule.request.seeds`); None when not given."""
     return None if seeds is None else parse_seeds(seeds)
 
 
@@ -348,7 +273,7 @@ def runs_here(task: str, runnable) -> str:
     from rich.markup import escape
 
     from emarule import extras
-    from emarule.tasks import registry
+    from emarule import registry
 
     if task not in runnable:
         return "plan only"
@@ -413,44 +338,9 @@ def table(
 ) -> None:
     """The paper's reference tables, or the same for your own base values."""
     from emarule.cli.render import print_ref_table
-    from emarule.scaling import tables
+    from emarule.request.table import reference_table
 
-    rows = whole(numbers(batch_sizes, "--batch-sizes", "256,1024,4096") or tables.PAPER_BATCH_SIZES,
-                 "--batch-sizes")
-    base = number(base_batch_size, "--base-batch-size")
-    if base is not None:
-        whole([base], "--base-batch-size")
-    if optimizer is not None and not lr:
-        raise UserError("--optimizer picks the lr rule for --lr values; give --lr too (`emarule table lr --lr 0.1 "
-                        "--optimizer adam`)")
-    if kind is TableKind.momenta:
-        if lr:
-            raise UserError("--lr goes with `emarule table lr`")
-        if momentum:
-            cols = []
-            for m in momentum:
-                try:
-                    rho = float(m)
-                except ValueError:
-                    raise UserError(f"--momentum must be a number, got {m!r}") from None
-                if not 0.0 <= rho < 1.0:
-                    raise UserError(f"--momentum must be in [0, 1), got {m!r}")
-                cols.append((base or 256, rho))
-            t = tables.momentum_table(cols, rows)
-        elif base is not None:
-            raise UserError("--base-batch-size needs --momentum values to go with it")
-        else:
-            t = tables.momentum_table(batch_sizes=rows)
-    else:
-        if momentum:
-            raise UserError("--momentum goes with `emarule table momenta`")
-        if lr:
-            cols = [(base or 256, number(v, "--lr"), (optimizer or Optim.sgd).value) for v in lr]
-            t = tables.lr_table(cols, rows)
-        elif base is not None:
-            raise UserError("--base-batch-size needs --lr values to go with it")
-        else:
-            t = tables.lr_table(batch_sizes=rows)
+    t = reference_table(kind.value, base_batch_size, momentum, lr, optimizer and optimizer.value, batch_sizes)
     print_ref_table(console, t, format.value)
 
 
@@ -517,8 +407,8 @@ def run(
     """Run an experiment at κ, with or without the EMA rule (alone or under torchrun); print what it did."""
     import time
 
-    from emarule.cli import checks
-    from emarule.cli.checks import batch_multiple
+    from emarule.request import checks
+    from emarule.request.checks import batch_multiple
     from emarule.engine.context import RunContext, default_run_name
     from emarule.tasks import RUNNABLE_TASKS
 
@@ -599,13 +489,13 @@ def sweep(
                         seed_list)
 
     def resolve_run(k: float, ema: Optional[str], baseline: bool):
-        from emarule.cli.checks import batch_multiple
+        from emarule.request.checks import batch_multiple
 
-        return resolve(experiment, spec, preset, overrides, repr(k), None, ema is None, ema and EmaRule(ema),
+        return resolve(experiment, spec, preset, overrides, repr(k), None, ema is None, ema,
                        "constant" if baseline else progressive, batch_option=False, batch_multiple=batch_multiple,
                        baseline=baseline)
 
-    from emarule.cli import checks
+    from emarule.request import checks
 
     root = Path("runs") if out is None else checks.out_dir(out)
     checks.not_a_run(root, "for the sweep's runs, e.g. --out runs")
@@ -699,7 +589,7 @@ def reproduce(
     """Every claim of the paper for one family: run the sweep, measure gaps and seed spread, write a verdict."""
     from emarule.analysis.parallel import parse_jobs
     from emarule.analysis.reproduce.command import reproduce as run_reproduction
-    from emarule.cli.checks import batch_multiple
+    from emarule.request.checks import batch_multiple
 
     from emarule.analysis.executors import from_options
 
@@ -712,7 +602,7 @@ def reproduce(
             # An arm (emarule.analysis.reproduce.claims.Arm) adds its --set overrides and --progressive schedule.
             sets = list(arm.sets) if arm is not None else []
             prog = "constant" if baseline else (arm.schedule(experiment, spec_preset) if arm is not None else None)
-            return resolve(experiment, None, spec_preset, sets, repr(k), None, ema is None, ema and EmaRule(ema),
+            return resolve(experiment, None, spec_preset, sets, repr(k), None, ema is None, ema,
                            prog, batch_option=False, batch_multiple=batch_multiple, baseline=baseline)
         return resolve_run
 

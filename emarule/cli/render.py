@@ -9,36 +9,18 @@ from __future__ import annotations
 
 import io
 import math
-import sys
 from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-if TYPE_CHECKING:
-    from pathlib import Path
+from emarule.console import exact
 
+if TYPE_CHECKING:
     from rich.table import Table
 
     from emarule.scaling import Plan
     from emarule.scaling.limits import Limits
     from emarule.scaling.tables import Table as RefTable
-
-
-def wide_console(stderr: bool = False, quiet: bool = False) -> Console:
-    """A terminal console; 200 columns when piped (rich would assume 80 and fold the tables)."""
-    stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, quiet=quiet, width=None if stream.isatty() else 200)
-
-
-def print_and_save(console: Console, tables: list, path: Path) -> None:
-    """Print `tables` and write the same text, uncoloured, to `path` (atomically)."""
-    from emarule.engine.rundir import atomic_write_text
-
-    record = Console(record=True, width=200, file=io.StringIO())
-    for t in tables:
-        console.print(t)
-        record.print(t)
-    atomic_write_text(path, record.export_text())
 
 
 def fmt(v) -> str:
@@ -55,12 +37,6 @@ def fmt(v) -> str:
     if isinstance(v, list):
         return "(" + ", ".join(fmt(x) for x in v) + ")"
     return str(v)
-
-
-def exact(v: float) -> str:
-    """A value with every digit it needs to be told apart from its neighbours (ρ = 0.99999999999 is not
-    printed as 1): the shortest text that reads back as the same float."""
-    return repr(float(v))
 
 
 def plan_table(p: Plan, title: str) -> Table:

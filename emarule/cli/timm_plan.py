@@ -13,8 +13,8 @@ from emarule.errors import UserError
 def plan_timm(console: Console, path: Path | None, other_source, kappa: str | None, batch_size: str | None,
               world_size: int, fmt_: str, out: str | None, other_options, ema_rule: str = "exponential") -> None:
     """`ema_rule` (--ema-rule) scales model_ema_decay as it scales ema.momentum in `emarule plan`."""
-    from emarule.cli import checks
-    from emarule.cli.main import number
+    from emarule.request import checks
+    from emarule.request.resolve import number
     from emarule.cli.render import plan_table, print_plan
     from emarule.engine.context import rule_names
     from emarule.scaling import timm_args

@@ -298,7 +298,7 @@ def _missing(spec: dict) -> str | None:
 def _unknown_task(spec: dict, err: str) -> str | None:
     """The task named first where a section failed only because the task it belongs to is unknown."""
     from emarule.config.schema import COMMON
-    from emarule.tasks.registry import lookup, names
+    from emarule.registry import lookup, names
 
     task, section = spec.get("task"), err.split(":", 1)[0].split(".", 1)[0].split("[", 1)[0]
     if section in COMMON or (isinstance(task, str) and lookup(task) is not None):
@@ -316,7 +316,7 @@ _EXAMPLE = {"batch": "batch: {size: 256}", "optimizer": "optimizer: {name: sgd, 
 
 def _trains(task: str) -> bool:
     """A training task keeps a model EMA (ema.momentum); a study (parabola, precision) sweeps its own."""
-    from emarule.tasks.registry import lookup
+    from emarule.registry import lookup
 
     spec = lookup(task)
     return spec is not None and spec.kind == "training"

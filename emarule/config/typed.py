@@ -1,7 +1,7 @@
 """The typed config a task and the engine read: `cfg.data.num_classes`, `cfg.ema.also`. Torch-free.
 
 `typed(spec)` is made once from a spec `load_spec` resolved and checked (the RunContext makes it: `ctx.cfg`).
-It walks the spec's schema (`schema.COMMON` plus its task's sections, emarule/config/tasks.py), so it has exactly
+It walks the spec's schema (`schema.COMMON` plus its task's sections, emarule/registry/sections.py), so it has exactly
 the keys a spec of that task may have: each Field's value is the spec's, or the Field's default where the spec
 leaves the key out (or writes null for a Field whose null means its default); lists become tuples; each section
 is a small read-only object. A key the task does not have is an AttributeError naming its path and the keys

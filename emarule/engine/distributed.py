@@ -268,11 +268,11 @@ def all_reduce_grads_(params: list[torch.nn.Parameter]) -> None:
     import torch.distributed as dist
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-    mine = [p.grad is not None for p in params]
-    given = torch.tensor(mine, dtype=torch.float32, device=state().device)
+    has_grad = [p.grad is not None for p in params]
+    given = torch.tensor(has_grad, dtype=torch.float32, device=state().device)
     dist.all_reduce(given, op=dist.ReduceOp.SUM)
     anyone = [n > 0 for n in given.tolist()]
-    for p, m, a in zip(params, mine, anyone, strict=True):
+    for p, m, a in zip(params, has_grad, anyone, strict=True):
         if a and not m:  # the all-reduce needs the same tensors on every rank
             p.grad = torch.zeros_like(p)
     grads = [p.grad for p, a in zip(params, anyone, strict=True) if a]

@@ -36,6 +36,7 @@ import copy
 import math
 import numbers
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from itertools import chain
 
 import torch
 from torch import nn
@@ -220,6 +221,8 @@ class ModelEma(nn.Module):
         self._shadow_mods: list = []
         self._groups: list = []
         self._copies: list = []
+        self._copy_lists: tuple = ([], [])
+        self._dicts: list = []
         self._watched: list = []
         self._shapes: list = []
         self.eval()
@@ -506,17 +509,19 @@ class ModelEma(nn.Module):
             raise ValueError(f"the model has {extra[0]!r}, which the EMA does not: build the EMA from this model")
         self._groups = [(key, es, ss) for key, (es, ss) in groups.items()]
         self._copies = copies
+        self._copy_lists = ([e for e, _ in copies], [x for _, x in copies])  # one foreach copy a step
         self._watched, self._shapes = watched, list(map(torch.Tensor.size, watched))
         self._mods = list(source.modules())
         self._shadow_mods = list((self.shards if self._sharded else self.module).modules())
+        self._dicts = [d for m in (*self._mods, *self._shadow_mods) for d in (m._parameters, m._buffers, m._modules)]
         self._sig = self._signature(source)
 
     def _signature(self, source: nn.Module) -> tuple:
         """Which tensors and submodules the model and the shadow hold now (assign=True or a new
-        submodule on either side changes it). Read from the modules' own dicts: ten times cheaper
-        than source.parameters() on a ResNet-50."""
-        return (id(source), *(id(v) for m in (*self._mods, *self._shadow_mods)
-                              for d in (m._parameters, m._buffers, m._modules) for v in d.values()))
+        submodule on either side changes it). Read from the modules' own dicts, listed when paired, and
+        iterated in C: a tenth of source.parameters()'s cost on a ResNet-50, and about a third of a step's
+        bookkeeping on a small one."""
+        return (id(source), *map(id, chain.from_iterable(map(dict.values, self._dicts))))
 
     def _shapes_hold(self) -> bool:
         """The model's tensors keep the shapes they were paired with: `p.data = t` keeps the Parameter
@@ -562,8 +567,11 @@ class ModelEma(nn.Module):
                 ss = [_local(x) for x in ss] if self._sharded else ss
                 for es_part, ss_part in _cast_parts(es, ss, dev, dt):
                     torch._foreach_lerp_(es_part, ss_part, 1.0 - rho)
-            for e, x in self._copies:
-                e.copy_(_local(x))
+            if self._sharded:
+                for e, x in self._copies:
+                    e.copy_(_local(x))
+            elif self._copies:
+                torch._foreach_copy_(*self._copy_lists)
         if s is not None:
             self._last = s
         self._pending, self.updates = 0.0, self.updates + 1
@@ -585,12 +593,14 @@ class ModelEma(nn.Module):
     def __getstate__(self) -> dict:
         """A deep copy or pickle of the EMA must not carry the model's tensors along: pair again after."""
         state = self.__dict__.copy()
-        state.update(_sig=None, _mods=[], _shadow_mods=[], _groups=[], _copies=[], _watched=[], _shapes=[])
+        state.update(_sig=None, _mods=[], _shadow_mods=[], _dicts=[], _groups=[], _copies=[], _copy_lists=([], []),
+                     _watched=[], _shapes=[])
         return state
 
     def __setstate__(self, state: dict) -> None:
         # an EMA pickled by an emarule without these attributes: its buffers only ever widened
-        super().__setstate__({"_dtype_given": False, "_watched": [], "_shapes": [], **state})
+        super().__setstate__({"_dtype_given": False, "_watched": [], "_shapes": [], "_dicts": [],
+                              "_copy_lists": ([], []), **state})
 
     def extra_repr(self) -> str:
         base = "" if self.base_batch_size is None else f", base_batch_size={self.base_batch_size:g}"

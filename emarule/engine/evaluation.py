@@ -73,12 +73,12 @@ def score(ev: Evaluation, net: torch.nn.Module, now: Now, device: torch.device, 
                         collate_fn=guarded_collate(ev.collate or default_collate), num_workers=workers if shard else 0,
                         pin_memory=device.type == "cuda")
     sums: dict[str, torch.Tensor] = {}
-    for got in loader:
-        if got.bad:  # never skipped: a score over fewer items would not be the split's
-            b = got.bad[0]
+    for loaded in loader:
+        if loaded.bad:  # never skipped: a score over fewer items would not be the split's
+            b = loaded.bad[0]
             raise UserError(f"cannot decode {b.path} ({b.why}), an item of an evaluation split; fix or remove the "
                             f"file (evaluation items are never skipped)")
-        batch = got.batch
+        batch = loaded.batch
         with autocast():
             out = ev.score(net, distributed.to_device(batch, device), now)
         for k, v in out.items():

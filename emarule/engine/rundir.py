@@ -34,6 +34,18 @@ STUDY_RECORD = ("results.json", "run.json")
 # Present from a fresh run's first write until its first checkpoint: a run stopped in between (SIGKILL,
 # a full disk) left nothing worth keeping, and a new run or `--resume` starts it again from scratch.
 UNSAVED = ".no-checkpoint-yet"
+
+
+def holds_a_run(out: Path) -> UserError:
+    """A new run over one that can be continued: refused by the command line's checks and by the loop."""
+    return UserError(f"{out} already holds a run ({CHECKPOINT}); pass --resume to continue it or "
+                     f"--out NEW_DIR to start another")
+
+
+def nothing_to_resume(out: Path) -> UserError:
+    return UserError(f"--resume: no checkpoint in {out}; drop --resume to start the run from scratch")
+
+
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 

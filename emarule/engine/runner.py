@@ -1,6 +1,6 @@
 """One runner for every task: a training task's parts go through the loop, a study runs itself.
 
-The record (`emarule.tasks.registry.TaskSpec`) is passed in: the engine never imports the tasks.
+The record (`emarule.registry.TaskSpec`) is passed in: the engine never imports the tasks.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from rich.table import Table
 
 from emarule.engine.context import RunContext
 from emarule.errors import UserError
-from emarule.cli.render import print_and_save, wide_console
+from emarule.console import print_and_save, wide_console
 from emarule.engine.rundir import atomic_write_bytes, atomic_write_text, png_bytes
 from emarule.scaling.limits import FORMATS, limits
 from emarule.config.typed import Section

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from emarule.engine.context import RunContext
 from emarule.errors import UserError
-from emarule.tasks import registry
+from emarule import registry
 
 
 def __getattr__(name: str):

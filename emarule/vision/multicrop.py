@@ -26,7 +26,7 @@ from dataclasses import replace
 
 import torch
 
-from emarule.config.tasks import DINO
+from emarule.registry.sections import DINO
 from emarule.errors import UserError
 from emarule.vision import augment as A
 from emarule.vision.data import Source
@@ -41,7 +41,7 @@ STACKS: dict[str, tuple[A.ViewAug, A.ViewAug, A.ViewAug]] = {
     "none": (A.STACKS["none"][0],) * 3,
 }
 
-# main_dino.py's --global_crops_scale and --local_crops_scale: the spec's defaults (emarule/config/tasks.py)
+# main_dino.py's --global_crops_scale and --local_crops_scale: the spec's defaults (emarule/registry/sections.py)
 DINO_GLOBAL_SCALE = tuple(DINO["data"]["global_scale"].default)
 DINO_LOCAL_SCALE = tuple(DINO["data"]["local_scale"].default)
 

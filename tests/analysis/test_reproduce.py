@@ -559,7 +559,7 @@ def test_parabola_dimensions_each_way(err_factor, rho_factor, verdict):
 
 
 def test_registry_matches_the_specs_and_the_checks():
-    from emarule.cli import checks
+    from emarule.request import checks
     from emarule.config.load import load_spec
 
     assert set(K.FAMILIES) == {"parabola", "precision", "polyak", "byol", "byol-vit", "byol-r50-lars", "dino",
@@ -615,7 +615,7 @@ def test_a_family_whose_task_is_not_runnable_says_so(tmp_path, monkeypatch):
 def test_precision_study_reproduction_writes_and_reuses(tmp_path):
     from emarule.analysis.reproduce.command import reproduce
 
-    from emarule.cli.render import wide_console
+    from emarule.console import wide_console
     from emarule.scaling import plan
     from emarule.config.load import load_spec
 

@@ -55,7 +55,7 @@ def _precision_resolver():
 
 def _reproduce(root):
     from emarule.analysis.reproduce.command import reproduce
-    from emarule.cli.render import wide_console
+    from emarule.console import wide_console
 
     return reproduce(wide_console(quiet=True), "precision", preset=None, seeds=None, kappas=None, out=str(root),
                      data=None, resolver=_precision_resolver())

@@ -25,7 +25,7 @@ def test_the_bench_targets_comment_counts_its_benchmarks():
 
 def test_the_tables_headline_seeds_are_the_makefiles():
     from emarule.analysis.reproduce.table import NEW_SEEDS
-    from emarule.cli.seeds import parse_seeds
+    from emarule.request.seeds import parse_seeds
 
     seeds = re.search(r"^REPRO_SEEDS_NEW := (\S+)$", (REPO / "Makefile").read_text(), re.M).group(1)
     assert parse_seeds(seeds) == NEW_SEEDS

@@ -6,7 +6,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from emarule.cli import checks
+from emarule.request import checks
 from emarule.analysis import compare as C
 from emarule.analysis import run_report as report
 from emarule.analysis import sweep as S

@@ -186,7 +186,7 @@ def test_timm_args_takes_the_ema_rule_it_is_given(workdir, capsys):
 
 def test_the_suggested_baseline_is_the_matching_one(tmp_path):
     """compare's fix for a missing baseline is the command that makes it: spec, preset, --set, seed, data, beside it."""
-    from emarule.cli.suggest import baseline_command
+    from emarule.request.suggest import baseline_command
     from emarule.config.load import load_spec
 
     spec = load_spec("byol-r18", preset="tiny", overrides=["ema.also=[0.5]"])
@@ -203,6 +203,6 @@ def test_the_suggested_baseline_is_the_matching_one(tmp_path):
 
 @pytest.mark.skipif(os.pathconf("/", "PC_NAME_MAX") < 255, reason="a file system with short names")
 def test_a_long_name_that_fits_is_not_refused(workdir, capsys):
-    from emarule.cli import checks
+    from emarule.request import checks
 
     assert checks.out_dir("x/" + "a" * 255) is not None and not (workdir / "x").exists()

@@ -1,14 +1,14 @@
-"""`sweep --metric` is checked whole before anything trains (emarule.cli.checks.metric): the names it accepts are
+"""`sweep --metric` is checked whole before anything trains (emarule.request.checks.metric): the names it accepts are
 the names a run logs, EMA prefix, further-EMA and split suffixes included."""
 
 import json
 
 import pytest
 
-from emarule.cli import checks
+from emarule.request import checks
 from emarule.config.load import load_spec
 from emarule.errors import UserError
-from emarule.tasks import registry
+from emarule import registry
 
 
 def names(experiment, preset="tiny", sets=()):

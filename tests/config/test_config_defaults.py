@@ -4,7 +4,7 @@ import ast
 from pathlib import Path
 
 from emarule.config.schema import COMMON, value
-from emarule.tasks.registry import REGISTRY
+from emarule.registry import REGISTRY
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = set(COMMON) | {s for t in REGISTRY.values() for s in t.config}

@@ -13,7 +13,7 @@ def test_the_committed_page_is_the_generated_one():
 
 
 def test_every_key_of_every_task_is_on_the_page():
-    from emarule.tasks.registry import REGISTRY
+    from emarule.registry import REGISTRY
 
     text = keys.PAGE.read_text(encoding="utf-8")
     for spec in REGISTRY.values():

@@ -132,7 +132,7 @@ def test_tasks_and_the_engine_read_the_typed_config_not_spec_keys():
     import ast
 
     from emarule.config.schema import COMMON
-    from emarule.tasks.registry import REGISTRY
+    from emarule.registry import REGISTRY
 
     sections = set(COMMON) | {s for t in REGISTRY.values() for s in t.config}
     found = []

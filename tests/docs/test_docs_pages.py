@@ -29,5 +29,5 @@ def test_the_readme_links_every_page_and_answers_the_four_where_questions():
     for spec in SPECS:
         assert f"emarule/experiments/{spec.stem}.md" in text
     layout = text[text.index("## Layout"):]
-    for path in ("engine/schedules.py", "tasks/registry.py", "engine/clock.py", "experiments/<name>.yaml"):
+    for path in ("engine/schedules.py", "registry/__init__.py", "engine/clock.py", "experiments/<name>.yaml"):
         assert path in layout

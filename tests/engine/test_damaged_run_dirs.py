@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from emarule.cli import checks
+from emarule.request import checks
 from emarule.engine.runlock import LOCK, DirLock
 from emarule.errors import UserError
 from cli_util import invoke, one_line_error, snapshot

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from emarule.engine import checkpoint, loop as train
-from emarule.cli import checks
+from emarule.request import checks
 from emarule.errors import UserError
 from emarule.engine.rundir import HPARAMS, METRICS, UNSAVED, DiskFull, MetricsLog
 from tests.engine_util import ROOT, env, load_checkpoint, run_toy, tensors_equal, toy_spec, write_spec

@@ -226,10 +226,10 @@ def test_a_bad_file_one_rank_meets_ends_every_process_with_its_line(tmp_path):
 WEIGHTS = """import json, sys
 from emarule.engine import distributed, loop
 step = loop.optimizer_step
-def record(run, micro, measures, global_measure, *a, **k):
+def record(run, batch, *a, **k):
     with open(sys.argv[1] + f".{distributed.rank()}", "a") as f:
-        f.write(json.dumps([run.clock.step, [m / global_measure for m in measures]]) + "\\n")
-    return step(run, micro, measures, global_measure, *a, **k)
+        f.write(json.dumps([run.clock.step, [m / batch.measure for m in batch.measures]]) + "\\n")
+    return step(run, batch, *a, **k)
 loop.optimizer_step = record
 from emarule.cli.main import main
 main(sys.argv[2:])

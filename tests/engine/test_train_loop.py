@@ -302,7 +302,7 @@ def test_run_says_what_plan_warns_about(tmp_path):
 
 
 def test_total_norm_is_torchs_get_total_norm_bit_for_bit():
-    from emarule.engine.loop import total_norm
+    from emarule.engine.step import total_norm
 
     gen = torch.Generator().manual_seed(0)
     for n in (1, 7, 45):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from cli_util import invoke
-from emarule.engine import loop
+from emarule.engine import step
 from emarule.speech import pseudo_label
 
 # no randomness in the forward pass: the two runs differ only in how the batch is cut
@@ -25,7 +25,7 @@ class LabelingFromTheStart(pseudo_label.Phase):
 def first_step(monkeypatch, out, experiment: str, *extra) -> tuple[torch.Tensor, dict]:
     """The first step's accumulated gradient, all parameters flattened, and its train row."""
     grads = []
-    clip = loop.clip_gradients
+    clip = step.clip_gradients
 
     def capture(params, aux_ids, max_norm):
         if not grads:
@@ -33,7 +33,7 @@ def first_step(monkeypatch, out, experiment: str, *extra) -> tuple[torch.Tensor,
                                     for p in params]))
         return clip(params, aux_ids, max_norm)
 
-    monkeypatch.setattr(loop, "clip_gradients", capture)
+    monkeypatch.setattr(step, "clip_gradients", capture)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one summation order for both runs
     try:

@@ -181,7 +181,7 @@ def test_probe_is_outside_the_run_optimizer():
 
 
 def test_gradient_clipping_leaves_the_aux_group_out():
-    from emarule.engine import loop as T
+    from emarule.engine import step as T
 
     torch.manual_seed(0)
     model = torch.nn.ModuleDict({"body": torch.nn.Linear(4, 1), "probe": torch.nn.Linear(4, 1)})

@@ -9,7 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from emarule.cli import checks
+from emarule.request import checks
 from emarule.cli.main import app
 from emarule.engine.context import RunContext
 from emarule.errors import UserError

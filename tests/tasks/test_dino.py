@@ -300,7 +300,7 @@ def test_tiny_preset_kappa2_logs_what_the_issue_asks(tmp_path):
     h = json.loads((out / "hparams.json").read_text())
     assert h["task"]["task"] == "dino" and h["hyperparameters"]["dino.center_momentum"]["scaled"] == 0.9
     # `sweep --metric` is checked against the registry's metrics before training: they must be what a run logs
-    from emarule.cli import checks
+    from emarule.request import checks
 
     logged = {k.removeprefix("ema_") for r in rows for k in r}
     assert {*checks.LOOP_METRICS, *checks.TASK_METRICS["dino"]} <= logged

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from cli_util import one_line_error
 from engine_util import native_bf16
 
-from emarule.cli import checks
+from emarule.request import checks
 from emarule.cli.main import app
 from emarule.engine.context import RunContext
 from emarule.errors import UserError

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Callable
 
 from emarule import extras
-from emarule.cli import checks
+from emarule.request import checks
 from emarule.errors import UserError
 from emarule.analysis.reproduce import ledger, report as R
 from emarule.analysis.reproduce.claims import FAMILIES, FULL, PROBES, Family, headline_only
 from emarule.engine.rundir import atomic_write_text, read_json
-from emarule.tasks import registry
+from emarule import registry
 
 STUDY_SPEC = "reproduce-spec.json"  # the spec a study's results.json was computed with
 
@@ -88,7 +88,7 @@ def refuse_foreign(root: Path, family: Family) -> None:
 
 def command_text(family: Family, preset: str | None, seeds: tuple | None, kappas: list[float] | None,
                  out: Path, data: Path | None, headline: bool = False) -> str:
-    from emarule.cli.seeds import seeds_text
+    from emarule.request.seeds import seeds_text
 
     parts = ["emarule", "reproduce", family.name] + (["--headline"] if headline else [])
     if preset is not None:
@@ -108,7 +108,7 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
               headline: bool = False, executor=None) -> dict:
     """`resolver(experiment, preset)` → `resolve_run(kappa, rule, baseline, arm=None)` as `emarule sweep`
     builds it; an arm (`claims.Arm`) adds its --set overrides and --progressive schedule. `seeds`: the
-    seeds (`emarule.cli.seeds.parse_seeds`), None for the family's default. `executor`
+    seeds (`emarule.request.seeds.parse_seeds`), None for the family's default. `executor`
     (`emarule.analysis.executors.Executor`): where a sweep family's runs train."""
     family = family_of(name)
     if executor is not None and executor.submits and family.kind != "sweep":
@@ -225,7 +225,7 @@ def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, r
            jobs: int | None = None, on_run_end: Callable[[], None] | None = None, executor=None) -> tuple | None:
     from emarule import tasks
     from emarule.analysis import sweep
-    from emarule.cli.seeds import seeds_label
+    from emarule.request.seeds import seeds_label
 
     runs = sweep.plan_runs(args["kappas"], ["exponential", None], args["seeds"], family.arms)
     # The sweep's own comparison on the target model's metric, which every run logs from its first

@@ -60,7 +60,7 @@ def resolved(name: str, *, preset: str | None = None, seeds=None, kappas=None, h
 def parse_command(command: str) -> dict | None:
     """`resolved` for an `emarule reproduce ...` command text as `command.command_text` writes it; None if it
     is not one (or names what cannot be parsed)."""
-    from emarule.cli.seeds import parse_seeds
+    from emarule.request.seeds import parse_seeds
     from emarule.errors import UserError
 
     try:

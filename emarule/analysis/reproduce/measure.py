@@ -48,7 +48,7 @@ def metric_table(metric: Metric, base: list, settings: dict, until: float | None
     if not bgrid:
         raise UserError(f"the baseline runs logged no {metric.name!r} values in common; "
                         f"check {base[0].path if base else 'the run directories'}/metrics.jsonl")
-    base_stopped = [stopped_early(r) for r in base]
+    base_stopped = [r.stopped_early() for r in base]
     finals = finals_of(base_curves, base_stopped)
     by_seed = {r.seed: c for r, c in zip(base, base_curves, strict=True)}
     final_of = {r.seed: f for r, f in zip(base, finals, strict=True)}
@@ -58,7 +58,7 @@ def metric_table(metric: Metric, base: list, settings: dict, until: float | None
     for (k, rule), rs in settings.items():
         # Paired: each run against its own seed's baseline; a run whose seed has no baseline is left out.
         rs = [r for r in rs if r.seed in by_seed]
-        curves, stopped = [curve(r) for r in rs], [stopped_early(r) for r in rs]
+        curves, stopped = [curve(r) for r in rs], [r.stopped_early() for r in rs]
         rows[(rule, k)] = {"gaps": V.paired_gaps(curves, [by_seed[r.seed] for r in rs], stopped), "stopped": stopped,
                            "unpaired": V.gaps(curves, (bgrid, bmean), stopped),
                            "finals": finals_of(curves, stopped),
@@ -89,15 +89,9 @@ def finals_of(curves: list, stopped: list) -> list:
 
 
 def stopped_early(run) -> bool | None:
-    """Whether the run's log ends before its planned end (`total` in hparams.json, in the batch unit: samples,
-    or seconds of audio, logged as `seconds_seen`): a run that diverged or is still training. None where the
-    run does not record its end."""
-    total = V.finite_number(run.hparams.get("total"))
-    unit = run.hparams.get("batch_unit") or "samples"
-    seen = [x for x in (V.finite_number(r.get(f"{unit}_seen")) for r in run.rows) if x is not None]
-    if total is None or not seen:
-        return None
-    return max(seen) < total * (1 - 1e-9)
+    """Whether the run's log ends before its planned end; None where the run does not record its end
+    (`compare.Run.stopped_early`, which memoises it)."""
+    return run.stopped_early()
 
 
 def measure(family: Family, runs: list, arms: dict | None = None) -> dict:

@@ -134,7 +134,7 @@ def markdown(data: dict, family) -> str:
     lines = [f"# Reproduction: {family.name} ({family.experiment}, {family.section})", "",
              f"Command: `{data['command']}`", ""]
     if data.get("seeds"):
-        from emarule.cli.seeds import seeds_label
+        from emarule.request.seeds import seeds_label
 
         lines += [f"Seeds: {seeds_label(data['seeds'])} ({len(data['seeds'])}); every setting's run of a seed is "
                   f"compared with that seed's baseline.", ""]

@@ -120,7 +120,7 @@ def _root(folder: Path, family: Family, headline: bool = False) -> Root:
 
 
 def _seeds(seeds) -> str:
-    from emarule.cli.seeds import seeds_label
+    from emarule.request.seeds import seeds_label
 
     return seeds_label(tuple(seeds)) if seeds else "—"
 

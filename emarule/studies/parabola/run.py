@@ -18,7 +18,7 @@ from rich.table import Table
 
 from emarule.engine.context import RunContext
 from emarule.errors import UserError
-from emarule.cli.render import print_and_save, wide_console
+from emarule.console import print_and_save, wide_console
 from emarule.studies.parabola.momenta import CONVENTIONS
 from emarule.studies.parabola.problem import Problem
 from emarule.studies.parabola.study import Settings, steps_of

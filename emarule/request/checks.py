@@ -14,12 +14,12 @@ import tempfile
 from pathlib import Path
 
 from emarule import extras
-from emarule.cli import suggest
+from emarule.request import suggest
 from emarule.errors import UserError
-from emarule.engine.rundir import CHECKPOINT, HPARAMS, METRICS, STUDY_RECORD, UNSAVED
+from emarule.engine.rundir import CHECKPOINT, HPARAMS, METRICS, STUDY_RECORD, UNSAVED, holds_a_run, nothing_to_resume
 from emarule.engine.runlock import check_free
 from emarule.config.schema import get, task_keys, value
-from emarule.tasks import registry
+from emarule import registry
 
 # data.source values that ship with the package or are generated: there is nothing for --data to
 # point at. The one list of them (the schema lists every source a task accepts).
@@ -49,7 +49,7 @@ def __getattr__(name: str):
         return frozenset(t.name for t in registry.REGISTRY.values() if t.kind == "study")
     if name == "TASK_METRICS":
         return {t.name: t.metrics for t in registry.training()}
-    raise AttributeError(f"module 'emarule.cli.checks' has no attribute {name!r}")
+    raise AttributeError(f"module 'emarule.request.checks' has no attribute {name!r}")
 
 
 def _existing_ancestor(p: Path) -> Path:
@@ -167,10 +167,9 @@ def run_dir(out: Path, resume: bool) -> None:
             if record:
                 raise UserError(f"--resume: no checkpoint in {out} (it holds {' and '.join(record)} of a run that "
                                 f"cannot be continued); pass --out NEW_DIR to start a new run, or delete {out}")
-            raise UserError(f"--resume: no checkpoint in {out}; drop --resume to start the run from scratch")
+            raise nothing_to_resume(out)
     elif (out / CHECKPOINT).exists():
-        raise UserError(f"{out} already holds a run (checkpoint.pt); pass --resume to continue it or "
-                        f"--out NEW_DIR to start another")
+        raise holds_a_run(out)
     elif record:
         raise UserError(f"{out} already holds a run ({' and '.join(record)}, no checkpoint to resume from); "
                         f"pass --out NEW_DIR to start another, or delete {out} to start over")
@@ -269,7 +268,7 @@ def whole_batches(spec: dict, plan, batch_size: float | None, runs: bool, batch_
 def _exact(x: float) -> str:
     """x as `:g` writes it where that is x (2.3), else every digit it needs (2.0000001, not 2): a message
     about a batch a hair from a whole number must not print the whole number."""
-    from emarule.cli.render import exact
+    from emarule.console import exact
 
     short = f"{x:g}"
     return short if float(short) == float(x) else exact(x)
@@ -343,7 +342,7 @@ def batch_multiple(spec: dict) -> int:
     """What every Progressive Scaling ramp batch of a run launched here is a multiple of, so that it splits over
     the run's processes: its world size (1 for one process). A micro-batch needs no multiple: a rank's share
     splits into micro-batches that differ by at most one sample. A study trains no batches (and imports no torch)."""
-    from emarule.tasks import registry
+    from emarule import registry
 
     task = registry.lookup(spec.get("task"))
     if task is None or task.kind != "training":

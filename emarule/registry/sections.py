@@ -1,6 +1,6 @@
 """Each task's own spec sections (`model`, `data` and its named section), torch-free.
 
-A task's `TaskSpec` (emarule/tasks/registry.py) points at its constant here, so that a spec is checked and
+A task's `TaskSpec` (emarule/registry/__init__.py) points at its constant here, so that a spec is checked and
 planned without importing the task module, which may import torch. The sections every spec shares are
 `schema.COMMON`.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from emarule.config.schema import (NONNEG, POSITIVE, SKIP_BAD_ITEMS, Field, flag, integer, momentum, num, numlist,
+from emarule.registry.fields import (NONNEG, POSITIVE, SKIP_BAD_ITEMS, Field, flag, integer, momentum, num, numlist,
                                    text, with_defaults)
 
 # The vision tasks' data.augment_on (emarule/vision/device_views.py)

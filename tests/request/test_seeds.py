@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from emarule.cli.main import app
 from emarule.errors import UserError
-from emarule.cli.seeds import MAX_SEED, MAX_SEEDS, parse_seeds, seeds_label, seeds_text
+from emarule.request.seeds import MAX_SEED, MAX_SEEDS, parse_seeds, seeds_label, seeds_text
 from emarule.analysis.sweep import plan_runs
 
 runner = CliRunner()

@@ -15,7 +15,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from emarule.config import tasks as keys
+from emarule.registry import sections as keys
 
 KINDS = ("training", "study")
 
@@ -26,7 +26,7 @@ class TaskSpec:
     kind: str  # training: `builder(ctx)` returns the TaskParts the engine trains; study: `builder(ctx)` runs it
     module: str  # dotted module path, imported only when the task runs
     builder: str  # the function of `module`: build (training) or run (study)
-    config: dict[str, Any] = field(default_factory=dict)  # its own spec sections (emarule/config/tasks.py)
+    config: dict[str, Any] = field(default_factory=dict)  # its own spec sections (emarule/registry/sections.py)
     units: tuple[str, ...] = ("samples",)  # the batch.unit values it batches by; a run with another is refused
     metrics: tuple[str, ...] = ()  # what it logs besides the loop's loss and grad_norm (ema_ and /split aside)
     # those of `metrics` scored on every EMA too (ema_X, ema_X/<ρ> for each ema.also) and, with data.eval_splits,

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from emarule.cli.main import app
 from emarule.config.schema import num
-from emarule.tasks import registry
-from emarule.tasks.registry import TaskSpec
+from emarule import registry
+from emarule.registry import TaskSpec
 
 FAMILY = '''
 import torch
@@ -92,7 +92,7 @@ def test_a_new_family_is_one_module_one_registry_line_and_one_yaml(mini_family, 
 
 def test_every_list_of_tasks_derives_from_the_registry():
     import emarule.tasks
-    from emarule.cli import checks
+    from emarule.request import checks
 
     assert emarule.tasks.RUNNABLE_TASKS == tuple(registry.REGISTRY)
     assert checks.STUDIES == {"parabola", "precision"}
