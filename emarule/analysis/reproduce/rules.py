@@ -2,7 +2,8 @@
 
 Every effect handed to `decide` is one number per seed, signed so that the paper's direction is positive,
 and in units of the family's baseline pair spread (so a margin of 1 is one spread). The rules, fixed before
-any reproduction is judged by them, are written in docs/reproduce.md ("Rules by claim shape") and applied here exactly as written:
+any reproduction is judged by them, are written in docs/reproduce.md ("Rules by claim shape") and applied
+here exactly as written:
 
     directional    reproduced     CI95 lies above the size the claim states (0 where it states none)
                    contradicted   CI95 lies below 0 (the opposite effect), or TOST shows |effect| < margin
@@ -16,10 +17,10 @@ any reproduction is judged by them, are written in docs/reproduce.md ("Rules by 
                    otherwise      not reproduced at this preset, with the MDE
 
 CI95 and CI90 are paired Student-t intervals of the mean effect (two-sided 95 % and 90 %); a t interval keeps
-its coverage at 5 seeds, where a percentile bootstrap of the mean covers about 84 % (docs/reproduce.md ("Rules by claim shape")
-prints both, measured). The minimum detectable effect is the true effect that a one-sample t test at
-two-sided level 0.05 detects with 80 % power at the seeds run, from the effects' own standard deviation:
-(t₀.₉₇₅ + t₀.₈₀) · sd / √n, on n − 1 degrees of freedom.
+its coverage at 5 seeds, where a percentile bootstrap of the mean covers about 84 % (docs/reproduce.md,
+"Rules by claim shape", prints both, measured). The minimum detectable effect is the true effect that a
+one-sample t test at two-sided level 0.05 detects with 80 % power at the seeds run, from the effects' own
+standard deviation: (t₀.₉₇₅ + t₀.₈₀) · sd / √n, on n − 1 degrees of freedom.
 
 A claim that joins parts ("with the rule the EMA matches, without it it does not") is judged on each part:
 reproduced only when every part is, contradicted when any part is, otherwise not reproduced.
