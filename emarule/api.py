@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from emarule.errors import UserError
+from emarule.errors import UserError, UserTypeError
 from emarule.scaling import Plan, kappa_from
 from emarule.scaling import plan as _plan
 from emarule.scaling import progressive as _progressive
@@ -85,6 +85,9 @@ def plan_at(plan: Plan, samples_seen: float, samples_per_epoch: float | None = N
     The result's `["batch_size"]` is the batch to draw next and every other value is re-derived
     for its κ. A plan without stages (constant κ) is returned as is.
     """
+    if not isinstance(plan, Plan):
+        raise UserTypeError(f"plan must be the Plan that emarule.scale returns, got {type(plan).__name__}; pass "
+                            f"plan_at(emarule.scale(spec, kappa), samples_seen)")
     seen = _real("samples_seen", samples_seen)
     if not 0 <= seen < math.inf:
         raise UserError(f"samples_seen must be finite and ≥ 0, got {samples_seen!r}")
@@ -111,18 +114,25 @@ def plan_at(plan: Plan, samples_seen: float, samples_per_epoch: float | None = N
 
 def _real(name: str, value: Any) -> float:
     """A number as a float: Python's, NumPy's, or a one-element tensor or array; anything else is refused by
-    its type."""
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return float(value)
+    its type, and an integer beyond a float's range by its size."""
+    v = value
     item = getattr(value, "item", None)
-    if callable(item) and not isinstance(value, (str, bytes)):
+    if not isinstance(value, numbers.Real) and callable(item) and not isinstance(value, (str, bytes)):
         try:
             v = item()
         except (ValueError, RuntimeError, TypeError):  # more than one element
             v = None
-        if isinstance(v, numbers.Real) and not isinstance(v, bool):
+    if isinstance(v, numbers.Real) and not isinstance(v, bool):
+        try:
             return float(v)
-    raise UserError(f"{name} must be a number, got {value!r} (a {type(value).__name__})")
+        except OverflowError:
+            raise UserError(f"{name} must be finite, got an integer of {len(str(v))} digits") from None
+    raise UserTypeError(f"{name} must be a number, got {_short(value)} (a {type(value).__name__})")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}…"
 
 
 def _positive(name: str, value: Any) -> float:
@@ -140,15 +150,22 @@ def _load(spec: str | os.PathLike | Mapping) -> dict:
     if isinstance(spec, str):
         looks_like_path = spec.endswith(YAML_SUFFIXES) or os.sep in spec or "/" in spec
         return load_spec(path=Path(spec)) if looks_like_path else load_spec(spec)
-    raise UserError(f"spec must be an experiment name, a YAML path or a dict, got {type(spec).__name__}")
+    raise UserTypeError(f"spec must be an experiment name, a YAML path or a dict, got {type(spec).__name__}")
 
 
-def _plain(x: Any) -> Any:
-    """Mappings to dicts and tuples to lists: the shapes the schema checks (torch writes betas as a tuple)."""
-    if isinstance(x, Mapping):
-        return {k: _plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
+def _plain(x: Any, where: str = "", inside: tuple = ()) -> Any:
+    """Mappings to dicts, tuples to lists and NumPy scalars to Python's: the shapes the schema checks (torch
+    writes betas as a tuple). A dict or list that holds itself is refused by the key where it does."""
+    if isinstance(x, (Mapping, list, tuple)):
+        if id(x) in inside:
+            raise UserError(f"spec key {where or '(top)'} holds a dict or list it is itself inside (a loop); give "
+                            f"a tree of plain values")
+        inside = (*inside, id(x))
+        if isinstance(x, Mapping):
+            return {k: _plain(v, f"{where}.{k}" if where else str(k), inside) for k, v in x.items()}
+        return [_plain(v, f"{where}[{i}]", inside) for i, v in enumerate(x)]
+    if type(x).__module__ == "numpy" and callable(getattr(x, "item", None)) and getattr(x, "ndim", None) == 0:
+        return x.item()
     return copy.deepcopy(x)
 
 
@@ -173,7 +190,8 @@ def _schedule(progressive: str | Mapping | None) -> dict | None:
     if isinstance(progressive, str):
         return _progressive.parse(progressive)
     if not isinstance(progressive, Mapping):
-        raise UserError(f"progressive must be a string such as 'step:30' or a dict, got {type(progressive).__name__}")
+        raise UserTypeError(f"progressive must be a string such as 'step:30' or a dict, got "
+                            f"{type(progressive).__name__}")
     sched = _plain(progressive)
     err = check_tree("progressive", sched, PROGRESSIVE)
     if err:

@@ -421,3 +421,49 @@ def test_a_missing_name_lists_what_the_plan_holds():
     with pytest.raises(KeyError, match="'optimizer.momentum' is not in this plan; it holds batch_size, "):
         plan["optimizer.momentum"]
     assert plan.get("optimizer.momentum") is None
+
+
+# -- every argument checked where it enters: a named ValueError or TypeError, never Python's or torch's own ------
+
+
+@pytest.mark.parametrize("call, kind, message", [
+    (lambda: emarule.scale(ADAMW, 10**400), ValueError, "kappa must be finite, got an integer of 401 digits"),
+    (lambda: emarule.scale(ADAMW, batch_size=-(10**400)), ValueError, "batch_size must be finite"),
+    (lambda: emarule.plan_at({"stages": []}, 0), TypeError, "plan must be the Plan that emarule.scale returns"),
+    (lambda: emarule.plan_at(emarule.scale(ADAMW, 2), [1, 2]), TypeError, "samples_seen must be a number"),
+    (lambda: emarule.scale(ADAMW, 2, progressive=3), TypeError, "progressive must be a string"),
+])
+def test_bad_api_arguments_raise_named_value_or_type_errors(call, kind, message):
+    with pytest.raises(kind, match=re.escape(message)) as e:
+        call()
+    assert isinstance(e.value, emarule.UserError)
+
+
+def test_user_error_is_a_value_error():
+    with pytest.raises(ValueError, match="kappa must be finite and > 0"):
+        emarule.scale(ADAMW, -1)
+
+
+def test_a_spec_that_holds_itself_is_refused_by_its_key():
+    spec = {"batch": {"size": 256}, "optimizer": {"name": "sgd", "lr": 0.1}}
+    spec["optimizer"]["again"] = spec
+    assert api_error(spec, 2).startswith("spec key optimizer.again holds a dict or list it is itself inside")
+
+
+def test_numpy_numbers_inside_a_dict_spec_are_numbers():
+    np = pytest.importorskip("numpy")
+    spec = {"batch": {"size": np.int64(256)}, "optimizer": {"name": "sgd", "lr": np.float32(0.5)}}
+    assert emarule.scale(spec, batch_size=np.int64(512))["optimizer.lr"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("call, kind, message", [
+    (lambda m: emarule.ModelEma(m, 0.99, device="nonsense"), ValueError, "device 'nonsense' is not a device"),
+    (lambda m: emarule.ModelEma(m, 0.99, device=[0]), TypeError, "device must be a torch.device"),
+    (lambda m: emarule.ModelEma(m, 0.99).update(m.state_dict()), TypeError, "got OrderedDict (a state_dict"),
+    (lambda m: emarule.ModelEma(m, 0.99).copy_from(None), TypeError, "model must be the nn.Module"),
+    (lambda m: emarule.PowerEma(m, snapshot_every=10).update({}, batch_size=2), TypeError, "model must be"),
+    (lambda m: emarule.PowerEma(m, snapshot_every=10, snapshot_dir=3), TypeError, "snapshot_dir must be"),
+])
+def test_bad_ema_arguments_are_refused_by_name(call, kind, message):
+    with pytest.raises(kind, match=re.escape(message)):
+        call(nn.Linear(2, 2))

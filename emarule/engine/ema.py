@@ -94,6 +94,62 @@ def _dtype(value) -> torch.dtype:
     raise ValueError(f"dtype {value!r} is not a shadow dtype: use one of {', '.join(DTYPES)} (or the torch dtype)")
 
 
+def _device(value) -> torch.device | None:
+    """The device the shadow is kept on, refused here when torch cannot name or reach it."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, torch.device, int)) or isinstance(value, bool):
+        raise TypeError(f"device must be a torch.device or its name ('cpu', 'cuda:0'), got {type(value).__name__}")
+    try:
+        device = torch.device(value)
+    except (RuntimeError, ValueError, TypeError):
+        raise ValueError(f"device {value!r} is not a device torch knows: give 'cpu', 'cuda', 'cuda:N' or a "
+                         f"torch.device") from None
+    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
+        raise ValueError(f"device {value!r}: no such CUDA device here ({torch.cuda.device_count()} visible); give "
+                         f"'cpu' or a visible GPU")
+    return device
+
+
+def _module(model, what: str) -> nn.Module:
+    """`model` unwrapped, or a TypeError naming what was given instead (a state_dict is the usual mistake)."""
+    if not isinstance(model, nn.Module):
+        hint = " (a state_dict: pass the model itself)" if isinstance(model, Mapping) else ""
+        raise TypeError(f"{what}: model must be the nn.Module whose weights are averaged, got "
+                        f"{type(model).__name__}{hint}")
+    return unwrap(model)
+
+
+class StateMismatch(ValueError, RuntimeError):
+    """A state that is not this EMA's: a ValueError for the API's callers, a RuntimeError as torch's
+    load_state_dict raises for the same problem."""
+
+
+def _count(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != value or value < 0 \
+            or float(value) != int(value):
+        raise StateMismatch(f"the saved EMA state's {name} must be a whole number ≥ 0, got {value!r}; load a "
+                            f"state_dict() that an EMA saved")
+    return int(value)
+
+
+def _saved_clock(state) -> dict:
+    """The clock of a saved extra state, checked in full before any of it is applied."""
+    if not isinstance(state, Mapping):
+        raise StateMismatch(f"the saved EMA state (_extra_state) must be a dict, got {type(state).__name__}; load a "
+                            f"state_dict() that an EMA saved")
+    try:
+        seen = _number("samples_seen", state.get("samples_seen"), strict=False, optional=True)
+        pending = _number("pending", state.get("pending", 0.0), strict=False)
+    except ValueError as e:
+        raise StateMismatch(f"the saved EMA state's {e}; load a state_dict() that an EMA saved") from None
+    given = state.get("dtype_given")
+    if given is not None and not isinstance(given, bool):
+        raise StateMismatch(f"the saved EMA state's dtype_given must be True or False, got {given!r}")
+    return {"samples_seen": seen, "pending": pending, "calls": _count("calls", state.get("calls", 0)),
+            "updates": _count("updates", state.get("updates", 0)), "dtype_given": given}
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return next(k for k, v in DTYPES.items() if v == dtype)
 
@@ -154,6 +210,33 @@ def _default_dtype(model: nn.Module) -> torch.dtype:
     return torch.float64 if wide else torch.float32
 
 
+def _checked_settings(s: Mapping, saved: bool) -> dict:
+    """Every setting checked and normalised. A `saved` momentum may be 1: set_momentum accepts it, and a state
+    it wrote must load again."""
+    base = _number("base_batch_size", s["base_batch_size"], optional=True)
+    if s["buffers"] not in BUFFER_MODES:
+        raise ValueError(f"buffers must be one of {', '.join(BUFFER_MODES)}, got {s['buffers']!r}")
+    if s["schedule"] not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {s['schedule']!r}")
+    power = _number("warmup_power", s["warmup_power"], optional=True)
+    total = _number("total_samples", s["total_samples"], optional=True)
+    if s["schedule"] == "cosine" and total is None:
+        raise ValueError("schedule='cosine' ramps ρ to 1 over the run: give total_samples, the global samples "
+                         "the run will see")
+    if base is None and (power is not None or s["schedule"] != "constant"):
+        raise ValueError("a momentum schedule counts steps at the base batch: give base_batch_size (your "
+                         "batch, if you do not scale)")
+    every = s["every"]
+    if isinstance(every, bool) or not isinstance(every, numbers.Integral) or every < 1:
+        raise ValueError(f"every must be a whole number of calls ≥ 1, got {every!r}")
+    values = {"momentum": _momentum(s["momentum"], allow_one=saved), "base_batch_size": base,
+              "dtype": _dtype(s["dtype"]),
+              "start_samples": _number("start_samples", s["start_samples"], strict=False),
+              "warmup_power": power, "warmup_gamma": _number("warmup_gamma", s["warmup_gamma"]),
+              "schedule": s["schedule"], "total_samples": total, "every": int(every), "buffers": s["buffers"]}
+    return values
+
+
 class ModelEma(nn.Module):
     """EMA copy of `model`. Calling it runs the averaged model; `ema.module` is that model.
 
@@ -168,8 +251,8 @@ class ModelEma(nn.Module):
                  dtype: torch.dtype | str | None = None, device: torch.device | str | None = None,
                  exclude: Iterable[str] | Callable[[str], bool] | None = None):
         super().__init__()
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"model must be the nn.Module whose weights are averaged, got {type(model).__name__}")
+        _module(model, "ModelEma")
+        device = _device(device)
         if start_steps is not None and start_samples != 0:
             raise ValueError("give start_steps (steps at the base batch) or start_samples, not both")
         # an explicit dtype is where the averaged model runs: BatchNorm's statistics must follow it
@@ -230,30 +313,8 @@ class ModelEma(nn.Module):
     # -- settings and state ----------------------------------------------------------------------
 
     def _set(self, s: Mapping, *, saved: bool = False) -> None:
-        """Check every setting, then apply them all (nothing changes on bad input). A `saved` momentum
-        may be 1: set_momentum accepts it, and a state it wrote must load again."""
-        base = _number("base_batch_size", s["base_batch_size"], optional=True)
-        if s["buffers"] not in BUFFER_MODES:
-            raise ValueError(f"buffers must be one of {', '.join(BUFFER_MODES)}, got {s['buffers']!r}")
-        if s["schedule"] not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {s['schedule']!r}")
-        power = _number("warmup_power", s["warmup_power"], optional=True)
-        total = _number("total_samples", s["total_samples"], optional=True)
-        if s["schedule"] == "cosine" and total is None:
-            raise ValueError("schedule='cosine' ramps ρ to 1 over the run: give total_samples, the global samples "
-                             "the run will see")
-        if base is None and (power is not None or s["schedule"] != "constant"):
-            raise ValueError("a momentum schedule counts steps at the base batch: give base_batch_size (your "
-                             "batch, if you do not scale)")
-        every = s["every"]
-        if isinstance(every, bool) or not isinstance(every, numbers.Integral) or every < 1:
-            raise ValueError(f"every must be a whole number of calls ≥ 1, got {every!r}")
-        values = {"momentum": _momentum(s["momentum"], allow_one=saved), "base_batch_size": base,
-                  "dtype": _dtype(s["dtype"]),
-                  "start_samples": _number("start_samples", s["start_samples"], strict=False),
-                  "warmup_power": power, "warmup_gamma": _number("warmup_gamma", s["warmup_gamma"]),
-                  "schedule": s["schedule"], "total_samples": total, "every": int(every), "buffers": s["buffers"]}
-        for k, v in values.items():
+        """Check every setting, then apply them all (nothing changes on bad input)."""
+        for k, v in _checked_settings(s, saved).items():
             object.__setattr__(self, k, v)
 
     def settings(self) -> dict:
@@ -265,14 +326,19 @@ class ModelEma(nn.Module):
                 "pending": self._pending, "calls": self._calls, "updates": self.updates}
 
     def set_extra_state(self, state: Mapping) -> None:
-        """The saved settings win over the constructor's: buffers mode, dtype and clock included."""
-        self._set({**self.settings(), **{k: state[k] for k in SETTINGS if k in state}}, saved=True)
+        """The saved settings win over the constructor's: buffers mode, dtype and clock included. All of it is
+        checked before any of it is applied."""
+        clock = _saved_clock(state)
+        try:
+            self._set({**self.settings(), **{k: state[k] for k in SETTINGS if k in state}}, saved=True)
+        except ValueError as e:
+            raise StateMismatch(f"the saved EMA state's {e}; load a state_dict() that an EMA saved") from None
         # a dict without the flag: a bfloat16 or float16 shadow can only have been asked for
         low = "dtype" in state and torch.finfo(self.dtype).bits < 32
-        self._dtype_given = bool(state.get("dtype_given", self._dtype_given or low))
-        self._last = state.get("samples_seen")
-        self._pending = float(state.get("pending", 0.0))
-        self._calls, self.updates = int(state.get("calls", 0)), int(state.get("updates", 0))
+        self._dtype_given = clock["dtype_given"] if clock["dtype_given"] is not None else (self._dtype_given or low)
+        self._last = clock["samples_seen"]
+        self._pending = clock["pending"]
+        self._calls, self.updates = clock["calls"], clock["updates"]
         with torch.no_grad():
             self._cast()
         self._sig = None
@@ -281,12 +347,25 @@ class ModelEma(nn.Module):
         """Also reads the engine's checkpoint form {"module": weights, settings...}, older dicts (no
         dtype or clock; an `updates` counter) and the whole state_dict() of timm's ModelEmaV2 or
         ModelEmaV3 (the same `module.` keys, no settings: this EMA's own are kept, with no clock)."""
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"load_state_dict takes the dict that state_dict() or checkpoint() returned, got "
+                            f"{type(state_dict).__name__}")
         if isinstance(state_dict.get("module"), Mapping):
             state_dict = self._flat(state_dict)
         elif "_extra_state" not in state_dict and self._whole_foreign(state_dict):
             state_dict = {**state_dict, "_extra_state": {"samples_seen": None}}
         self._check_fits(state_dict, strict)
+        if "_extra_state" in state_dict:
+            self._check_settings(state_dict["_extra_state"])
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def _check_settings(self, state) -> None:
+        """What set_extra_state would refuse, refused before torch copies a single tensor."""
+        _saved_clock(state)
+        try:
+            _checked_settings({**self.settings(), **{k: state[k] for k in SETTINGS if k in state}}, saved=True)
+        except ValueError as e:
+            raise StateMismatch(f"the saved EMA state's {e}; load a state_dict() that an EMA saved") from None
 
     def _check_fits(self, state_dict: Mapping, strict: bool) -> None:
         """torch loads every tensor that fits before it raises for the rest: checked first, so that a refused
@@ -305,8 +384,10 @@ class ModelEma(nn.Module):
             shapes = [k for k in sorted(set(ours) & set(theirs)) if torch.is_tensor(theirs[k])
                       and torch.is_tensor(ours[k]) and theirs[k].shape != ours[k].shape]
             problems += [few("of another shape", shapes)] if shapes else []
+        foreign = sorted(k for k in theirs if k in ours and not torch.is_tensor(theirs[k]))
+        problems += [few("not tensors", foreign)] if foreign else []
         if problems:
-            raise RuntimeError(f"this state_dict is not this EMA's model: {'; '.join(problems)}; nothing was loaded "
+            raise StateMismatch(f"this state_dict is not this EMA's model: {'; '.join(problems)}; nothing was loaded "
                                f"(load one saved from an EMA of the same model, or pass strict=False to skip the "
                                f"missing and unexpected keys)")
 
@@ -389,7 +470,7 @@ class ModelEma(nn.Module):
         Every tensor of the shadow goes in, the copied ones too (BatchNorm's statistics, excluded
         tensors, integer buffers): the model's own may have moved since the last update, or belong to
         another model than the one the EMA was loaded for."""
-        self._pair(unwrap(model))
+        self._pair(_module(model, "swap_into"))
         pairs = [(e, _local(s)) for _, es, ss in self._groups for e, s in zip(es, ss, strict=True)]
         pairs += [(e, _local(s)) for e, s in self._copies]
         with torch.no_grad():
@@ -553,12 +634,13 @@ class ModelEma(nn.Module):
             raise TypeError("update() takes its clock by keyword: update(model, samples_seen=S) with S the global "
                             "samples seen, or update(model, batch_size=B); a positional value (timm passes a step) "
                             "is not read as samples")
+        source = _module(model, "update")
         rho, s, due = self._step(samples_seen, batch_size, momentum)
         if not due:
             self._calls += 1
             self._pending += float(batch_size or 0.0)
             return 1.0
-        self._pair(unwrap(model))  # raises on a model that does not match, before anything changes
+        self._pair(source)  # raises on a model that does not match, before anything changes
         self._calls += 1
         if rho == 0.0:
             self._copy()
@@ -580,7 +662,7 @@ class ModelEma(nn.Module):
     @torch.no_grad()
     def copy_from(self, model: nn.Module) -> None:
         """ζ ← θ (before accumulation starts, or to reset)."""
-        self._pair(unwrap(model))
+        self._pair(_module(model, "copy_from"))
         self._copy()
 
     def _copy(self) -> None:

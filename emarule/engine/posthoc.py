@@ -17,16 +17,17 @@ Reference with an example: docs/model-ema.md, "Post-hoc EMA".
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from emarule.engine.ema import ModelEma, _momentum, _number
+from emarule.engine.ema import ModelEma, StateMismatch, _module, _momentum, _number
 
 MAX_SIGMA_REL = 1 / math.sqrt(12)  # γ = 0, the uniform average; narrower profiles have γ > 0
 
@@ -64,6 +65,7 @@ class PowerEma(nn.Module):
                  snapshot_dir: str | os.PathLike | None = None, samples_seen: float = 0,
                  dtype: torch.dtype | str | None = None, device: torch.device | str | None = None):
         super().__init__()
+        _module(model, "PowerEma")
         if isinstance(sigma_rels, str | bytes) or not isinstance(sigma_rels, Iterable):
             raise ValueError(f"sigma_rels must be a list of relative widths, got {sigma_rels!r}")
         sigma_rels = list(sigma_rels)
@@ -73,6 +75,8 @@ class PowerEma(nn.Module):
         self.sigma_rels = [float(s) for s in sigma_rels]
         self.snapshot_every = _number("snapshot_every", snapshot_every)
         start = _number("samples_seen", samples_seen, strict=False)
+        if snapshot_dir is not None and not isinstance(snapshot_dir, str | os.PathLike):
+            raise TypeError(f"snapshot_dir must be a folder's path, got {type(snapshot_dir).__name__}")
         self.snapshot_dir = None if snapshot_dir is None else Path(snapshot_dir)
         if self.snapshot_dir is not None and not self.snapshot_dir.is_dir():
             raise ValueError(f"snapshot_dir {str(snapshot_dir)!r} is not a directory: create it first")
@@ -93,10 +97,50 @@ class PowerEma(nn.Module):
         return {"sigma_rels": self.sigma_rels, "snapshot_every": self.snapshot_every, "times": list(self.times)}
 
     def set_extra_state(self, state: dict) -> None:
-        if [float(s) for s in state["sigma_rels"]] != self.sigma_rels:
+        self.snapshot_every, self.times = self._saved_settings(state)
+
+    def _saved_settings(self, state) -> tuple[float, list[float]]:
+        """(snapshot_every, times) of a saved state, every field checked before any is applied."""
+        def bad(problem: str) -> StateMismatch:
+            return StateMismatch(f"this PowerEma state {problem}; load a state_dict() that a PowerEma saved")
+
+        if not isinstance(state, Mapping):
+            raise bad(f"is a {type(state).__name__}, not the dict of its settings")
+        missing = [k for k in ("sigma_rels", "snapshot_every", "times") if k not in state]
+        if missing:
+            raise bad(f"has no {', '.join(missing)}")
+        try:
+            saved = [_number("sigma_rels", v) for v in state["sigma_rels"]]
+            every = _number("snapshot_every", state["snapshot_every"])
+            times = [_number("times", t, strict=False) for t in state["times"]]
+        except (ValueError, TypeError) as e:
+            raise bad(f"holds a bad value: {e}") from None
+        if saved != self.sigma_rels:
             raise ValueError(f"this state tracks sigma_rels {state['sigma_rels']}, not {self.sigma_rels}: build "
                              f"the PowerEma with the saved ones")
-        self.snapshot_every, self.times = float(state["snapshot_every"]), [float(t) for t in state["times"]]
+        if not times or any(b <= a for a, b in zip(times, times[1:])):
+            raise bad("has a clock (times) that does not grow")
+        return every, times
+
+    def load_state_dict(self, state_dict: Mapping, strict: bool = True, assign: bool = False):
+        """Checked in full first (the settings, each profile's clock, every tensor's name and shape): a refused
+        state leaves this tracker as it was."""
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"load_state_dict takes the dict that state_dict() returned, got "
+                            f"{type(state_dict).__name__}")
+        self._saved_settings(state_dict.get("_extra_state"))
+        for i, ema in enumerate(self.emas):
+            prefix = f"emas.{i}."
+            ema._check_fits({k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}, strict)
+            if prefix + "_extra_state" in state_dict:
+                ema._check_settings(state_dict[prefix + "_extra_state"])
+        if strict:
+            prefixes = tuple(f"emas.{i}." for i in range(len(self.emas)))
+            extra = [k for k in state_dict if k != "_extra_state" and not k.startswith(prefixes)]
+            if extra:
+                raise StateMismatch(f"this PowerEma state holds {extra[0]!r}, which a PowerEma has not; load a "
+                                    f"state_dict() that a PowerEma of this model saved")
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     @torch.no_grad()
     def update(self, model: nn.Module, *, samples_seen: float | None = None, batch_size: float | None = None) -> None:
@@ -152,9 +196,59 @@ class PowerEma(nn.Module):
 
 
 def load_snapshots(snapshot_dir: str | os.PathLike) -> list[dict]:
-    """The snapshots a PowerEma wrote to `snapshot_dir` (tensors memory-mapped, read when used)."""
-    files = sorted(Path(snapshot_dir).glob("phema-*.pt"))
-    return [s for f in files for s in torch.load(f, mmap=True, weights_only=True)]
+    """The snapshots a PowerEma wrote to `snapshot_dir` (tensors memory-mapped, read when used). A file that is
+    not a PowerEma's snapshot (foreign, cut short) is refused by its name."""
+    if not isinstance(snapshot_dir, str | os.PathLike):
+        raise TypeError(f"snapshot_dir must be a folder's path, got {type(snapshot_dir).__name__}")
+    folder = Path(snapshot_dir)
+    if not folder.is_dir():
+        raise ValueError(f"snapshot_dir {str(snapshot_dir)!r} is not a directory: pass the folder a PowerEma wrote "
+                         f"its snapshots to")
+    out = []
+    for f in sorted(folder.glob("phema-*.pt")):
+        if not f.is_file():
+            raise ValueError(f"{f} is not a regular file: a PowerEma's snapshots are; move it out of {folder}")
+        try:
+            taken = torch.load(f, mmap=True, weights_only=True)
+        except Exception:  # torch's errors for a damaged file are of many kinds, and name zip serialization
+            raise ValueError(f"{f} cannot be read as a PowerEma snapshot (cut short, damaged, or not written by "
+                             f"PowerEma); move it out of {folder}") from None
+        if not isinstance(taken, list):
+            raise ValueError(f"{f} is not a PowerEma snapshot (it holds a {type(taken).__name__}, not a list of "
+                             f"snapshots); move it out of {folder}")
+        for snap in taken:
+            _check_snapshot(snap, str(f))
+        out += taken
+    return out
+
+
+SNAPSHOT_KEYS = {"samples_seen": numbers.Real, "sigma_rel": numbers.Real, "gamma": numbers.Real,
+                 "times": torch.Tensor, "params": list, "state": Mapping}
+
+
+def _check_snapshot(snap, where: str) -> None:
+    """A snapshot as PowerEma.snapshot makes it, or a ValueError naming `where` it came from."""
+    def bad(problem: str) -> ValueError:
+        return ValueError(f"{where}: {problem}; reconstruct from the snapshots a PowerEma took")
+
+    if not isinstance(snap, Mapping):
+        raise bad(f"a snapshot is a {type(snap).__name__}, not a dict")
+    for key, kind in SNAPSHOT_KEYS.items():
+        if not isinstance(snap.get(key), kind if key != "times" else (torch.Tensor, np.ndarray, list)):
+            raise bad(f"a snapshot's {key!r} is missing or a {type(snap.get(key)).__name__}")
+    if not all(torch.is_tensor(v) for v in snap["state"].values()):
+        raise bad("a snapshot's state holds values that are not tensors")
+
+
+def _same_model(snapshots: Sequence[dict]) -> None:
+    """Every snapshot holds the same tensors (names and shapes): a mix of two models has no combination."""
+    first = {k: tuple(v.shape) for k, v in snapshots[0]["state"].items()}
+    for snap in snapshots[1:]:
+        shapes = {k: tuple(v.shape) for k, v in snap["state"].items()}
+        if shapes != first:
+            diff = sorted(set(first) ^ set(shapes)) or sorted(k for k in first if first[k] != shapes[k])
+            raise ValueError(f"the snapshots are of different models (they differ at {diff[0]!r}): reconstruct "
+                             f"from one model's snapshots")
 
 
 def solve(snapshots: Sequence[dict], *, sigma_rel: float | None = None, momentum: float | None = None,
@@ -174,9 +268,14 @@ def solve(snapshots: Sequence[dict], *, sigma_rel: float | None = None, momentum
         base = _number("base_batch_size", base_batch_size)
     else:
         gamma = gamma_of(sigma_rel)
+    if isinstance(snapshots, str | bytes | Mapping) or not isinstance(snapshots, Iterable):
+        raise TypeError(f"snapshots must be a list of a PowerEma's snapshots, got {type(snapshots).__name__}")
     snapshots = list(snapshots)
     if not snapshots:
         raise ValueError("no snapshots: train with a PowerEma (snapshot_every=N samples) before reconstructing")
+    for i, snap in enumerate(snapshots):
+        _check_snapshot(snap, f"snapshots[{i}]")
+    _same_model(snapshots)
     last = max(s["samples_seen"] for s in snapshots)
     t_end = last if at is None else _number("at", at, strict=False)
     used = [s for s in snapshots if s["samples_seen"] <= t_end]
@@ -215,9 +314,9 @@ def reconstruct(snapshots: Sequence[dict] | str | os.PathLike, *, sigma_rel: flo
     """The model state_dict of the target EMA (see `solve`) at `at` samples, from a PowerEma's snapshots
     (a list, or the snapshot_dir). Refused when the snapshots reproduce the target's profile only to a
     relative error above `max_error`. Buffers come from the latest snapshot used."""
+    limit = _number("max_error", max_error)
     if isinstance(snapshots, str | os.PathLike):
         snapshots = load_snapshots(snapshots)
-    limit = _number("max_error", max_error)
     coef, error, used = solve(snapshots, sigma_rel=sigma_rel, momentum=momentum, base_batch_size=base_batch_size,
                               at=at)
     if error > limit:

@@ -26,7 +26,7 @@ try:
 except ImportError:  # pragma: no cover - the extra is not installed
     raise ImportError("emarule.integrations.hf needs transformers: pip install 'emarule[hf]'") from None
 
-from emarule.integrations import global_batch
+from emarule.integrations import bound_model, check_ema_args, global_batch
 
 CHECKPOINT_FILE = "ema.pt"
 TRAINER_STATE = "trainer_state.json"  # written by the Trainer into the same checkpoint folder
@@ -49,9 +49,13 @@ class EmaCallback(TrainerCallback):
     def __init__(self, momentum: float, base_batch_size: float, *, resume_from: str | None = None, **ema_kwargs):
         from emarule.engine.ema import ModelEma  # noqa: F401  (fail here, not mid-training, if torch is missing)
 
+        if resume_from is not None and not isinstance(resume_from, str | os.PathLike):
+            raise TypeError(f"resume_from must be a checkpoint folder's path, got {type(resume_from).__name__}")
         if resume_from is not None and not os.path.isfile(os.path.join(resume_from, CHECKPOINT_FILE)):
             raise FileNotFoundError(f"no {CHECKPOINT_FILE} in {resume_from}; "
                                     f"pass a checkpoint folder this callback saved")
+        check_ema_args(momentum, base_batch_size, ema_kwargs)
+        self._model: int | None = None  # the id of the model the EMA averages
         self.momentum, self.base_batch_size, self.ema_kwargs = momentum, base_batch_size, ema_kwargs
         self.resume_from = resume_from
         self.ema = None
@@ -70,19 +74,34 @@ class EmaCallback(TrainerCallback):
 
         self.global_batch = global_batch(self._batch(args, state), args.world_size, args.gradient_accumulation_steps)
         self._micro = 0
+        self._model = bound_model(self._model, model)
         if self.ema is None:
             self.ema = ModelEma(model, self.momentum, base_batch_size=self.base_batch_size, **self.ema_kwargs)
             if self.resume_from is not None:
-                import torch
-
-                self.ema.load_state_dict(torch.load(os.path.join(self.resume_from, CHECKPOINT_FILE),
-                                                    weights_only=False))
+                self._resume()
                 saved = _saved_step(self.resume_from)
                 if saved is not None and saved != state.global_step:
                     # The EMA belongs to that step's weights; a Trainer at another step trains other ones.
                     raise ValueError(f"the EMA in {self.resume_from} was saved at step {saved} but the Trainer "
                                      f"starts at step {state.global_step}: pass the same folder to "
                                      f"trainer.train(resume_from_checkpoint=...)")
+
+    def _resume(self) -> None:
+        """The saved EMA, or one error naming the file: a damaged or foreign ema.pt leaves the fresh EMA as it is."""
+        import torch
+
+        path = os.path.join(self.resume_from, CHECKPOINT_FILE)
+        try:
+            state = torch.load(path, weights_only=False)
+        except Exception:  # a cut-short or foreign file: torch's and pickle's errors are of many kinds
+            self.ema = None
+            raise ValueError(f"{path} cannot be read (cut short, damaged, or not saved by this callback); resume "
+                             f"from a checkpoint folder this callback saved") from None
+        try:
+            self.ema.load_state_dict(state)
+        except (ValueError, TypeError) as e:
+            self.ema = None
+            raise ValueError(f"{path}: {e}") from None
 
     def on_substep_end(self, args, state, control, **kwargs):
         self._micro += 1  # a micro-batch that did not end an accumulation window

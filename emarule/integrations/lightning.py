@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover - the extra is not installed
     except ImportError:
         raise ImportError("emarule.integrations.lightning needs Lightning: pip install 'emarule[lightning]'") from None
 
-from emarule.integrations import global_batch
+from emarule.integrations import bound_model, check_ema_args, global_batch
 
 
 def _per_device_batch(trainer: "pl.Trainer") -> int | None:
@@ -65,7 +65,9 @@ class EmaCallback(pl.Callback):
             global_batch(batch_size, 1, 1)
         if not isinstance(validate_with_ema, bool):
             raise ValueError(f"validate_with_ema must be True or False, got {validate_with_ema!r}")
+        check_ema_args(momentum, base_batch_size, ema_kwargs)
         self.validate_with_ema = validate_with_ema
+        self._model: int | None = None  # the id of the model the EMA averages
         self._swapped = contextlib.ExitStack()
         self.momentum, self.base_batch_size, self.batch_size = momentum, base_batch_size, batch_size
         self.ema_kwargs = ema_kwargs
@@ -84,6 +86,7 @@ class EmaCallback(pl.Callback):
     def on_fit_start(self, trainer, pl_module) -> None:
         # Not in `setup`: the strategy moves the model to its device and casts it (precision="64-true",
         # "bf16-true") between the two, and an EMA copied before would stay on the CPU in the old dtype.
+        self._model = bound_model(self._model, pl_module)
         if self.ema is None:
             from emarule import ModelEma
 
@@ -126,6 +129,10 @@ class EmaCallback(pl.Callback):
     def load_state_dict(self, state: dict) -> None:
         if not state:
             return
+        if not isinstance(state, Mapping) or not isinstance(state.get("ema"), Mapping) or isinstance(
+                state.get("last_step"), bool) or not isinstance(state.get("last_step"), int):
+            raise ValueError("the checkpoint's EmaCallback state is not one an EmaCallback saved (it needs 'ema' and "
+                             "'last_step'); resume from a checkpoint of a fit with this callback")
         if self.ema is None:  # restored before on_fit_start: applied once the EMA exists
             self._pending = state
         else:

@@ -1,6 +1,7 @@
 """emarule.engine.posthoc: power-function EMAs snapshotted in samples, any EMA reconstructed after training."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -139,3 +140,49 @@ def test_bad_tracker_settings_and_clock_are_named(tmp_path):
     with pytest.raises(ValueError, match="both must count the global batch"):
         tracker.update(model, samples_seen=12, batch_size=4)
     assert tracker.times == [0.0, 4.0] and tracker.snapshots == []
+
+
+@pytest.mark.parametrize("damage", ["cut", "foreign", "not-a-list", "other-model"])
+def test_a_snapshot_folder_with_a_damaged_or_foreign_file_is_refused_by_its_name(tmp_path, damage):
+    tracker, _, _ = train(8, snapshot_dir=tmp_path)
+    first = sorted(tmp_path.glob("phema-*.pt"))[0]
+    if damage == "cut":
+        first.write_bytes(first.read_bytes()[: first.stat().st_size // 3])
+    elif damage == "foreign":
+        first.write_bytes(b"not a snapshot")
+    elif damage == "not-a-list":
+        torch.save({"weights": torch.zeros(2)}, first)
+    else:
+        other = PowerEma(nn.Linear(5, 1), snapshot_every=EVERY)
+        other.update(nn.Linear(5, 1), samples_seen=EVERY)
+        torch.save(other.snapshots, first)
+    name = "the snapshots are of different models" if damage == "other-model" else re.escape(str(first))
+    with pytest.raises(ValueError, match=name):
+        reconstruct(tmp_path, sigma_rel=0.07)
+
+
+def test_snapshots_that_are_not_a_trackers_are_refused_in_memory():
+    tracker, _, _ = train(8)
+    with pytest.raises(ValueError, match=r"snapshots\[1\]: a snapshot's 'state' is missing"):
+        solve([tracker.snapshots[0], {"samples_seen": 1.0, "sigma_rel": 0.05, "gamma": 1.0, "times": [0.0],
+                                      "params": []}], sigma_rel=0.07)
+    with pytest.raises(TypeError, match="snapshots must be a list"):
+        solve("snapshots", sigma_rel=0.07)
+
+
+@pytest.mark.parametrize("damage", [lambda s: s.pop("_extra_state"),
+                                    lambda s: s["_extra_state"].update(times=["x"]),
+                                    lambda s: s["_extra_state"].update(times=[8.0, 4.0]),
+                                    lambda s: s.update({"emas.0.module.weight": torch.zeros(7)}),
+                                    lambda s: s["emas.1._extra_state"].update(samples_seen="a lot")])
+def test_a_bad_tracker_state_is_refused_and_changes_nothing(damage):
+    tracker, _, model = train(8)
+    state = tracker.state_dict()
+    state["_extra_state"] = dict(state["_extra_state"])
+    state["emas.1._extra_state"] = dict(state["emas.1._extra_state"])
+    damage(state)
+    fresh = PowerEma(model, (0.05, 0.10), snapshot_every=EVERY, dtype=torch.float64)
+    before = [e.module.weight.clone() for e in fresh.emas]
+    with pytest.raises(ValueError, match="state"):
+        fresh.load_state_dict(state)
+    assert fresh.times == [0.0] and all(torch.equal(b, e.module.weight) for b, e in zip(before, fresh.emas))

@@ -108,6 +108,37 @@ def test_resume_from_a_folder_without_ema_is_refused(tmp_path):
         EmaCallback(RHO, base_batch_size=BASE, resume_from=str(tmp_path))
 
 
+def test_a_callback_trained_on_one_model_refuses_another(tmp_path):
+    cb = EmaCallback(RHO, base_batch_size=BASE)
+    train(tmp_path / "a", [cb], steps=2)
+    averaged = [p.clone() for p in cb.ema.module.parameters()]
+    with pytest.raises(ValueError, match="already averages another model.*its own EmaCallback"):
+        train(tmp_path / "b", [cb], steps=2)  # a second Trainer with a new Regression
+    assert all(torch.equal(a, p) for a, p in zip(averaged, cb.ema.module.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("damage", [lambda p: p.write_bytes(p.read_bytes()[:40]),
+                                    lambda p: torch.save({"module.weight": "w"}, p)])
+def test_a_damaged_ema_file_to_resume_from_is_refused_by_its_name(tmp_path, damage):
+    cb = EmaCallback(RHO, base_batch_size=BASE)
+    train(tmp_path, [cb], steps=2, save_steps=2)
+    damage(tmp_path / "checkpoint-2" / CHECKPOINT_FILE)
+    resumed = EmaCallback(RHO, base_batch_size=BASE, resume_from=str(tmp_path / "checkpoint-2"))
+    with pytest.raises(ValueError, match=f"{tmp_path / 'checkpoint-2' / CHECKPOINT_FILE}"):
+        train(tmp_path, [resumed], steps=4, resume=str(tmp_path / "checkpoint-2"))
+
+
+@pytest.mark.parametrize("kwargs, kind, message", [
+    ({"momentum": float("nan")}, ValueError, "momentum must be a finite number"),
+    ({"base_batch_size": 0}, ValueError, "base_batch_size must be a finite number > 0"),
+    ({"every": 0}, ValueError, "every must be a whole number"),
+    ({"resume_from": 3}, TypeError, "resume_from must be a checkpoint folder's path"),
+])
+def test_bad_arguments_are_refused_when_the_callback_is_made(kwargs, kind, message):
+    with pytest.raises(kind, match=message):
+        EmaCallback(**{"momentum": RHO, "base_batch_size": BASE, **kwargs})
+
+
 @pytest.mark.slow
 def test_two_ddp_processes_give_the_ema_of_one(tmp_path):
     """A real 2-process run (torchrun, gloo) at 8 per device: the callback reads the global batch 16 from

@@ -176,3 +176,30 @@ def test_two_ddp_processes_give_the_ema_of_one(tmp_path):
     """A real 2-process run (torchrun, gloo) at 8 per device: the callback reads the global batch 16 and
     ends with the EMA of one process at 16."""
     assert_two_processes_give_the_ema_of_one("lightning_ddp_main.py", tmp_path)
+
+
+def test_a_callback_fitted_on_one_model_refuses_another():
+    cb = EmaCallback(RHO, base_batch_size=BASE)
+    fit([cb], max_steps=2)
+    averaged = [p.clone() for p in cb.ema.module.parameters()]
+    with pytest.raises(ValueError, match="already averages another model.*its own EmaCallback"):
+        fit([cb], max_steps=2)  # a new Regression
+    assert all(torch.equal(a, p) for a, p in zip(averaged, cb.ema.module.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("kwargs, kind, message", [
+    ({"momentum": 1.5}, ValueError, "momentum 1.5 is not a usable EMA momentum"),
+    ({"base_batch_size": "256"}, ValueError, "base_batch_size must be a finite number"),
+    ({"device": "nonsense"}, ValueError, "device 'nonsense'"),
+    ({"exclude": "net"}, ValueError, "exclude must be a list"),
+    ({"colour": "red"}, TypeError, "colour"),
+])
+def test_bad_arguments_are_refused_when_the_callback_is_made(kwargs, kind, message):
+    with pytest.raises(kind, match=message):
+        EmaCallback(**{"momentum": RHO, "base_batch_size": BASE, **kwargs})
+
+
+def test_a_checkpoint_state_that_is_not_the_callbacks_is_refused():
+    cb = EmaCallback(RHO, base_batch_size=BASE)
+    with pytest.raises(ValueError, match="not one an EmaCallback saved"):
+        cb.load_state_dict({"ema": "weights"})
