@@ -23,7 +23,7 @@ from emarule.scaling import Plan, kappa_from
 from emarule.scaling import plan as _plan
 from emarule.scaling import progressive as _progressive
 from emarule.config.schema import PROGRESSIVE, check_tree, get, schema_for
-from emarule.config.load import load_spec
+from emarule.config.load import load_spec, unregistered_task
 
 YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -174,7 +174,7 @@ def _from_dict(d: Mapping) -> dict:
     (no name, task or title). Errors read as the CLI's for a YAML file, without the file name."""
     spec = _plain(d)
     task = spec.get("task")
-    err = check_tree("", spec, schema_for(task if isinstance(task, str) else None))
+    err = check_tree("", spec, schema_for(task if isinstance(task, str) else None)) or unregistered_task(task)
     if err:
         raise UserError(err)
     if get(spec, "batch.size") is None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from emarule.config.files import regular_file
 from emarule.errors import UserError
 from emarule.config import constraints
 from emarule.config.schema import NAME, check_needs, check_tree, get, schema_for
@@ -194,6 +195,7 @@ def spec_path(name: str | None, path: str | os.PathLike | None) -> Path:
         p = Path(path)
         if p.is_dir():
             raise UserError(f"--spec {p} is a directory; pass the YAML spec file itself, e.g. --spec {p / 'my.yaml'}")
+        regular_file(p, "--spec", "pass the YAML spec file itself")
         if not p.is_file():
             raise UserError(f"spec file not found: {p}; pass --spec PATH to an existing YAML file")
         return p
@@ -209,6 +211,7 @@ def spec_path(name: str | None, path: str | os.PathLike | None) -> Path:
 
 
 def read_yaml(p: Path) -> dict:
+    regular_file(p, "spec", "pass the YAML spec file itself")
     try:
         data = yaml_load(p.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
@@ -310,6 +313,15 @@ def _unknown_task(spec: dict, err: str) -> str | None:
             f"fix task: in the spec")
 
 
+def unregistered_task(task) -> str | None:
+    """What is wrong with a `task:` that names no registered task (None when it names one, or is not given)."""
+    from emarule.tasks.registry import lookup, names
+
+    if task is None or (isinstance(task, str) and lookup(task) is not None):
+        return None
+    return f"task {task!r} is not a known task (known: {', '.join(sorted(names()))}); fix task: in the spec"
+
+
 _EXAMPLE = {"batch": "batch: {size: 256}", "optimizer": "optimizer: {name: sgd, lr: 0.1}",
             "ema": "ema: {momentum: 0.99}"}
 
@@ -336,6 +348,9 @@ def load_spec(
     err = check_tree("", spec, schema)
     if err:
         raise UserError(f"{p}: {_unknown_task(spec, err) or err}")
+    err = unregistered_task(task)
+    if err:
+        raise UserError(f"{p}: {err}")
     spec = copy.deepcopy(spec)
     presets = spec.pop("presets", {}) or {}
     for name, body in presets.items():

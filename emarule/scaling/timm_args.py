@@ -72,6 +72,9 @@ def _family(opt: str) -> tuple[str | None, bool]:
 def load(path: Path) -> dict:
     """args.yaml as a dict (as written: train.py's defaults fill the keys it lacks later), every key
     that is read here checked for type; one-line errors."""
+    from emarule.config.files import regular_file
+
+    regular_file(path, "--timm-args", "pass the args.yaml file that timm's train.py wrote")
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -114,9 +117,16 @@ def _check(path: Path | str, a: dict) -> None:
     for key in ("lr", "opt_eps"):
         if a[key] is not None and not _number(a[key]):
             raise bad(key, "a number or null")
-    if a["opt_betas"] is not None and not (isinstance(a["opt_betas"], list) and a["opt_betas"]
-                                           and all(_number(b) for b in a["opt_betas"])):
-        raise bad("opt_betas", "a list of numbers or null")
+    if a["opt_betas"] is not None and not (isinstance(a["opt_betas"], list) and len(a["opt_betas"]) == 2
+                                           and all(_number(b) and 0 <= b < 1 for b in a["opt_betas"])):
+        raise bad("opt_betas", "a list of two numbers in [0, 1) (β1 β2) or null")
+    # the ranges timm's optimizers (and torch's under them) accept: refused here, not when train.py starts
+    for key in ("lr_base", "lr", "opt_eps"):
+        if a[key] is not None and not a[key] > 0:
+            raise bad(key, "> 0")
+    for key in ("weight_decay", "momentum", "min_lr", "warmup_lr"):
+        if not a[key] >= 0:
+            raise bad(key, "≥ 0")
     if not isinstance(a["opt"], str) or not a["opt"]:
         raise bad("opt", "an optimizer name such as sgd or adamw")
     if a["lr_base_scale"] not in ("", "linear", "sqrt"):

@@ -94,7 +94,18 @@ CASES = [
     ("spec-is-a-directory", ["plan", "--spec", "adir", "-k", "2"], "--spec adir is a directory"),
     ("spec-unknown-task-with-model", ["plan", "--spec", "nope.yaml", "-k", "2"],
      "nope.yaml: task 'nope' is not a known task (known: byol"),
-    ("run-spec-unknown-task", ["run", "--spec", "nope-bare.yaml"], "`emarule plan --spec nope-bare.yaml --kappa K`"),
+    ("run-spec-unknown-task", ["run", "--spec", "nope-bare.yaml"], "nope-bare.yaml: task 'nope' is not a known task"),
+    ("plan-spec-unknown-task", ["plan", "--spec", "nope-bare.yaml", "-k", "2"], "task 'nope' is not a known task"),
+    # files are read only when they are regular files: a FIFO would block the read forever
+    ("spec-fifo", ["plan", "--spec", "pipe", "-k", "2"], "--spec pipe is a FIFO (named pipe), not a regular file"),
+    ("run-spec-fifo", ["run", "--spec", "pipe"], "--spec pipe is a FIFO"),
+    ("timm-args-fifo", ["plan", "--timm-args", "pipe", "-k", "2"], "--timm-args pipe is a FIFO"),
+    # timm args in the ranges timm's optimizers accept
+    ("timm-negative-lr", ["plan", "--timm-args", "neg_lr.yaml", "-k", "2"], "neg_lr.yaml: lr must be > 0, got -0.1"),
+    ("timm-negative-eps", ["plan", "--timm-args", "neg_eps.yaml", "-k", "2"], "opt_eps must be > 0"),
+    ("timm-negative-wd", ["plan", "--timm-args", "neg_wd.yaml", "-k", "2"], "weight_decay must be ≥ 0"),
+    ("timm-one-beta", ["plan", "--timm-args", "one_beta.yaml", "-k", "2"], "opt_betas must be a list of two numbers"),
+    ("timm-beta-one", ["plan", "--timm-args", "beta_one.yaml", "-k", "2"], "in [0, 1) (β1 β2) or null, got [0.9, 1.0]"),
     ("compare-tiny-without-baseline", ["compare", "k2"],
      "`emarule run byol-r18 --preset tiny --kappa 1 --out tiny-k1-rule-s0`"),
     ("plan-lamb-without-betas", ["plan", "byol-r18", "-k", "2", "--set", "optimizer.name=lamb"],
@@ -122,6 +133,11 @@ def workdir(tmp_path, monkeypatch):
     (tmp_path / "args.yaml").write_text("batch_size: 128\nopt: sgd\nmodel_ema: true\nmodel_ema_decay: 0.999\n")
     (tmp_path / "tagged_args.yaml").write_text("batch_size: 128\nopt: sgd\nlr: !!float abc\n")
     (tmp_path / "dup_args.yaml").write_text("batch_size: 128\nopt: sgd\nopt: adam\n")
+    adamw = "batch_size: 128\nopt: adamw\n"
+    for name, line in (("neg_lr", "lr: -0.1"), ("neg_eps", "opt_eps: -1.0e-08"), ("neg_wd", "weight_decay: -0.05"),
+                       ("one_beta", "opt_betas: [0.9]"), ("beta_one", "opt_betas: [0.9, 1.0]")):
+        (tmp_path / f"{name}.yaml").write_text(adamw + line + "\n")
+    os.mkfifo(tmp_path / "pipe")
     (tmp_path / "adir").mkdir()
     run = tmp_path / "k2"  # a tiny-preset run at κ=2 without its baseline
     run.mkdir()
