@@ -39,14 +39,16 @@ def checked(paths: list[Path]) -> list[tuple[Path, dict]]:
                             f"whose teacher it probes")
         if not (p / CHECKPOINT).is_file():
             raise UserError(f"{p} has no {CHECKPOINT}: the run never saved its teacher; run it again to its end")
-        readable(p / CHECKPOINT)
+        readable(p / CHECKPOINT, h)
         runs.append((p, h))
     return runs
 
 
-def readable(checkpoint: Path) -> None:
+def readable(checkpoint: Path, hparams: dict) -> None:
     """Mapped, not read: the probes load the checkpoint again, and a full-size one is gigabytes. A truncated
-    file has lost the archive's directory, which mapping reads; a foreign one lacks the clock and teacher."""
+    file has lost the archive's directory, which mapping reads; a foreign one lacks the clock and teacher; one
+    of another run (another experiment, preset or κ) has settings other than the run's hparams.json records,
+    and its weights would not fit the model the probes build from them."""
     import torch
 
     from emarule.analysis.reproduce.probe_check import teacher_step
@@ -56,6 +58,26 @@ def readable(checkpoint: Path) -> None:
     except Exception as e:  # a truncated or foreign file: torch raises several kinds
         raise UserError(f"cannot read {checkpoint} ({type(e).__name__}); run it again to its end") from None
     teacher_step(ck, checkpoint)  # a file torch reads may still be no run's checkpoint
+    same_run(checkpoint, ck.get("fingerprint"), hparams.get("fingerprint"))
+
+
+def same_run(checkpoint: Path, saved, recorded) -> None:
+    """The checkpoint's settings are those its run directory's hparams.json records."""
+    import json
+
+    from emarule.engine.preflight import differences
+
+    if not isinstance(saved, dict) or not isinstance(recorded, dict):
+        return  # a run that recorded none: nothing to compare
+    saved, recorded = json.loads(json.dumps(saved)), json.loads(json.dumps(recorded))  # tuples as lists
+    diff = differences(saved, recorded)
+    if diff:
+        theirs = (saved.get("spec") or {}).get("name") if isinstance(saved.get("spec"), dict) else None
+        ours = (recorded.get("spec") or {}).get("name") if isinstance(recorded.get("spec"), dict) else None
+        whose = f"a run of {theirs}, not {ours}" if theirs != ours else f"another {ours} run ({', '.join(diff[:3])} " \
+                                                                      f"differ)"
+        raise UserError(f"{checkpoint} is the checkpoint of {whose}, whose {HPARAMS} is beside it; put each run's "
+                        f"checkpoint back in its own directory, or run this one again")
 
 
 def measure(runs: list[tuple[Path, dict]], jobs: int = 1) -> dict:

@@ -115,6 +115,9 @@ def check_seeds(seeds: str | None) -> tuple[int, ...] | None:
 
 def check_run_options(wandb: str, max_device_batch: int | None, seed: int | None = None,
                       num_workers: int | None = None) -> None:
+    from emarule.engine.distributed import check_launch
+
+    check_launch()
     if wandb not in ("off", "offline", "online", "disabled"):
         raise UserError(f"--wandb must be off, offline or online, got {wandb!r}")
     if wandb in ("offline", "online"):
@@ -592,7 +595,9 @@ def reproduce(
     from emarule.request.checks import batch_multiple
 
     from emarule.analysis.executors import from_options
+    from emarule.engine.distributed import check_launch
 
+    check_launch()
     seed_list = check_seeds(seeds)
     n_jobs = parse_jobs(jobs)
     where = from_options(executor, slurm_params, partition, account, time_limit, nodes, gpus_per_node, wait)

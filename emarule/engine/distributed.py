@@ -60,6 +60,28 @@ def _env_int(name: str, default: int) -> int:
                         f"unset it or run under torchrun") from None
 
 
+RENDEZVOUS_ENV = ("RANK", "MASTER_ADDR", "MASTER_PORT")  # what torchrun sets beside WORLD_SIZE
+
+
+def check_launch() -> None:
+    """A WORLD_SIZE above 1 needs the rendezvous torchrun sets up; without it torch fails deep in its own
+    rendezvous (or waits for peers that were never started), so it is refused here in the launcher's words.
+    Torch-free: the command line asks before it writes anything."""
+    world, rank, local = _env_int("WORLD_SIZE", 1), _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+    if world < 1:
+        raise UserError(f"environment variable WORLD_SIZE={world} must be ≥ 1; unset it to run one process")
+    if world == 1:
+        return
+    missing = [n for n in RENDEZVOUS_ENV if not os.environ.get(n)]
+    if missing:
+        raise UserError(f"WORLD_SIZE={world} is set but {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+                        f"not: launch with torchrun (e.g. torchrun --nproc-per-node {world} -m emarule run ...), or "
+                        f"unset WORLD_SIZE to run one process")
+    if not 0 <= rank < world or local < 0:
+        raise UserError(f"RANK={rank} (LOCAL_RANK={local}) does not fit WORLD_SIZE={world}; launch with torchrun, "
+                        f"which sets them, or unset WORLD_SIZE to run one process")
+
+
 DEVICE_ENV = "EMARULE_DEVICE"  # auto (the default), cpu or cuda
 
 
@@ -93,6 +115,7 @@ def setup() -> Dist:
     rank = _env_int("RANK", 0)
     local = _env_int("LOCAL_RANK", 0)
     here = _env_int("LOCAL_WORLD_SIZE", 0)  # 0: not set (a launcher other than torchrun)
+    check_launch()
     if device_type() == "cuda":
         gpus = torch.cuda.device_count()
         if world > 1 and here > gpus:  # two ranks on one GPU: nccl refuses it only at the first collective

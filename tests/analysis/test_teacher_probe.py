@@ -93,3 +93,13 @@ def test_bad_runs_are_one_line_each_before_any_fit(byol_run, tmp_path):
     shutil.copytree(fresh, damaged)
     (damaged / "hparams.json").write_text("{")
     one_line_error(probe(damaged), "cannot be read")
+    # the checkpoint of another experiment's run, put in this run's directory: named before any fit
+    swapped = tmp_path / "swapped"
+    shutil.copytree(fresh, swapped)
+    import torch
+
+    ck = torch.load(swapped / "checkpoint.pt", weights_only=False)
+    ck["fingerprint"]["spec"]["name"] = "dino-vit"
+    torch.save(ck, swapped / "checkpoint.pt")
+    one_line_error(probe(fresh, swapped), "checkpoint.pt is the checkpoint of a run of dino-vit, not byol-r18")
+    assert not any((fresh / c).exists() for c in (PC.CACHE, PC.CACHE_INIT, PC.CACHE_PIXELS))

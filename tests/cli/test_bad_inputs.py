@@ -342,3 +342,16 @@ def test_what_is_not_an_error(workdir, capsys):
         with pytest.raises(SystemExit) as e:
             main(argv)
         assert e.value.code == 0, (argv, capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("argv", [["run", *TINY, "--out", "new"], ["sweep", *TINY, "--out", "new"],
+                                  ["reproduce", "polyak", "--out", "new"]])
+@pytest.mark.parametrize("env", [{"WORLD_SIZE": "3"}, {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "x"}])
+def test_distributed_variables_without_torchrun_are_one_line(workdir, capsys, monkeypatch, argv, env):
+    for name in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    before = tree(workdir)
+    refused_in_one_line(argv, capsys, "not: launch with torchrun")
+    assert tree(workdir) == before

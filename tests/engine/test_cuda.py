@@ -36,7 +36,8 @@ def test_more_torchrun_processes_than_gpus_is_refused_on_a_gpu_machine(monkeypat
 
     monkeypatch.setenv("EMARULE_DEVICE", "cuda")
     here = torch.cuda.device_count() + 1
-    for k, v in {"WORLD_SIZE": str(here), "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": str(here)}.items():
+    for k, v in {"WORLD_SIZE": str(here), "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": str(here),
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setattr(D, "_STATE", None)
     with pytest.raises(UserError, match="processes on this node"):

@@ -143,7 +143,7 @@ def test_more_processes_on_a_node_than_gpus_is_one_line_before_the_group(monkeyp
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: pytest.fail("a device was chosen"))
     for k, v in {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-                 "EMARULE_DEVICE": "auto"}.items():
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "EMARULE_DEVICE": "auto"}.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setattr(D, "_STATE", None)
     with pytest.raises(UserError, match=r"started 2 processes on this node, which has 1 GPU\(s\); use "

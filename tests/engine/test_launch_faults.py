@@ -85,7 +85,8 @@ def test_loader_workers_share_the_cores_of_their_node(monkeypatch):
     from emarule.engine import distributed as D
     from emarule.engine import loop
 
-    for k, v in {"WORLD_SIZE": "16", "RANK": "9", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "8"}.items():
+    for k, v in {"WORLD_SIZE": "16", "RANK": "9", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "8",
+                 "MASTER_ADDR": "node0", "MASTER_PORT": "29500"}.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     monkeypatch.setattr(dist, "init_process_group", lambda **kw: None)

@@ -119,8 +119,8 @@ def test_a_reproductions_ramps_split_over_its_processes(monkeypatch, tmp_path):
     from emarule.cli.main import app
     from typer.testing import CliRunner
 
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("RANK", "0")
+    for k, v in {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(k, v)
     got = {}
     monkeypatch.setattr(command, "reproduce", lambda console, family, **kw: got.update(kw))
     result = CliRunner().invoke(app, ["reproduce", "byol-r50-lars", "--preset", "tiny", "--out", str(tmp_path / "r")])
