@@ -252,6 +252,9 @@ class ImageFolderSource(Source):
         if not self.dir.is_dir():
             raise UserError(f"ImageNet not found: {self.dir} is not a directory; "
                             f"pass --data DIR with {IMAGENET_LAYOUT}")
+        from emarule.vision.folder_links import check_split
+
+        check_split(root, self.dir)
         try:
             self.ds = ImageFolder(str(self.dir))
         except (FileNotFoundError, RuntimeError, OSError) as e:
