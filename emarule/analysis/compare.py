@@ -519,6 +519,15 @@ def print_table(console, result: dict) -> None:
         console.print(f"figure: {result['figure']}", highlight=False)
 
 
+def not_the_users(png: Path, what: str) -> None:
+    """A file already at the figure's path is replaced only when emarule wrote it."""
+    from emarule.engine.rundir import written_by_emarule
+
+    if os.path.lexists(png) and not written_by_emarule(png):
+        raise UserError(f"{what} {png} is a file emarule did not write; pass --out with another path, or move it "
+                        f"away")
+
+
 def run_compare(console, paths: list[Path], metric: str | None, out: Path | str | None, fmt: str = "table",
                 figure: bool = True) -> dict:
     """Load, measure, plot (unless figure=False) and print; returns the public result.
@@ -536,9 +545,11 @@ def run_compare(console, paths: list[Path], metric: str | None, out: Path | str 
         if out.suffix.lower() != ".png":
             raise UserError(f"--out {out}: the figure is written as PNG; give a path ending in .png, "
                             f"e.g. --out {out.with_suffix('.png') if out.suffix else Path(str(out) + '.png')}")
+        not_the_users(out, "--out")
     result = compare(paths, metric)
     if figure:
         target = out or checks.out_file(default_figure(result), "the figure", "pass --out PNG with another path")
+        not_the_users(target, "the figure")
         result["figure"] = str(plot(result, target))
     pub = public(result)
     if fmt == "json":  # an infinite gap as "inf" text (strict JSON), as metrics.jsonl logs a non-finite value

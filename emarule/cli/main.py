@@ -423,6 +423,7 @@ def run(
     checks.whole_batches(s, p, None, runs=True)
     run_dir = checks.out_dir(out) or Path("runs") / s["name"] / default_run_name(k, rule, seed, pr, preset)
     checks.out_dir(run_dir)
+    checks.made_by_emarule(run_dir, "run")
     checks.run_dir(run_dir, resume)
     # what `emarule plan` warns about (a value that rounds to 1, a setting with no effect) is said here too, once
     # the run's own checks have passed
@@ -502,6 +503,7 @@ def sweep(
 
     root = Path("runs") if out is None else checks.out_dir(out)
     checks.not_a_run(root, "for the sweep's runs, e.g. --out runs")
+    checks.made_by_emarule(root, "sweep")
     sw.execute(console, runs, resolve_run, root, tasks, data=data,
                max_device_batch=max_device_batch, wandb="off" if wandb == "disabled" else wandb, metric=metric,
                jobs=n_jobs, num_workers=num_workers, executor=where)

@@ -77,6 +77,9 @@ def _reason(e: OSError) -> str:
             errno.EDQUOT: "disk quota exceeded"}.get(e.errno, e.strerror or str(e))
 
 
+PNG_SOFTWARE = "emarule"  # the PNG's Software text: how a figure emarule wrote is told from a user's file
+
+
 def png_bytes(fig, dpi: int, **savefig) -> bytes:
     """A matplotlib figure as PNG bytes, the figure closed even when saving fails (every figure writer's tail)."""
     import io
@@ -85,10 +88,21 @@ def png_bytes(fig, dpi: int, **savefig) -> bytes:
 
     buf = io.BytesIO()
     try:
-        fig.savefig(buf, dpi=dpi, format="png", **savefig)
+        fig.savefig(buf, dpi=dpi, format="png", metadata={"Software": PNG_SOFTWARE}, **savefig)
     finally:
         plt.close(fig)
     return buf.getvalue()
+
+
+def written_by_emarule(png: Path) -> bool:
+    """Whether the PNG at `png` is a figure png_bytes made (its Software text chunk, which matplotlib writes
+    before the image data, is emarule's)."""
+    try:
+        with open(png, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return head.startswith(b"\x89PNG") and b"tEXtSoftware\x00" + PNG_SOFTWARE.encode() in head
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

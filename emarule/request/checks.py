@@ -132,6 +132,41 @@ def out_file(path: Path | str, flag: str = "--out", fix: str = "pass another pat
     return p
 
 
+RUN_RECORD = (HPARAMS, METRICS, CHECKPOINT, UNSAVED, *STUDY_RECORD)
+
+
+def made_by_emarule(out: Path, kind: str) -> None:
+    """`out` is new, empty, or a folder emarule made for a `kind` ("run", "sweep" or "reproduction"): a folder
+    of the user's own files is refused before anything is written, since a run, a sweep or a reproduction
+    writes figures/, report.md and compare-*.png under names the user's files may have. A run's folder holds
+    a run's record; a sweep's or a reproduction's root, emarule's lock or experiment folders (`emarule list`),
+    and a reproduction's root its verdict, report or ledger."""
+    from emarule.config.load import experiment_names
+    from emarule.engine.runlock import LOCK
+
+    if not out.is_dir():
+        return
+    names = sorted(e.name for e in os.scandir(out))
+    if not names:
+        return
+    marks = {LOCK, *RUN_RECORD} if kind == "run" else {LOCK}
+    if kind == "reproduction":
+        from emarule.analysis.reproduce.command import STUDY_SPEC
+        from emarule.analysis.reproduce.ledger import LEDGER
+        from emarule.analysis.reproduce.report import REPORT, VERDICT
+
+        marks |= {VERDICT, LEDGER, STUDY_SPEC}
+        if REPORT in names and VERDICT not in names:  # a report.md of the user's, which the verdict would replace
+            raise UserError(f"--out {out} holds a {REPORT} that emarule did not write (no {VERDICT} beside it); pass "
+                            f"an empty or new --out, or move {out / REPORT} away")
+    if kind != "run":
+        marks |= set(experiment_names())
+    if not marks & set(names):
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        raise UserError(f"--out {out} holds files emarule did not write ({shown}); pass an empty or new folder, or "
+                        f"one emarule made for a {kind}")
+
+
 def not_a_run(root: Path, fix: str) -> None:
     """A run's own directory is no root for a sweep's (or a reproduction's) runs: they would be nested in it, and
     its record mixed with theirs."""

@@ -73,6 +73,8 @@ def parse(text: str) -> dict:
             if k0:
                 out["from_kappa"] = float(k0[0])
             return _checked(text, out)
+    except UserError:
+        raise  # a value _checked refused, named by it
     except ValueError:
         pass
     raise UserError(f"--progressive {text!r}: cannot parse; {usage}")

@@ -34,6 +34,19 @@ CASES = [
     # compare's figure is a PNG: another suffix would hold PNG bytes under a wrong name
     ("compare-out-pdf", ["compare", "k1", "k4", "--out", "c.pdf"], "--out c.pdf: the figure is written as PNG"),
     ("compare-out-txt", ["compare", "k1", "k4", "--out", "fig.txt"], "give a path ending in .png, e.g. --out fig.png"),
+    # --out of run, sweep and reproduce: a folder of the user's own files is never written into
+    ("run-out-users-folder", ["run", *TINY, "--out", "mine"], "--out mine holds files emarule did not write "
+                                                               "(compare-probe_top1.png, figures, k1 and 2 more)"),
+    ("sweep-out-users-folder", ["sweep", *TINY, "--out", "mine"], "--out mine holds files emarule did not write"),
+    ("reproduce-out-users-folder", ["reproduce", "polyak", "--out", "mine"], "holds a report.md that emarule did not"),
+    ("reproduce-out-users-files", ["reproduce", "polyak", "--out", "mine/figures"], "holds files emarule did not"),
+    # compare replaces only a figure emarule wrote: at --out, or at the default path beside the runs
+    ("compare-out-users-png", ["compare", "k1", "k4", "--out", "mine/compare-probe_top1.png"],
+     "--out mine/compare-probe_top1.png is a file emarule did not write"),
+    ("compare-default-users-png", ["compare", "mine/k1", "mine/k4"], "compare-probe_top1.png is a file emarule did not"),
+    # a finished reproduction keeps its verdict: another one of other settings is refused, not written over it
+    ("reproduce-other-settings", ["reproduce", "polyak", "--kappas", "2", "--out", "judged"],
+     "--out judged holds the verdict of `emarule reproduce polyak --kappas 8 --out judged`, made with other kappas"),
     # a sweep's root holds <experiment>/<run>: the error names the folder that works
     ("compare-sweep-root", ["compare", "runs"], "runs holds experiment folders, not runs; pass runs/byol-r18"),
     # --resume needs a run; a new run needs a directory without one
@@ -271,6 +284,20 @@ def workdir(tmp_path, monkeypatch):
     _run_dir(tmp_path, "torn", 4, good[:2] + ['{"kind": "eval", "epo'])
     _run_dir(tmp_path, "corrupt", 4, good[:1] + ["not json\n"] + good[1:])
     _run_dir(tmp_path, "nometric", 4, [_row(e, loss=1.0) for e in range(4)])
+    mine = tmp_path / "mine"  # the user's own folder: a figure, a compare figure and a report of theirs
+    (mine / "figures").mkdir(parents=True)
+    (mine / "figures" / "loss.png").write_bytes(b"\x89PNG not emarule's")
+    (mine / "compare-probe_top1.png").write_bytes(b"\x89PNG not emarule's")
+    (mine / "report.md").write_text("# my notes\n")
+    _run_dir(mine, "k1", 1, good)
+    _run_dir(mine, "k4", 4, good)
+    from emarule.analysis.reproduce.claims import FAMILIES
+
+    polyak = FAMILIES["polyak"]
+    (tmp_path / "judged").mkdir()
+    (tmp_path / "judged" / "verdict.json").write_text(json.dumps({
+        "family": "polyak", "preset": polyak.preset, "seeds": list(polyak.seeds), "kappas": [1.0, 8.0],
+        "command": "emarule reproduce polyak --kappas 8 --out judged"}))
     (tmp_path / "runs" / "byol-r18").mkdir(parents=True)  # a sweep's root: runs/<experiment>/<run>
     _run_dir(tmp_path / "runs" / "byol-r18", "k1", 1, good)
     monkeypatch.chdir(tmp_path)

@@ -78,12 +78,35 @@ def refuse_foreign(root: Path, family: Family) -> None:
     verdict.json would be overwritten, or a run's directory filled with a reproduction. Refused before
     anything is written."""
     checks.not_a_run(root, f"for the reproduction, e.g. runs/reproduce/{family.name}")
+    checks.made_by_emarule(root, "reproduction")
     old = read_json(root / R.VERDICT)
     other = old.get("family") if isinstance(old, dict) else None
     other = other or next((f for f in ledger.families(root) if f != family.name), None)
     if other is not None and other != family.name:
         raise UserError(f"--out {root} holds the {other} reproduction; pass another --out for {family.name}, "
                         f"e.g. runs/reproduce/{family.name}")
+
+
+def keeps_verdict(root: Path, family: Family, preset: str | None, seeds: tuple | None, kappas: list[float] | None,
+                  headline: bool) -> None:
+    """A finished reproduction's verdict is replaced only by one of the same settings (a rerun that reuses its
+    runs): one of other settings would lose the first without a word, so it is refused before anything runs."""
+    old = read_json(root / R.VERDICT)
+    if not isinstance(old, dict) or old.get("family") != family.name:
+        return
+    sweep = family.kind == "sweep"
+    new = {"preset": preset if preset is not None else family.preset,
+           "seeds": list(seeds if seeds is not None else family.seeds) if sweep else None,
+           "kappas": [float(k) for k in (kappas if kappas is not None else family.kappas)]}
+    was = {"preset": old.get("preset"), "seeds": old.get("seeds"),
+           "kappas": [float(k) for k in old.get("kappas") or [] if isinstance(k, (int, float))]}
+    differ = [k for k in new if new[k] != was[k]]
+    if headline != ("--headline" in str(old.get("command", "")).split()):
+        differ.append("--headline")
+    if differ:
+        raise UserError(f"--out {root} holds the verdict of `{old.get('command', 'another reproduction')}`, made with "
+                        f"other {', '.join(differ)}; pass another --out for these settings, or move "
+                        f"{root / R.VERDICT} away to replace it")
 
 
 def command_text(family: Family, preset: str | None, seeds: tuple | None, kappas: list[float] | None,
@@ -129,6 +152,7 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
     root = checks.out_dir(out) or Path("runs") / "reproduce" / family.name
     checks.out_dir(root)
     refuse_foreign(root, family)
+    keeps_verdict(root, family, preset, seeds, kappas, headline)
     from emarule.engine.runlock import lock_dir
 
     with lock_dir(root, "reproduction"):
