@@ -3,6 +3,7 @@
 python tests/data/fault_trees.py classes DIR    ImageNet layout whose val/ has a class folder train/ lacks
 python tests/data/fault_trees.py truncated DIR  ImageNet layout with one training JPEG cut in half
 python tests/data/fault_trees.py transcript DIR LibriSpeech layout with a transcript that is not UTF-8
+python tests/data/fault_trees.py loop DIR       ImageNet layout with a class folder that links back to itself
 """
 
 import sys
@@ -24,8 +25,11 @@ def main(kind: str, root: Path) -> None:
         write_tree(root, "train-clean-100", {(100, 1): [(0.25, "HE HOPED"), (0.25, "A")]})
         trans = root / "train-clean-100" / "100" / "1" / "100-1.trans.txt"
         trans.write_bytes(trans.read_bytes().replace(b"A\n", b"\xe9T\xe9\n"))
+    elif kind == "loop":
+        image_folder(root)
+        (root / "train" / "n01" / "again").symlink_to(".")
     else:
-        raise SystemExit(f"unknown tree {kind!r}: classes, truncated or transcript")
+        raise SystemExit(f"unknown tree {kind!r}: classes, truncated, transcript or loop")
 
 
 if __name__ == "__main__":
