@@ -156,15 +156,27 @@ def made_by_emarule(out: Path, kind: str) -> None:
         from emarule.analysis.reproduce.report import REPORT, VERDICT
 
         marks |= {VERDICT, LEDGER, STUDY_SPEC}
-        if REPORT in names and VERDICT not in names:  # a report.md of the user's, which the verdict would replace
-            raise UserError(f"--out {out} holds a {REPORT} that emarule did not write (no {VERDICT} beside it); pass "
-                            f"an empty or new --out, or move {out / REPORT} away")
+        if REPORT in names and not {VERDICT, LEDGER} & set(names):  # the user's report.md, which ours would replace
+            raise UserError(f"--out {out} holds a {REPORT} that emarule did not write (no {VERDICT} or {LEDGER} "
+                            f"beside it); pass an empty or new --out, or move {out / REPORT} away")
     if kind != "run":
         marks |= set(experiment_names())
-    if not marks & set(names):
+    if not marks & set(names) and not (kind != "run" and any(_holds_runs(out / n) for n in names)):
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         raise UserError(f"--out {out} holds files emarule did not write ({shown}); pass an empty or new folder, or "
                         f"one emarule made for a {kind}")
+
+
+def _holds_runs(folder: Path) -> bool:
+    """An experiment folder of a sweep's root: it holds emarule's lock, or runs (`<run>/hparams.json`, ...)."""
+    from emarule.engine.runlock import LOCK
+
+    if not folder.is_dir() or folder.is_symlink():
+        return False
+    if (folder / LOCK).exists():
+        return True
+    return any(e.is_dir(follow_symlinks=False) and any((Path(e.path) / n).exists() for n in (LOCK, *RUN_RECORD))
+               for e in os.scandir(folder))
 
 
 def not_a_run(root: Path, fix: str) -> None:

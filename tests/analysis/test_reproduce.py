@@ -737,6 +737,10 @@ def test_tiny_byol_reproduction_end_to_end_then_reused(tiny_byol, tmp_path):
     assert res.exit_code == 0, res.output
     one = json.loads((tmp_path / "verdict.json").read_text())
     assert one["seeds"] == [1] and one["timing"]["runs"] == one["timing"]["reused"] == 5
+    # the verdict of other seeds is kept beside it, and said
+    assert json.loads((tmp_path / "verdict-1.json").read_text())["seeds"] == [0, 1]
+    assert "--seeds 2" in (tmp_path / "report-1.md").read_text()
+    assert f"the earlier verdict of `{again['command']}` is kept as verdict-1.json and report-1.md" in res.output
     assert all(r["seed_list"] == [1] for r in one["settings"] if r["setting"] != "κ=1 baseline (its own spread)")
     assert "--seeds 1-1" in one["command"]
 

@@ -44,9 +44,6 @@ CASES = [
     ("compare-out-users-png", ["compare", "k1", "k4", "--out", "mine/compare-probe_top1.png"],
      "--out mine/compare-probe_top1.png is a file emarule did not write"),
     ("compare-default-users-png", ["compare", "mine/k1", "mine/k4"], "compare-probe_top1.png is a file emarule did not"),
-    # a finished reproduction keeps its verdict: another one of other settings is refused, not written over it
-    ("reproduce-other-settings", ["reproduce", "polyak", "--kappas", "2", "--out", "judged"],
-     "--out judged holds the verdict of `emarule reproduce polyak --kappas 8 --out judged`, made with other kappas"),
     # a sweep's root holds <experiment>/<run>: the error names the folder that works
     ("compare-sweep-root", ["compare", "runs"], "runs holds experiment folders, not runs; pass runs/byol-r18"),
     # --resume needs a run; a new run needs a directory without one
@@ -291,13 +288,6 @@ def workdir(tmp_path, monkeypatch):
     (mine / "report.md").write_text("# my notes\n")
     _run_dir(mine, "k1", 1, good)
     _run_dir(mine, "k4", 4, good)
-    from emarule.analysis.reproduce.claims import FAMILIES
-
-    polyak = FAMILIES["polyak"]
-    (tmp_path / "judged").mkdir()
-    (tmp_path / "judged" / "verdict.json").write_text(json.dumps({
-        "family": "polyak", "preset": polyak.preset, "seeds": list(polyak.seeds), "kappas": [1.0, 8.0],
-        "command": "emarule reproduce polyak --kappas 8 --out judged"}))
     (tmp_path / "runs" / "byol-r18").mkdir(parents=True)  # a sweep's root: runs/<experiment>/<run>
     _run_dir(tmp_path / "runs" / "byol-r18", "k1", 1, good)
     monkeypatch.chdir(tmp_path)

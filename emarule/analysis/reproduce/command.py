@@ -87,26 +87,36 @@ def refuse_foreign(root: Path, family: Family) -> None:
                         f"e.g. runs/reproduce/{family.name}")
 
 
-def keeps_verdict(root: Path, family: Family, preset: str | None, seeds: tuple | None, kappas: list[float] | None,
-                  headline: bool) -> None:
-    """A finished reproduction's verdict is replaced only by one of the same settings (a rerun that reuses its
-    runs): one of other settings would lose the first without a word, so it is refused before anything runs."""
+def earlier_verdict(root: Path, family: Family, preset: str | None, seeds: tuple | None,
+                    kappas: list[float] | None, headline: bool) -> str | None:
+    """The command of a finished reproduction in `root` made with other settings (None: none, or the same ones,
+    a rerun that reuses its runs and replaces its verdict). Read before anything runs."""
     old = read_json(root / R.VERDICT)
     if not isinstance(old, dict) or old.get("family") != family.name:
-        return
+        return None
     sweep = family.kind == "sweep"
     new = {"preset": preset if preset is not None else family.preset,
            "seeds": list(seeds if seeds is not None else family.seeds) if sweep else None,
            "kappas": [float(k) for k in (kappas if kappas is not None else family.kappas)]}
     was = {"preset": old.get("preset"), "seeds": old.get("seeds"),
            "kappas": [float(k) for k in old.get("kappas") or [] if isinstance(k, (int, float))]}
-    differ = [k for k in new if new[k] != was[k]]
-    if headline != ("--headline" in str(old.get("command", "")).split()):
-        differ.append("--headline")
-    if differ:
-        raise UserError(f"--out {root} holds the verdict of `{old.get('command', 'another reproduction')}`, made with "
-                        f"other {', '.join(differ)}; pass another --out for these settings, or move "
-                        f"{root / R.VERDICT} away to replace it")
+    same = new == was and headline == ("--headline" in str(old.get("command", "")).split())
+    return None if same else str(old.get("command") or "an earlier reproduction")
+
+
+def keep_earlier(console, root: Path, command: str) -> None:
+    """The verdict and report of other settings moved to the first free `verdict-N.json` / `report-N.md`, and
+    said, before this reproduction writes its own: the earlier result is never lost."""
+    n = 1
+    while (root / f"verdict-{n}.json").exists() or (root / f"report-{n}.md").exists():
+        n += 1
+    kept = []
+    for name, new in ((R.VERDICT, f"verdict-{n}.json"), (R.REPORT, f"report-{n}.md")):
+        if (root / name).is_file():
+            os.replace(root / name, root / new)
+            kept.append(new)
+    console.print(f"the earlier verdict of `{command}` is kept as {' and '.join(kept)}", highlight=False,
+                  markup=False, soft_wrap=True)
 
 
 def command_text(family: Family, preset: str | None, seeds: tuple | None, kappas: list[float] | None,
@@ -152,7 +162,7 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
     root = checks.out_dir(out) or Path("runs") / "reproduce" / family.name
     checks.out_dir(root)
     refuse_foreign(root, family)
-    keeps_verdict(root, family, preset, seeds, kappas, headline)
+    earlier = earlier_verdict(root, family, preset, seeds, kappas, headline)
     from emarule.engine.runlock import lock_dir
 
     with lock_dir(root, "reproduction"):
@@ -192,6 +202,8 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
                    "cpus": os.cpu_count(), "omp_threads": os.environ.get("OMP_NUM_THREADS", "unset (torch's default)")}
         timing |= ledger.record(root, text, timing, R.VERDICT, same_as, replaces=beat.token)
         data_out = R.payload(family, args, claims, measured, figures, timing)
+        if earlier is not None:
+            keep_earlier(console, root, earlier)
         R.write(root, family, data_out)
         R.print_verdicts(console, data_out)
         console.print(f"report: {root / R.REPORT}; verdicts: {root / R.VERDICT}", highlight=False)
