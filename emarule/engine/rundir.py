@@ -22,6 +22,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from emarule.config.files import kind_of, regular_file
 from emarule.errors import UserError
 
 HPARAMS = "hparams.json"
@@ -164,6 +165,7 @@ def numbered_rows(path: Path, strict: bool):
     dropping it would silently lose a row.
     """
     p = Path(path)
+    regular_file(p, "the log", "a run's metrics.jsonl is a file it wrote; move it away")
     try:
         data = p.read_bytes()
     except FileNotFoundError:
@@ -209,6 +211,8 @@ def read_metrics(path: Path, strict: bool = False) -> list[dict]:
 def read_json(path: Path):
     """A JSON file's content, or None when it is missing, unreadable or not JSON (ValueError: not JSON,
     or not UTF-8): for readers that rebuild or skip what they cannot read."""
+    if kind_of(Path(path)) is not None:  # a FIFO would block the read: not a file to rebuild from
+        return None
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
