@@ -315,7 +315,7 @@ def _unknown_task(spec: dict, err: str) -> str | None:
 
 def unregistered_task(task) -> str | None:
     """What is wrong with a `task:` that names no registered task (None when it names one, or is not given)."""
-    from emarule.tasks.registry import lookup, names
+    from emarule.registry import lookup, names
 
     if task is None or (isinstance(task, str) and lookup(task) is not None):
         return None
