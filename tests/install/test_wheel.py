@@ -166,6 +166,23 @@ def test_an_installed_emarule_lists_plans_runs_and_sweeps_from_any_folder(full):
     assert list((work / "sw" / "ctc-polyak").glob("compare-*.png"))
 
 
+# parabola's tiny run and ctc-polyak's tiny sweep are above; every other experiment's tiny preset runs here
+OTHER_TINY = sorted(p.stem for p in (ROOT / "emarule" / "experiments").glob("*.yaml")
+                    if p.stem not in ("parabola", "ctc-polyak"))
+
+
+def test_an_installed_emarule_runs_every_other_tiny_preset(full):
+    bin_, work, env = full
+    assert len(OTHER_TINY) == 7, OTHER_TINY
+    for name in OTHER_TINY:
+        out = work / f"tiny-{name}"
+        done = sh([bin_ / "emarule", "run", name, "--preset", "tiny", "--out", out.name], cwd=work, env=env)
+        assert done.returncode == 0, f"{name}: {done.stdout}{done.stderr}"
+        # a trained run's record and rows, or a study's results
+        written = {p.name for p in out.iterdir()}
+        assert {"hparams.json", "metrics.jsonl"} <= written or "results.json" in written, f"{name}: {written}"
+
+
 def test_the_core_alone_runs_the_api_and_the_scaling_commands(core):
     bin_, work, env = core
     script = f"""
