@@ -118,7 +118,7 @@ class PowerEma(nn.Module):
         if saved != self.sigma_rels:
             raise ValueError(f"this state tracks sigma_rels {state['sigma_rels']}, not {self.sigma_rels}: build "
                              f"the PowerEma with the saved ones")
-        if not times or any(b <= a for a, b in zip(times, times[1:])):
+        if not times or any(b <= a for a, b in zip(times, times[1:], strict=False)):
             raise bad("has a clock (times) that does not grow")
         return every, times
 

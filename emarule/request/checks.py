@@ -135,12 +135,13 @@ def out_file(path: Path | str, flag: str = "--out", fix: str = "pass another pat
 RUN_RECORD = (HPARAMS, METRICS, CHECKPOINT, UNSAVED, *STUDY_RECORD)
 
 
-def made_by_emarule(out: Path, kind: str) -> None:
+def made_by_emarule(out: Path, kind: str, records: frozenset = frozenset()) -> None:
     """`out` is new, empty, or a folder emarule made for a `kind` ("run", "sweep" or "reproduction"): a folder
     of the user's own files is refused before anything is written, since a run, a sweep or a reproduction
     writes figures/, report.md and compare-*.png under names the user's files may have. A run's folder holds
-    a run's record; a sweep's or a reproduction's root, emarule's lock or experiment folders (`emarule list`),
-    and a reproduction's root its verdict, report or ledger."""
+    a run's record; a sweep's or a reproduction's root, emarule's lock or experiment folders (`emarule list`);
+    `records` are further names that mark the folder as emarule's (a reproduction's verdict and ledger, which
+    its caller names: this layer lies below analysis/)."""
     from emarule.config.load import experiment_names
     from emarule.engine.runlock import LOCK
 
@@ -149,16 +150,7 @@ def made_by_emarule(out: Path, kind: str) -> None:
     names = sorted(e.name for e in os.scandir(out))
     if not names:
         return
-    marks = {LOCK, *RUN_RECORD} if kind == "run" else {LOCK}
-    if kind == "reproduction":
-        from emarule.analysis.reproduce.command import STUDY_SPEC
-        from emarule.analysis.reproduce.ledger import LEDGER
-        from emarule.analysis.reproduce.report import REPORT, VERDICT
-
-        marks |= {VERDICT, LEDGER, STUDY_SPEC}
-        if REPORT in names and not {VERDICT, LEDGER} & set(names):  # the user's report.md, which ours would replace
-            raise UserError(f"--out {out} holds a {REPORT} that emarule did not write (no {VERDICT} or {LEDGER} "
-                            f"beside it); pass an empty or new --out, or move {out / REPORT} away")
+    marks = ({LOCK, *RUN_RECORD} if kind == "run" else {LOCK}) | set(records)
     if kind != "run":
         marks |= set(experiment_names())
     if not marks & set(names) and not (kind != "run" and any(_holds_runs(out / n) for n in names)):

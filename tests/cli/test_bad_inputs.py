@@ -43,7 +43,8 @@ CASES = [
     # compare replaces only a figure emarule wrote: at --out, or at the default path beside the runs
     ("compare-out-users-png", ["compare", "k1", "k4", "--out", "mine/compare-probe_top1.png"],
      "--out mine/compare-probe_top1.png is a file emarule did not write"),
-    ("compare-default-users-png", ["compare", "mine/k1", "mine/k4"], "compare-probe_top1.png is a file emarule did not"),
+    ("compare-default-users-png", ["compare", "mine/k1", "mine/k4"],
+     "compare-probe_top1.png is a file emarule did not"),
     # a sweep's root holds <experiment>/<run>: the error names the folder that works
     ("compare-sweep-root", ["compare", "runs"], "runs holds experiment folders, not runs; pass runs/byol-r18"),
     # --resume needs a run; a new run needs a directory without one

@@ -185,4 +185,5 @@ def test_a_bad_tracker_state_is_refused_and_changes_nothing(damage):
     before = [e.module.weight.clone() for e in fresh.emas]
     with pytest.raises(ValueError, match="state"):
         fresh.load_state_dict(state)
-    assert fresh.times == [0.0] and all(torch.equal(b, e.module.weight) for b, e in zip(before, fresh.emas))
+    assert fresh.times == [0.0]
+    assert all(torch.equal(b, e.module.weight) for b, e in zip(before, fresh.emas, strict=True))

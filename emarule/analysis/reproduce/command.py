@@ -78,7 +78,11 @@ def refuse_foreign(root: Path, family: Family) -> None:
     verdict.json would be overwritten, or a run's directory filled with a reproduction. Refused before
     anything is written."""
     checks.not_a_run(root, f"for the reproduction, e.g. runs/reproduce/{family.name}")
-    checks.made_by_emarule(root, "reproduction")
+    names = set(os.listdir(root)) if root.is_dir() else set()
+    if R.REPORT in names and not {R.VERDICT, ledger.LEDGER} & names:  # the user's report.md, which ours would replace
+        raise UserError(f"--out {root} holds a {R.REPORT} that emarule did not write (no {R.VERDICT} or "
+                        f"{ledger.LEDGER} beside it); pass an empty or new --out, or move {root / R.REPORT} away")
+    checks.made_by_emarule(root, "reproduction", frozenset({R.VERDICT, ledger.LEDGER, STUDY_SPEC}))
     old = read_json(root / R.VERDICT)
     other = old.get("family") if isinstance(old, dict) else None
     other = other or next((f for f in ledger.families(root) if f != family.name), None)
