@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -178,3 +179,14 @@ def train_until_sigterm(ctx: RunContext, parts, at_call: int) -> None:
     with pytest.raises(SystemExit) as stopped:
         train(ctx, parts)
     assert stopped.value.code == 143
+
+
+@contextlib.contextmanager
+def one_thread():
+    """torch on one thread inside the block (runs compared bit for bit), its thread count restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

@@ -11,7 +11,7 @@ from emarule.config.load import load_spec
 from emarule.engine.context import RunContext
 from emarule.scaling import plan
 from emarule.tasks import build_parts, run_task
-from engine_util import load_checkpoint, tensors_equal, train_until_sigterm
+from engine_util import load_checkpoint, one_thread, tensors_equal, train_until_sigterm
 
 
 def context(tmp: Path, out: str, layout: str, resume: bool = False) -> RunContext:
@@ -27,13 +27,9 @@ def convolutions(state: dict) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("layout")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         for layout in ("channels_last", "contiguous"):
             run_task(context(tmp, layout, layout))
-    finally:
-        torch.set_num_threads(threads)
     return tmp
 
 

@@ -23,7 +23,7 @@ from emarule.vision import data as D
 from emarule.vision import device_views as V
 from emarule.vision import multicrop as MC
 from emarule.vision import supervised as S
-from engine_util import load_checkpoint, tensors_equal, train_until_sigterm
+from engine_util import load_checkpoint, one_thread, tensors_equal, train_until_sigterm
 
 SIZE, H, W = 8, 40, 48  # small views of larger images: the crop's geometry is fine-grained, the ops cheap
 N = 3000  # items per sample: a KS test then tells apart ranges that differ by a few percent
@@ -227,13 +227,9 @@ def context(tmp: Path, out: str, seed: int = 0, resume: bool = False) -> RunCont
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("device_views")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         for out, seed in (("a", 0), ("b", 0), ("other", 1)):
             run_task(context(tmp, out, seed))
-    finally:
-        torch.set_num_threads(threads)
     return tmp
 
 
