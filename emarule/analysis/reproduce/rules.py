@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import math
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 SHAPES = ("directional", "equivalence", "noninferior")
 REPRODUCED = "reproduced"
@@ -181,9 +181,6 @@ class Decision:
     n: int
     parts: tuple = field(default=())  # the parts' own decisions, for a joined claim
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
 
 def _directional(s: Summary, p: Part) -> tuple[str, str]:
     lo, hi = s.ci95
@@ -312,11 +309,13 @@ def simulate(kind: Kind, effect: float, seeds: int, trials: int = 2000, noise: f
 
 def coverage(seeds: int, trials: int = 4000, level: float = 0.95, rng_seed: int = 0) -> float:
     """How often the t interval at `level` covers the true mean of normal per-seed effects."""
+    interval = {0.95: "ci95", 0.90: "ci90"}.get(level)
+    if interval is None:
+        raise ValueError(f"coverage: the rules' intervals are at levels 0.95 and 0.90, got {level}")
     rng = random.Random(rng_seed)
     hit = 0
     for _ in range(trials):
-        s = summarize([rng.gauss(0.0, 1.0) for _ in range(seeds)])
-        lo, hi = s.ci95 if level == 0.95 else s.ci90
+        lo, hi = getattr(summarize([rng.gauss(0.0, 1.0) for _ in range(seeds)]), interval)
         hit += lo <= 0.0 <= hi
     return hit / trials
 
