@@ -18,7 +18,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "speech": ("soundfile", "jiwer", "espeakng_loader"),
     "plots": ("matplotlib",),
     "wandb": ("wandb",),
-    "slurm": ("submitit",),  # emarule.analysis.executors checks it itself, naming the same install
+    "slurm": ("submitit",),
     "gpu-augment": ("kornia",),  # emarule.vision.device_views checks it itself, naming the same install
 }
 

@@ -18,11 +18,11 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from emarule import extras
 from emarule.errors import UserError
 
 KINDS = ("local", "slurm", "submitit-local")
 SUBMITIT = ("slurm", "submitit-local")
-INSTALL = "pip install 'emarule[slurm]'"
 
 # A Slurm job of a full-size run: one node of 8 GPUs, one process per GPU, a day at a time. Slurm sends the
 # preemption signal SIGNAL_DELAY_S before the time limit, time for the step in progress and the checkpoint.
@@ -54,10 +54,10 @@ class Executor:
 
 
 def require_submitit(kind: str):
-    try:
-        import submitit
-    except ImportError:
-        raise UserError(f"--executor {kind} needs submitit, which is not installed; {INSTALL}") from None
+    """submitit, or the one line of a missing extra (`emarule.extras`) naming `pip install 'emarule[slurm]'`."""
+    extras.require(f"--executor {kind}", ["slurm"])
+    import submitit
+
     return submitit
 
 

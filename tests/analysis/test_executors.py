@@ -138,3 +138,15 @@ def test_submitted_jobs_are_not_launched_under_torchrun(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(UserError, match="without torchrun"):
         E.from_options("submitit-local")
+
+
+def test_a_missing_submitit_is_the_slurm_extra_named_in_one_line(monkeypatch):
+    import sys
+
+    from emarule.analysis.executors import require_submitit
+    from emarule.errors import UserError
+
+    monkeypatch.setitem(sys.modules, "submitit", None)  # find_spec then reports it absent
+    with pytest.raises(UserError, match=r"^--executor slurm needs emarule's slurm extra \(submitit: not installed\); "
+                                        r"pip install 'emarule\[slurm\]'$"):
+        require_submitit("slurm")
