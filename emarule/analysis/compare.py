@@ -324,20 +324,22 @@ def mean_curve(curves: list[tuple[list, list]]) -> tuple[list, list, list]:
 
 
 def gap(run_curve: tuple[list, list], base_curve: tuple[list, list]) -> dict:
-    """max |Δ|, mean |Δ| and Δ final on the baseline's grid points inside the shared range."""
+    """max |Δ|, mean |Δ|, mean Δ (signed: run − baseline) and Δ final on the baseline's grid points inside the
+    shared range."""
     rx, ry = run_curve
     bx, by = base_curve
     if not rx or not bx:
-        return {"gap_max": None, "gap_mean": None, "gap_final": None, "points": 0}
+        return {"gap_max": None, "gap_mean": None, "signed_mean": None, "gap_final": None, "points": 0}
     lo, hi = max(rx[0], bx[0]), min(rx[-1], bx[-1])
     tol = slack(bx) + 1e-12
     idx = [i for i, x in enumerate(bx) if lo - tol <= x <= hi + tol]
     if not idx:
-        return {"gap_max": None, "gap_mean": None, "gap_final": None, "points": 0}
+        return {"gap_max": None, "gap_mean": None, "signed_mean": None, "gap_final": None, "points": 0}
     grid = [bx[i] for i in idx]
     d = [a - by[i] for a, i in zip(interp(rx, ry, grid), idx, strict=True)]
     ad = [abs(v) for v in d]
-    return {"gap_max": max(ad), "gap_mean": sum(ad) / len(ad), "gap_final": d[-1], "points": len(d),
+    return {"gap_max": max(ad), "gap_mean": sum(ad) / len(ad), "signed_mean": sum(d) / len(d), "gap_final": d[-1],
+            "points": len(d),
             "from_epoch": grid[0], "to_epoch": grid[-1]}
 
 

@@ -68,6 +68,10 @@ class Claim:
     until: str = ""
     settings: tuple = STANDARD  # (A, B): A plays "with", B "without" in the decision rules
     short: str = ""  # one line for the README's table of claims (emarule/analysis/reproduce/table.py)
+    ratio: float = 1.0  # rule_closer: the gap without must exceed this × the gap with ("≈ 3× smaller")
+    # The κ where the paper's own range ends: a κ of the sweep beyond it is judged as a stand-in, and says so.
+    stand_in_beyond: float | None = None
+    mechanism: str = ""  # what the preset must have for the claim to be testable (`mechanisms.MECHANISMS`)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,10 @@ import math
 from dataclasses import replace
 
 from emarule.errors import UserError
-from emarule.analysis.reproduce import verdict as V
+from emarule.analysis.reproduce import judge as J
+from emarule.analysis.reproduce import mechanisms
+from emarule.analysis.reproduce import paired as V
+from emarule.analysis.reproduce import rules as R
 from emarule.analysis.reproduce.claims import SHORTEST_ALSO, STANDARD, Claim, Family, Metric, for_spec
 
 STATISTIC = {"run": "mean |Δ| over the run", "end": "|Δ| at the end"}
@@ -97,7 +100,7 @@ def stopped_early(run) -> bool | None:
 def measure(family: Family, runs: list, arms: dict | None = None) -> dict:
     """Every claim of `family` judged on `runs`, with the metric names and labels of the spec the baseline ran
     (`claims.for_spec`): the tables' `metric` entries are the ones the figure draws. `arms`: run directory →
-    arm name, for the runs of the family's arms."""
+    arm name, for the runs of the family's arms. The claims are `judge.Verdict` records, as dicts."""
     base, settings = groups(runs, arms)
     if not base:
         raise UserError("no κ=1 baseline among the runs; the reproduction needs one (it runs first for every seed)")
@@ -122,25 +125,35 @@ def measure(family: Family, runs: list, arms: dict | None = None) -> dict:
     claims = []
     for c in expand(family.claims, kappas):
         if c.metric not in tables:
-            claims.append(not_logged(c, family))
+            claims.append(not_logged(c, family).as_dict())
             continue
         x = claim_since(family, c, settings, since)
+        ts, span = tables_from(x), ""
         if c.until:  # the claim's part of the run only
             until = epochs_of_base_steps(base[0], c.until)
-            window = metric_table(family.metric(c.metric), base, settings, until, x)
-            claims.append(judge(family, c, {**tables_from(x), c.metric: window}, base, kappas, gate)
-                          | {"statistic": f"{STATISTIC[c.over]} up to epoch {until:.3g} ({c.until})"})
+            ts = {**ts, c.metric: metric_table(family.metric(c.metric), base, settings, until, x)}
+            span = f" up to epoch {until:.3g} ({c.until})"
+        if x:
+            span = f" from epoch {x:g}" + span
+        broken = sorted({s for n in _metrics_read(family, c) if n in ts for s in stopped_baselines(ts[n])}, key=str)
+        if broken:
+            v = J.Verdict(claim=c.text, short=c.short, paper=c.paper, where=c.where, kind=c.kind, metric=c.metric,
+                          kappa=c.kappa, verdict=R.NOT_MEASURED, note=c.note, why=_stopped_why(broken))
         else:
-            claims.append(judge(family, c, tables_from(x), base, kappas, gate))
-        if x and claims[-1]["statistic"].startswith(STATISTIC["run"]):
-            claims[-1]["statistic"] = claims[-1]["statistic"].replace(STATISTIC["run"],
-                                                                      f"{STATISTIC['run']} from epoch {x:g}")
+            v = J.judge(family, c, ts, kappas, gate, mechanisms.check(c, base, ts))
+        if span and v.statistic:
+            v.statistic += span
+        claims.append(v.as_dict())
     out = {"tables": tables, "claims": claims, "kappas": kappas, "baseline_seeds": len(base),
-           "seeds": [r.seed for r in base], "goal": goal(family, tables, kappas, gate), "since_epoch": since,
+           "seeds": [r.seed for r in base], "goal": goal(family, tables, kappas), "since_epoch": since,
            "optimizer_check": optimizer_check(family, gate, kappas)}
     if since:
         out["goal"]["statistic"] = f"{STATISTIC['run']} from epoch {since:g}"
     return out
+
+
+def _metrics_read(family: Family, c: Claim) -> list:
+    return [c.metric] + ([family.target_metric.name] if c.kind in ("target_explains", "ema_above_target") else [])
 
 
 def transition_epoch(runs: list) -> float | None:
@@ -167,8 +180,10 @@ def claim_since(family: Family, claim: Claim, settings: dict, standard: float | 
     return transition_epoch(runs) if runs else standard
 
 
-def goal(family: Family, tables: dict, kappas: list, gate: dict | None = None) -> dict:
-    """The separation goal on the EMA metric over the run at `family.goal_kappa`."""
+def goal(family: Family, tables: dict, kappas: list) -> dict:
+    """The separation goal the presets were tuned to (on the EMA metric's gaps over the run at
+    `family.goal_kappa`): the no-rule gap at least twice the with-rule gap, and the with-rule gap within
+    the baselines' pair spread. A tuning target, not a verdict."""
     k, table = family.goal_kappa, tables[family.ema_metric.name]
     out = {"kappa": k, "metric": family.ema_metric.name, "statistic": STATISTIC["run"]}
     if k not in kappas:
@@ -182,17 +197,16 @@ def goal(family: Family, tables: dict, kappas: list, gate: dict | None = None) -
     if V.unbounded(s):
         return out | {"met": None, "why": _stopped_why(stopped_baselines(table))}
     a, b = bool(gwo >= V.FACTOR * gw), bool(gw <= s)
-    out |= {"met": a and b, "without_at_least_2x_with": a, "with_within_spread": b}
-    if not (a and b):
-        out["diagnosis"] = diagnose(family, tables, k, "run", gate=gate)
-    return out
+    return out | {"met": a and b, "without_at_least_2x_with": a, "with_within_spread": b}
 
 
 def expand(claims, kappas: list) -> list[Claim]:
-    """An "up to κ" claim becomes one claim per κ ≠ 1 of the sweep up to its κ."""
+    """An "up to κ" claim becomes one claim per κ ≠ 1 of the sweep up to its κ, and beyond it where the claim
+    takes stand-ins (`Claim.stand_in_beyond`: judged in place of the paper's range, and labelled so)."""
     out = []
     for c in claims:
-        ks = [k for k in kappas if k != 1 and k <= c.kappa] if c.up_to else []
+        top = math.inf if c.stand_in_beyond else c.kappa
+        ks = [k for k in kappas if k != 1 and (k <= c.kappa or (c.stand_in_beyond and k <= top))] if c.up_to else []
         out.extend([replace(c, kappa=k) for k in ks] or [c])
     return out
 
@@ -211,15 +225,13 @@ def epochs_of_base_steps(run, key: str) -> float:
     return float(steps) * float(base) / float(measure)
 
 
-def not_logged(c: Claim, family: Family) -> dict:
+def not_logged(c: Claim, family: Family) -> J.Verdict:
     file = next((m.file for m in family.metrics if m.name == c.metric), "")
     why = ("the spec has no ema.also, so no further EMA is evaluated" if SHORTEST_ALSO in c.metric
            else f"a baseline run has no {file} (its final teacher was not probed)" if file
            else f"this preset does not log {c.metric}")
-    out = {"claim": c.text, "short": c.short, "paper": c.paper, "where": c.where, "kind": c.kind, "metric": c.metric,
-           "kappa": c.kappa, "statistic": STATISTIC[c.over], "gap_with_rule": None, "gap_without_rule": None,
-           "baseline_spread": None, "note": c.note}
-    return decided(out, "inconclusive", f"not measured: {why}")
+    return J.Verdict(claim=c.text, short=c.short, paper=c.paper, where=c.where, kind=c.kind, metric=c.metric,
+                     kappa=c.kappa, verdict=R.NOT_MEASURED, note=c.note, why=why)
 
 
 def _stat(table: dict, rule: str, kappa: float | None, over: str) -> float | None:
@@ -247,74 +259,6 @@ def _stopped_why(seeds: list) -> str:
             f"and judging the other seeds would hide the run that diverged")
 
 
-def _mean_final(table: dict, rule: str, kappa: float) -> float | None:
-    row = table["rows"].get((rule, kappa))
-    vals = [v for v in (row or {}).get("finals", []) if v is not None]
-    return sum(vals) / len(vals) if vals else None
-
-
-def _row(table: dict, setting: str, kappa: float | None) -> dict | None:
-    return table["rows"].get((setting, kappa))
-
-
-def _ci_of(table: dict, setting: str, kappa: float, over: str):
-    row = _row(table, setting, kappa)
-    return None if row is None or row["gaps"] is None else row["gaps"].get(f"ci_{over}")
-
-
-def paired_difference(table: dict, a: tuple, b: tuple, over: str) -> dict:
-    """Per seed gap(B) − gap(A), each against that seed's own baseline, on the seeds both settings ran;
-    its mean and bootstrap interval. `a`, `b`: (setting, κ) row keys."""
-    ra, rb = table["rows"].get(a), table["rows"].get(b)
-    if ra is None or rb is None or not ra["gaps"] or not rb["gaps"] or ra["gaps"][over] is None \
-            or rb["gaps"][over] is None:
-        return {"per_seed": [], "mean": None, "ci": None, "seeds": []}
-    ga = dict(zip(ra["seeds"], ra["gaps"][f"per_seed_{over}"], strict=True))
-    gb = dict(zip(rb["seeds"], rb["gaps"][f"per_seed_{over}"], strict=True))
-    seeds = [s for s in ra["seeds"] if s in gb]
-    d = V.differences([ga[s] for s in seeds], [gb[s] for s in seeds])
-    mean = sum(d) / len(d) if d else None
-    return {"per_seed": d, "mean": None if mean is not None and math.isnan(mean) else mean,  # +∞ and −∞ seeds
-            "ci": V.bootstrap_ci(d), "seeds": seeds}
-
-
-def final_differences(table: dict, a: tuple, b: tuple | None, sign: float) -> dict:
-    """Per seed sign × (final(A) − final(B)), B the seed's own baseline when `b` is None; mean and interval.
-    `stopped`: the seeds whose run of A or B stopped before its end, which have no final value: a claim on
-    final values is then inconclusive (a seed left out would hide a diverged run)."""
-    ra = table["rows"].get(a)
-    if ra is None:
-        return {"per_seed": [], "mean": None, "ci": None, "stopped": []}
-    rb = table["rows"].get(b if b is not None else ("baseline", 1.0))
-    stopped = sorted({s for row in (ra, rb) if row
-                      for s, x in zip(row["seeds"], row.get("stopped") or [None] * len(row["seeds"]), strict=True)
-                      if x} & set(ra["seeds"]))
-    fa = dict(zip(ra["seeds"], ra["finals"], strict=True))
-    if b is None:
-        fb = dict(zip(ra["seeds"], ra["base_finals"], strict=True))
-    else:
-        fb = dict(zip(rb["seeds"], rb["finals"], strict=True)) if rb else {}
-    d = [sign * (fa[s] - fb[s]) for s in ra["seeds"] if s in fb and fa[s] is not None and fb[s] is not None]
-    return {"per_seed": d, "mean": sum(d) / len(d) if d else None, "ci": V.bootstrap_ci(d), "stopped": stopped}
-
-
-def stopped_verdict(out: dict, seeds: list) -> None:
-    """A claim on final values with a seed whose run stopped before its end is inconclusive: that seed has
-    no final value, and judging the others would hide a run that diverged."""
-    if seeds:
-        tail = (f"; but the run of seed{'s' if len(seeds) > 1 else ''} {', '.join(str(s) for s in seeds)} "
-                f"stopped before its end, so it has no final value")
-        decided(out, "inconclusive", V.Why(out["numbers"], out["decision"] + tail))
-
-
-def decided(out: dict, verdict: str, why: str) -> dict:
-    """`out` with its verdict and reason, and the reason's numbers and decision apart for the README's table
-    (`verdict.Why`); a plain string is a reason for want of data, both at once."""
-    w = why if isinstance(why, V.Why) else V.Why.unmeasured(why)
-    out.update(verdict=verdict, why=str(w), numbers=w.numbers, decision=w.decision)
-    return out
-
-
 def setting_key(family: Family, name: str, kappa: float | None) -> tuple:
     """A claim's setting name → its table row key: the standard ones at the claim's κ, an arm at its own."""
     for a in family.arms:
@@ -323,161 +267,14 @@ def setting_key(family: Family, name: str, kappa: float | None) -> tuple:
     return name, kappa
 
 
-def _label(name: str, kappa: float | None) -> str:
-    """`with the rule at κ=4`, `arm bn-scale at κ=2`."""
-    names = {"with": "with the rule", "without": "without the rule", "linear": "the linear rule"}
-    what = names.get(name, f"arm {name}")
-    return f"{what} at κ={kappa:g}" if kappa is not None else what
-
-
-def judge(family: Family, claim: Claim, tables: dict, base: list, kappas: list, gate: dict | None = None) -> dict:
-    table = tables[claim.metric]
-    metric: Metric = table["metric"]
-    over = claim.over
-    ka, kb = (setting_key(family, n, claim.kappa) for n in claim.settings)
-    out = {"claim": claim.text, "short": claim.short, "paper": claim.paper, "where": claim.where, "kind": claim.kind,
-           "metric": claim.metric, "kappa": claim.kappa, "statistic": STATISTIC[over],
-           "gap_with_rule": None, "gap_without_rule": None, "baseline_spread": _spread(table, over),
-           "note": claim.note}
-    if claim.settings != STANDARD:
-        out["settings"] = {"A": _label(*ka), "B": _label(*kb)}
-        if ka[0] not in STANDARD:  # judged at the arm's κ (a preset may run it at another than the paper's)
-            out["kappa"] = ka[1]
-    k = claim.kappa
-    pairwise = ("rule_needed", "rule_closer", "same_either_way", "target_explains", "arm_closer")
-    if claim.kind in (*pairwise, "optimizer_strays", "matches_or_better"):
-        need = [ka] if claim.kind in ("optimizer_strays", "matches_or_better") else [ka, kb]
-        absent = [key for key in need if key not in table["rows"]]
-        if absent:
-            what = " and ".join(_label(*key) for key in absent)
-            decided(out, "inconclusive", f"not measured: {what} {'were' if len(absent) > 1 else 'was'} not "
-                                         f"run (see --kappas)")
-            return out
-    if claim.kind == "optimizer_strays":
-        gw = _stat(table, *ka, over)
-        out.update(gap_with_rule=gw, gap_without_rule=_stat(table, *kb, over), ci_with=_ci_of(table, *ka, over))
-        v, why = V.decide_optimizer(gw, out["baseline_spread"], out["ci_with"])
-        decided(out, v, why)
-        return out
-    if claim.kind in pairwise:
-        gw, gwo, s = _stat(table, *ka, over), _stat(table, *kb, over), out["baseline_spread"]
-        out.update(gap_with_rule=gw, gap_without_rule=gwo, ci_with=_ci_of(table, *ka, over),
-                   ci_without=_ci_of(table, *kb, over))
-        missing = {key: ((_row(table, *key) or {}).get("gaps") or {}).get("missing", 0) for key in (ka, kb)}
-        if any(missing.values()):
-            decided(out, "inconclusive", f"not measured: {missing[ka]} run(s) of {_label(*ka)} and "
-                                         f"{missing[kb]} of {_label(*kb)} never logged {claim.metric}")
-            return out
-        if any(((_row(table, *key) or {}).get("gaps") or {}).get("no_overlap") for key in (ka, kb)):
-            decided(out, "inconclusive", f"not measured: a run at κ={k:g} logged {claim.metric} only after "
-                                         f"the baseline's last evaluation of it")
-            return out
-        diff = paired_difference(table, ka, kb, over)
-        out["paired_difference"] = {"mean": diff["mean"], "ci": diff["ci"], "per_seed": diff["per_seed"]}
-        if claim.kind == "target_explains":
-            target = tables[family.target_metric.name]
-            gt, st = _stat(target, *ka, over), _spread(target, over)
-            ct = _ci_of(target, *ka, over)
-            out["target"] = {"metric": family.target_metric.name, "gap_with_rule": gt, "ci_with": ct,
-                             "gap_without_rule": _stat(target, *kb, over), "baseline_spread": st}
-            v, why = V.decide_target(gw, s, gt, st, ct)
-            if V.nothing_to_explain(gw, s, gt, st):
-                out["set_aside"] = ASIDE_NO_GAP
-        elif claim.kind == "arm_closer":
-            v, why = V.decide_arm_closer(gw, gwo, diff["ci"])
-        else:
-            v, why = V.decide(claim.kind, gw, gwo, s, diff["ci"])
-            if claim.kind == "rule_needed" and None not in (gw, gwo, s):
-                out["meets_issue_goal"] = bool(gwo >= V.FACTOR * gw and gw <= s)
-        decided(out, v, why)
-        if v != "reproduced" and claim.settings == STANDARD:
-            out["diagnosis"] = diagnose(family, tables, k, over, claim.metric, gate, noise=v == "inconclusive")
-    elif claim.kind == "matches_or_better":
-        sign = 1.0 if metric.higher_is_better else -1.0
-        d = final_differences(table, ka, None, sign)
-        out.update(gap_with_rule=_stat(table, *ka, "end"), ci_with=_ci_of(table, *ka, "end"),
-                   baseline_spread=_spread(table, "end"), a_minus_baseline=d)
-        v, why = V.decide_matches_or_better(d["mean"], d["ci"], out["baseline_spread"])
-        decided(out, v, why)
-        stopped_verdict(out, d["stopped"])
-    elif claim.kind == "with_better":
-        sign = 1.0 if metric.higher_is_better else -1.0
-        diffs, cis, stopped = {}, {}, set()
-        for kk in kappas:
-            d = final_differences(table, ("with", kk), ("without", kk), sign)
-            diffs[kk], cis[kk] = d["mean"], d["ci"]
-            stopped |= set(d["stopped"])
-        s = _spread(table, "end")
-        if kappas:
-            top = kappas[-1]
-            out.update(kappa=top, gap_with_rule=_stat(table, "with", top, "end"),
-                       gap_without_rule=_stat(table, "without", top, "end"), baseline_spread=s)
-        out["with_minus_without"] = {f"{kk:g}": d for kk, d in diffs.items()}
-        out["with_minus_without_ci"] = {f"{kk:g}": c for kk, c in cis.items()}
-        v, why = V.decide_with_better(diffs, s, cis)
-        decided(out, v, why)
-        stopped_verdict(out, sorted(stopped))
-    elif claim.kind == "ema_above_target":
-        ema, target = tables[family.ema_metric.name], tables[family.target_metric.name]
-        sign = 1.0 if family.ema_metric.higher_is_better else -1.0
-        e = ema["rows"][("baseline", 1.0)]["finals"]
-        t = target["rows"][("baseline", 1.0)]["finals"]
-        diffs = [sign * (a - b) for a, b in zip(e, t, strict=True) if a is not None and b is not None]
-        out["ema_minus_target"] = diffs
-        out["ema_minus_target_ci"] = V.bootstrap_ci(diffs)
-        v, why = V.decide_ema_above(diffs)
-        decided(out, v, why)
-    else:
-        raise ValueError(f"{family.name}: unknown claim kind {claim.kind!r}")
-    names = [claim.metric] + ([family.target_metric.name] if claim.kind in ("target_explains", "ema_above_target")
-                              else [])
-    broken = sorted({x for n in names for x in stopped_baselines(tables[n])}, key=str)
-    if broken:  # measured as usual, so the report shows the numbers, but not judged (verdict.STOPPED_BASELINE)
-        out.pop("diagnosis", None), out.pop("set_aside", None)
-        return decided(out, "inconclusive", V.Why(out.get("numbers") or "", _stopped_why(broken)))
-    return gated(family, claim, out, gate, [ka] if claim.kind != "with_better" else
-                 [("with", kk) for kk in kappas])
-
-
-# The kinds whose claim is about the EMA at one setting: meaningful only where the target model tracks.
-GATED = ("rule_needed", "rule_closer", "same_either_way", "arm_closer", "matches_or_better", "with_better")
-
-# Why a row is set aside: the claim does not apply at that κ, so the tally leaves the row out and decides the
-# claim on its other κ, if any (issue 18 §2: an EMA claim is meaningful only where the optimizer rule holds;
-# a claim that explains an EMA gap, only where there is one).
-ASIDE_STRAYS = "the target model strays"
-ASIDE_NO_GAP = "no EMA gap to explain"
-
-
-def gated(family: Family, claim: Claim, out: dict, gate: dict | None, keys: list) -> dict:
-    """A claim about the EMA where the target model strays (`track_table`) is inconclusive and set aside,
-    with the measured reason: the optimizer rule already fails there, so the EMA is judged on a broken run.
-    The verdict the rules gave, inconclusive or not, is kept as `verdict_if_target_tracked`."""
-    if not gate or not gate["blind"] or claim.kind not in GATED:
-        return out
-    # A metric blind to ρ is the target's own: a claim on it stands however far the target strays. The
-    # pseudo-labeling student's WER is the gate's metric too, but only its pre-training part is blind: a
-    # claim on the rest is about the EMA's labels, judged on a student that had already strayed.
-    if not family.metric(claim.metric).depends_on_ema or (claim.until and claim.until == family.target_blind_until):
-        return out
-    bad = [(key, gate["rows"].get(key)) for key in keys if (gate["rows"].get(key) or {}).get("state") == "strays"]
-    if not bad:
-        return out
-    why = "; ".join(f"{_label(*key)}: {r['metric']} gap {_f(r['gap'])} (95 % CI {_fci(r['ci'])}) against a spread of "
-                    f"{_f(r['spread'])}" for key, r in bad)
-    return out | {"verdict_if_target_tracked": out["verdict"], "verdict": "inconclusive", "set_aside": ASIDE_STRAYS,
-                  "why": f"the target model strays ({why}): a claim about the EMA is not meaningful where the "
-                         f"optimizer rule already fails. Measured: {out['why']}",
-                  "numbers": f"target: {why}; EMA: {out.get('numbers', out['why'])}",
-                  "decision": "a claim about the EMA is not meaningful where the optimizer rule already fails"}
-
-
 def track_table(family: Family, tables: dict, base: list, settings: dict, since: float | None) -> dict | None:
-    """The optimizer-rule check: the target model's paired gap over the run (from `since`, where the standard
-    settings leave κ=1) for every setting, against the baseline's pair spread, and whether it tracks, strays
-    or sits between. `blind` says whether the target metric is blind to the EMA (else a gap there may be the
-    EMA's own, and no claim is gated on it); a family's `target_blind_until` restricts it to the part of the
-    run where it is (pseudo-labeling's pre-training)."""
+    """The optimizer-rule check: for every setting, the target model's signed effect over the run (how much
+    worse than its seed's baseline, −σ·Δ, from `since` where the standard settings leave κ=1), against the
+    baselines' pair spread. It STRAYS when the effect's CI95 lies above one spread (`rules`' directional
+    rule, of size 1), TRACKS when its CI90 lies inside ±1 spread (equivalence), and sits BETWEEN otherwise.
+    `blind` says whether the target metric is blind to the EMA (else a gap there may be the EMA's own, and
+    no claim is set aside on it); a family's `target_blind_until` restricts it to the part of the run where
+    it is (pseudo-labeling's pre-training)."""
     t = family.target_metric
     if t is None or t.name not in tables:
         return None
@@ -489,26 +286,36 @@ def track_table(family: Family, tables: dict, base: list, settings: dict, since:
             until = None
         if until is not None:
             table, window = metric_table(t, base, settings, until, since), until
-    s = _spread(table, "run")
+    s = J.scale(table, "signed", "run")
+    sigma = 1.0 if t.higher_is_better else -1.0
     rows = {}
     for rule, k in table["rows"]:
         if rule == "baseline":
             continue
-        g, ci = _stat(table, rule, k, "run"), _ci_of(table, rule, k, "run")
-        st = V.strays(g, s, ci)
-        state = None if st is None else ("strays" if st else ("tracks" if g <= s else "between"))
-        rows[(rule, k)] = {"metric": t.name, "gap": g, "ci": ci, "spread": s, "state": state}
+        d = J.signed(table, (rule, k), "run")
+        state, effect, ci = None, None, None
+        if d is not None and s and math.isfinite(s):
+            e = [-sigma * v / s for v in d.values()]
+            sm = R.summarize(e)
+            effect, ci = sm.mean * s, (sm.ci95[0] * s, sm.ci95[1] * s)
+            if R.decide(R.Part("directional", size=1.0), e).verdict == R.REPRODUCED:
+                state = "strays"
+            elif R.decide(R.Part("equivalence", margin=1.0), e).verdict == R.REPRODUCED:
+                state = "tracks"
+            elif math.isfinite(sm.mean):
+                state = "between"
+        rows[(rule, k)] = {"metric": t.name, "effect": effect, "ci": ci, "spread": s, "state": state}
     return {"metric": t.name, "blind": (not t.depends_on_ema) or window is not None, "spread": s, "rows": rows,
             "until_epoch": window, "until": family.target_blind_until or None, "since_epoch": since,
             "baseline_stopped": stopped_baselines(table)}
 
 
 def optimizer_check(family: Family, gate: dict | None, kappas: list) -> dict | None:
-    """What every sweep report prints: the target's gap at each κ with and without the rule (and each arm)
-    against the spread, and the first κ where it strays with the rule."""
+    """What every sweep report prints: the target's signed effect at each κ with and without the rule (and
+    each arm) against the spread, and the first κ where it strays with the rule."""
     if gate is None:
         return None
-    rows = [{"setting": rule, "kappa": k, **{x: r[x] for x in ("gap", "ci", "state")}}
+    rows = [{"setting": rule, "kappa": k, **{x: r[x] for x in ("effect", "ci", "state")}}
             for (rule, k), r in sorted(gate["rows"].items(), key=lambda kv: (kv[0][1], kv[0][0]))]
     first = next((r["kappa"] for r in rows if r["setting"] == "with" and r["state"] == "strays"), None)
     window = f" up to epoch {gate['until_epoch']:.3g} ({gate['until']})" if gate["until_epoch"] is not None else ""
@@ -518,64 +325,13 @@ def optimizer_check(family: Family, gate: dict | None, kappas: list) -> dict | N
     elif first is not None:
         head = f"the target model's {gate['metric']}{window} strays with the rule first at κ={first:g}"
     elif any(r["state"] is None for r in rows if r["setting"] == "with"):
-        head = f"the target model's {gate['metric']}{window}: not judged (fewer than 2 baseline seeds, or no gap)"
+        head = f"the target model's {gate['metric']}{window}: not judged (fewer than 2 baseline seeds, or no Δ)"
     else:
         head = f"the target model's {gate['metric']}{window} does not stray with the rule at any κ run"
     if not gate["blind"]:
         head += (f"; {gate['metric']} depends on the EMA too, so a gap there may be the EMA's: no EMA claim is set "
                  f"aside on it")
-    return {"metric": gate["metric"], "statistic": STATISTIC["run"] + since + window, "spread": gate["spread"],
+    return {"metric": gate["metric"], "statistic": "mean Δ over the run" + since + window, "spread": gate["spread"],
             "ema_blind": gate["blind"], "rows": rows, "first_strays_kappa": first, "summary": head,
-            "rule": "strays: gap > 2× spread and the gap's 95 % CI above 1× spread; tracks: gap ≤ 1× spread"}
-
-
-def _fci(ci) -> str:
-    return "—" if ci is None else f"{_f(ci[0])}–{_f(ci[1])}"
-
-
-def diagnose(family: Family, tables: dict, kappa: float, over: str, metric: str | None = None,
-             gate: dict | None = None, noise: bool = True) -> str:
-    """Why a claim on `metric` (the EMA metric by default) fell short, from the numbers: noise, the
-    optimizer rule, or the EMA itself. The target model's state is the optimizer-rule check's (`gate`, its
-    gap over the run with its interval), so the report never reads it two ways. `noise`: whether to name the
-    seeds' noise; not for a contradicted claim, whose rule has already measured past it."""
-    metric = metric or family.ema_metric.name
-    table = tables[metric]
-    gw, gwo, s = _stat(table, "with", kappa, over), _stat(table, "without", kappa, over), _spread(table, over)
-    parts = []
-    if noise and s is not None and gw is not None and gwo is not None and gwo <= V.FACTOR * s:
-        parts.append(f"noise: even without the rule the {metric} gap ({_f(gwo)}) is within 2× the baseline seeds' "
-                     f"spread ({_f(s)}), so this preset cannot separate the settings")
-    t = family.target_metric
-    row = (gate or {}).get("rows", {}).get(("with", kappa)) if gate and gate["blind"] else None
-    if row and row["state"]:
-        parts.append(_target_state(gate, row))
-    elif t.depends_on_ema and t.name == metric:
-        parts.append(f"{t.name}, the student's, depends on the EMA too, so it cannot separate an optimizer-rule "
-                     f"failure from an EMA one")
-    elif t.depends_on_ema and t.name in tables:
-        tg, ts = _stat(tables[t.name], "with", kappa, over), _spread(tables[t.name], over)
-        parts.append(f"{t.name} depends on the EMA too (gap with the rule {_f(tg)}, spread {_f(ts)}), so it "
-                     f"cannot separate an optimizer-rule failure from an EMA one")
-    return "; ".join(parts) or "not enough runs to say"
-
-
-def _target_state(gate: dict, row: dict) -> str:
-    """The optimizer-rule check's reading of the target at one setting, in words."""
-    span = f"up to epoch {gate['until_epoch']:.3g}" if gate.get("until_epoch") is not None else "over the run"
-    what = f"the target model's {row['metric']}"
-    g, sp, ci = row["gap"], row["spread"], f" (95 % CI {_fci(row['ci'])})" if row["ci"] else ""
-    if row["state"] == "strays":
-        return f"the optimizer rule: {what} strays too {span} (gap with the rule {_f(g)}{ci} > 2× its spread {_f(sp)})"
-    if row["state"] == "tracks":
-        return (f"{what} tracks {span} (gap with the rule {_f(g)} ≤ its spread {_f(sp)}): the optimizer rule holds, "
-                f"so any remaining gap is the EMA's")
-    if g > V.FACTOR * sp:
-        return (f"{what} gap with the rule {span} ({_f(g)}{ci}) is > 2× its spread ({_f(sp)}) but its CI reaches down "
-                f"to 1×: unclear whether the optimizer rule breaks")
-    return (f"{what} gap with the rule {span} ({_f(g)}) lies between 1× and 2× its spread ({_f(sp)}), within the "
-            f"noise band: unclear whether the optimizer rule breaks")
-
-
-def _f(v: float | None) -> str:
-    return "—" if v is None else ("∞" if math.isinf(v) else f"{v:.3g}")
+            "rule": "strays: the target's effect (worse than its baseline) has its CI95 above 1 spread; tracks: "
+                    "its CI90 lies inside ±1 spread (TOST); between otherwise"}

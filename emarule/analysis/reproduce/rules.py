@@ -9,6 +9,16 @@ here exactly as written:
                    contradicted   CI95 lies below 0 (the opposite effect), or TOST shows |effect| < margin
                                   AND the seeds run had the power (MDE ≤ the paper's effect)
                    otherwise      not reproduced at this preset, with the MDE
+    departure      (a directional claim whose paper gives no sign: "diverges", "does not match")
+                   reproduced     CI95 lies wholly above +size or wholly below −size
+                   contradicted   TOST shows |effect| < margin AND MDE ≤ the paper's effect
+                   otherwise      not reproduced at this preset, with the MDE
+    comparative    (on paired differences of gaps: "closer", "≈ 3× smaller")
+                   reproduced     CI95 lies above the size the claim states
+                   contradicted   CI95 lies below 0 (the opposite ordering)
+                   otherwise      not reproduced at this preset, with the MDE. A difference of two gaps
+                                  cannot bound an absent effect (each gap has a noise floor), so no
+                                  equivalence test contradicts a comparative claim.
     equivalence    reproduced     TOST at level 0.05: the CI90 lies inside ±margin
                    contradicted   CI95 lies wholly outside ±margin
                    otherwise      not reproduced at this preset, with the MDE
@@ -33,11 +43,16 @@ import math
 import random
 from dataclasses import dataclass, field
 
-SHAPES = ("directional", "equivalence", "noninferior")
+SHAPES = ("directional", "departure", "comparative", "equivalence", "noninferior")
 REPRODUCED = "reproduced"
 CONTRADICTED = "contradicted"
 NOT_REPRODUCED = "not reproduced at this preset"
 VERDICTS = (REPRODUCED, NOT_REPRODUCED, CONTRADICTED)
+# Verdicts no rule gives, which `judge` gives before any rule is applied:
+NOT_TESTABLE = "not testable at this preset"  # the preset lacks the mechanism the claim needs
+SET_ASIDE = "set aside"  # the optimizer rule itself strays where the claim is about the EMA
+NOT_MEASURED = "not measured"  # a run the claim needs is missing, or never logged the metric
+ALL_VERDICTS = (REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE, CONTRADICTED, SET_ASIDE, NOT_MEASURED)
 POWER = 0.8  # the power the minimum detectable effect is quoted at
 MAX_SEEDS = 1000  # seeds_needed's search ends here
 
@@ -185,43 +200,70 @@ class Decision:
 def _directional(s: Summary, p: Part) -> tuple[str, str]:
     lo, hi = s.ci95
     if lo > p.size:
-        return REPRODUCED, f"CI95 [{lo:+.3g}, {hi:+.3g}] lies above {p.size:g}"
+        return REPRODUCED, f"CI95 lies above {p.size:g}"
     if hi < 0:
-        return CONTRADICTED, f"CI95 [{lo:+.3g}, {hi:+.3g}] lies below 0: the opposite effect"
+        return CONTRADICTED, "CI95 lies below 0: the opposite effect"
+    absent = _absent(s, p)
+    if absent:
+        return CONTRADICTED, absent
+    return NOT_REPRODUCED, f"CI95 reaches {p.size:g}: not decided at the seeds run"
+
+
+def _absent(s: Summary, p: Part) -> str | None:
     l90, h90 = s.ci90
     if -p.margin < l90 and h90 < p.margin and s.mde <= p.paper_effect:
-        return CONTRADICTED, (f"absence shown: CI90 [{l90:+.3g}, {h90:+.3g}] inside ±{p.margin:g} with "
-                              f"MDE {s.mde:.3g} ≤ the paper's effect {p.paper_effect:g}")
-    return NOT_REPRODUCED, f"CI95 [{lo:+.3g}, {hi:+.3g}] reaches {p.size:g}; MDE {s.mde:.3g}"
+        return (f"absence shown: CI90 inside ±{p.margin:g} with the MDE ≤ the "
+                f"paper's effect {p.paper_effect:g}")
+    return None
+
+
+def _departure(s: Summary, p: Part) -> tuple[str, str]:
+    lo, hi = s.ci95
+    if lo > p.size or hi < -p.size:
+        return REPRODUCED, f"CI95 lies outside ±{p.size:g}"
+    absent = _absent(s, p)
+    if absent:
+        return CONTRADICTED, absent
+    return NOT_REPRODUCED, f"CI95 reaches {p.size:g}: not decided at the seeds run"
+
+
+def _comparative(s: Summary, p: Part) -> tuple[str, str]:
+    lo, hi = s.ci95
+    if lo > p.size:
+        return REPRODUCED, f"CI95 lies above {p.size:g}"
+    if hi < 0:
+        return CONTRADICTED, "CI95 lies below 0: the opposite ordering"
+    return NOT_REPRODUCED, f"CI95 reaches {p.size:g}: not decided at the seeds run"
 
 
 def _equivalence(s: Summary, p: Part) -> tuple[str, str]:
     l90, h90 = s.ci90
     if -p.margin < l90 and h90 < p.margin:
-        return REPRODUCED, f"TOST: CI90 [{l90:+.3g}, {h90:+.3g}] inside ±{p.margin:g}"
+        return REPRODUCED, f"TOST: CI90 inside ±{p.margin:g}"
     lo, hi = s.ci95
     if lo > p.margin or hi < -p.margin:
-        return CONTRADICTED, f"CI95 [{lo:+.3g}, {hi:+.3g}] lies outside ±{p.margin:g}"
-    return NOT_REPRODUCED, f"CI90 [{l90:+.3g}, {h90:+.3g}] reaches ±{p.margin:g}; MDE {s.mde:.3g}"
+        return CONTRADICTED, f"CI95 lies outside ±{p.margin:g}"
+    return NOT_REPRODUCED, f"CI90 reaches ±{p.margin:g}: not decided at the seeds run"
 
 
 def _noninferior(s: Summary, p: Part) -> tuple[str, str]:
     lo, hi = s.ci95
     if lo > -p.margin:
-        return REPRODUCED, f"CI95 [{lo:+.3g}, {hi:+.3g}] lies above −{p.margin:g}"
+        return REPRODUCED, f"CI95 lies above −{p.margin:g}"
     if hi < -p.margin:
-        return CONTRADICTED, f"CI95 [{lo:+.3g}, {hi:+.3g}] lies below −{p.margin:g}"
-    return NOT_REPRODUCED, f"CI95 [{lo:+.3g}, {hi:+.3g}] reaches −{p.margin:g}; MDE {s.mde:.3g}"
+        return CONTRADICTED, f"CI95 lies below −{p.margin:g}"
+    return NOT_REPRODUCED, f"CI95 reaches −{p.margin:g}: not decided at the seeds run"
 
 
-_RULES = {"directional": _directional, "equivalence": _equivalence, "noninferior": _noninferior}
+_RULES = {"directional": _directional, "departure": _departure, "comparative": _comparative,
+          "equivalence": _equivalence, "noninferior": _noninferior}
 
 
 def decide(part: Part, effects: list[float]) -> Decision:
     """The verdict on one part from its per-seed signed effects (in spreads)."""
     s = summarize(effects)
     verdict, rule = _RULES[part.shape](s, part)
-    margin = None if part.shape == "directional" and verdict != CONTRADICTED else part.margin
+    margin = part.margin if part.shape in ("equivalence", "noninferior") or verdict == CONTRADICTED else None
     return Decision(verdict, part.shape, s.mean, s.ci95, s.mde, margin, rule, s.n)
 
 
@@ -266,16 +308,20 @@ class Kind:
 KINDS = {k.name: k for k in (
     Kind("rule_needed", (Part("directional"), Part("equivalence", margin=1.0)),
          "without the rule the metric moves away from the baseline; with it, the metric stays within ±1 spread"),
-    Kind("rule_closer", (Part("directional"),),
-         "the rule brings the metric closer to the baseline than no rule does"),
+    Kind("rule_departs", (Part("departure"), Part("equivalence", margin=1.0)),
+         "without the rule the metric departs from the baseline (either sign); with it, it stays within ±1 spread"),
+    Kind("rule_closer", (Part("comparative"),),
+         "the rule's gap is smaller than no rule's by the ratio the claim states: gap without − ratio × gap with"),
     Kind("same_either_way", (Part("equivalence", margin=1.0), Part("equivalence", margin=1.0)),
          "with and without the rule the metric ends within ±1 spread of the baseline"),
-    Kind("arm_closer", (Part("directional"),), "setting A ends closer to the baseline than setting B"),
+    Kind("arm_closer", (Part("comparative"),), "setting A ends closer to the baseline than setting B"),
     Kind("matches_or_better", (Part("noninferior", margin=1.0),),
          "setting A ends no more than 1 spread below the baseline, or above it"),
     Kind("with_better", (Part("directional"),), "the rule ends better than no rule"),
     Kind("ema_above_target", (Part("directional"),), "the EMA ends better than its target model"),
     Kind("target_explains", (Part("directional"),), "where the EMA strays with the rule, the target strays too"),
+    Kind("optimizer_strays", (Part("departure"),), "with every rule applied, the target model departs from the "
+                                                     "baseline"),
 )}
 
 

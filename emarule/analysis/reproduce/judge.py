@@ -1,0 +1,305 @@
+"""One claim of a sweep family, judged: which signed per-seed effects its parts are, then the rules. Torch-free.
+
+Every claim kind is a row of `PARTS`: for each of its parts (the shapes and margins of `rules.KINDS`) the
+per-seed effect it is judged on, in the metric's units and signed so that the paper's direction is positive,
+and the scale the effect is divided by before the rules see it (the baselines' pair spread of the same
+statistic; `paired.pair_spread`). Before any rule, in this order, a claim is
+
+- not measured, where a run it needs is missing or never logged the metric;
+- set aside, where it is about the EMA and the target model strays with the rule at its setting (the
+  optimizer rule already fails there: `measure.track_table`);
+- not testable at this preset, where the preset lacks the mechanism the claim needs (`mechanisms`).
+
+What the rules would have said is kept beside those three (`verdict_if_applicable`). σ below is +1 for a
+metric where higher is better, −1 otherwise; Δ_X(s) = run X of seed s − baseline of seed s, over the run
+(its mean) or at the end; g_X(s) the gap, |Δ| likewise.
+
+    rule_needed       without departs:  −σ·Δ_without  (worse without: positive)        directional
+                      with matches:     −σ·Δ_with                                     equivalence ±1
+    rule_departs      the same, the first part in either direction                   departure
+    rule_closer       g_without − r·g_with, r the ratio the claim states (1: closer)  comparative
+    same_either_way   without matches, with matches: −σ·Δ_without, −σ·Δ_with        equivalence ±1 each
+    arm_closer        g_B − g_A                                                       comparative
+    matches_or_better σ·Δ_A at the end                                                noninferior −1
+    with_better       σ·(Δ_with − Δ_without) at the end, at every κ run               directional each
+    ema_above_target  σ·(EMA − target) at the end, per baseline seed                  directional
+    target_explains   needs an EMA gap with the rule (−σ·Δ_with on the EMA metric reproduced as a
+                      directional effect, else not testable); then −σ·Δ_with on the target metric  directional
+    optimizer_strays  −σ·Δ_with on the target metric, in the claim's part of the run  departure
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from emarule.analysis.reproduce import rules as R
+from emarule.analysis.reproduce.claims import STANDARD, Claim, Family
+
+STATISTIC = {("signed", "run"): "mean Δ over the run", ("signed", "end"): "Δ at the end",
+             ("gap", "run"): "mean |Δ| over the run", ("gap", "end"): "|Δ| at the end"}
+# The claim kinds about the EMA at one setting: meaningful only where the target model tracks.
+GATED = ("rule_needed", "rule_departs", "rule_closer", "same_either_way", "arm_closer", "matches_or_better",
+         "with_better")
+ASIDE_STRAYS = "the target model strays with the rule"
+
+
+@dataclass
+class Verdict:
+    """A claim's result, as verdict.json stores it and every renderer reads it. Effects, intervals, minimum
+    detectable effects and margins are in the metric's units; `spread` is the scale the rules divided by."""
+
+    claim: str
+    short: str
+    paper: str
+    where: str
+    kind: str
+    metric: str
+    kappa: float | None
+    verdict: str
+    shape: str = ""
+    statistic: str = ""
+    effect: float | None = None
+    effect_ci: tuple | None = None
+    mde: float | None = None
+    margin: float | None = None
+    spread: float | None = None
+    rule: str = ""
+    n: int = 0
+    seeds_for_paper_effect: int | None = None
+    parts: list = field(default_factory=list)
+    mechanism: dict | None = None
+    set_aside: str | None = None
+    verdict_if_applicable: str | None = None
+    why: str = ""  # for a claim not measured or set aside: what is missing, or what strays
+    stand_in: str = ""  # a κ beyond the paper's range, judged in its place
+    settings: dict | None = None  # {"A": ..., "B": ...} where the claim names settings other than with/without
+    note: str = ""
+    numbers: dict = field(default_factory=dict)  # further measurements: each setting's mean gap, a ratio
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# --- per-seed effects ------------------------------------------------------------------------------
+
+
+def _row(table: dict, key: tuple) -> dict | None:
+    return table["rows"].get(key)
+
+
+def signed(table: dict, key: tuple, over: str) -> dict | None:
+    """{seed: Δ} of a setting (run − its seed's baseline); None where the setting was not run or has no Δ."""
+    row = _row(table, key)
+    if row is None or not row["gaps"] or row["gaps"]["run"] is None:
+        return None
+    vals = row["gaps"][f"signed_{over}"]
+    return {s: (math.inf if v is None else v) for s, v in zip(row["seeds"], vals, strict=True)}
+
+
+def gaps(table: dict, key: tuple, over: str) -> dict | None:
+    row = _row(table, key)
+    if row is None or not row["gaps"] or row["gaps"]["run"] is None:
+        return None
+    return dict(zip(row["seeds"], row["gaps"][f"per_seed_{over}"], strict=True))
+
+
+def scale(table: dict, kind: str, over: str) -> float | None:
+    """The baselines' pair spread of the statistic: RMS of Δ between two baselines ("signed"), or their mean
+    gap ("gap")."""
+    g = table["rows"][("baseline", 1.0)]["gaps"]
+    if g is None:
+        return None
+    return g[f"signed_{over}"] if kind == "signed" else g[over]
+
+
+def _paired(*maps: dict) -> list:
+    """The seeds every map has, in order."""
+    seeds = [s for s in maps[0] if all(s in m for m in maps[1:])]
+    return seeds
+
+
+def _sigma(metric) -> float:
+    return 1.0 if metric.higher_is_better else -1.0
+
+
+@dataclass(frozen=True)
+class Effects:
+    """One part's per-seed effects (metric units) and its scale."""
+
+    label: str
+    values: list
+    scale: float | None
+    statistic: str
+
+
+def _worse(table, key, over, sigma, label) -> Effects | None:
+    d = signed(table, key, over)
+    if d is None:
+        return None
+    return Effects(label, [-sigma * v for v in d.values()], scale(table, "signed", over), STATISTIC["signed", over])
+
+
+def part_effects(family: Family, claim: Claim, tables: dict, keys: tuple, kappas: list) -> list[Effects] | str:
+    """The per-seed effects of each part of the claim, or the reason (a string) it is not measured."""
+    table = tables[claim.metric]
+    metric = table["metric"]
+    sig, over = _sigma(metric), claim.over
+    ka, kb = keys
+    kind = claim.kind
+    out: list = []
+    if kind in ("rule_needed", "rule_departs"):
+        out = [_worse(table, kb, over, sig, f"{_label(*kb)} departs from the baseline"),
+               _worse(table, ka, over, sig, f"{_label(*ka)} matches the baseline")]
+    elif kind == "same_either_way":
+        out = [_worse(table, kb, over, sig, f"{_label(*kb)} matches the baseline"),
+               _worse(table, ka, over, sig, f"{_label(*ka)} matches the baseline")]
+    elif kind in ("rule_closer", "arm_closer"):
+        ga, gb = gaps(table, ka, over), gaps(table, kb, over)
+        r = claim.ratio if kind == "rule_closer" else 1.0
+        if ga is not None and gb is not None:
+            seeds = _paired(ga, gb)
+            vals = [0.0 if math.isinf(ga[s]) and math.isinf(gb[s]) else gb[s] - r * ga[s] for s in seeds]
+            what = f"gap of {_label(*kb)} − {r:g} × gap of {_label(*ka)}" if r != 1 else \
+                f"gap of {_label(*kb)} − gap of {_label(*ka)}"
+            out = [Effects(what, vals, scale(table, "gap", over), STATISTIC["gap", over])]
+        else:
+            out = [None]
+    elif kind == "matches_or_better":
+        d = signed(table, ka, "end")
+        out = [None if d is None else Effects(f"{_label(*ka)} − the baseline, at the end",
+                                              [sig * v for v in d.values()], scale(table, "signed", "end"),
+                                              STATISTIC["signed", "end"])]
+    elif kind == "with_better":
+        for k in kappas:
+            w, o = signed(table, ("with", k), "end"), signed(table, ("without", k), "end")
+            if w is None or o is None:
+                out.append(None)
+                continue
+            out.append(Effects(f"with − without the rule at κ={k:g}, at the end",
+                               [sig * (w[s] - o[s]) for s in _paired(w, o)], scale(table, "signed", "end"),
+                               STATISTIC["signed", "end"]))
+    elif kind == "ema_above_target":
+        ema, target = tables[family.ema_metric.name], tables[family.target_metric.name]
+        e, t = ema["rows"][("baseline", 1.0)], target["rows"][("baseline", 1.0)]
+        fe, ft = dict(zip(e["seeds"], e["finals"], strict=True)), dict(zip(t["seeds"], t["finals"], strict=True))
+        vals = [sig * (fe[s] - ft[s]) for s in fe if s in ft and fe[s] is not None and ft[s] is not None]
+        out = [Effects("EMA − target model of each baseline seed, at the end", vals, scale(ema, "signed", "end"),
+                       STATISTIC["signed", "end"])]
+    elif kind in ("target_explains", "optimizer_strays"):
+        t = tables[family.target_metric.name] if kind == "target_explains" else table
+        out = [_worse(t, ka, over, _sigma(t["metric"]), f"the target model {_label(*ka)} departs from the baseline")]
+    else:
+        raise ValueError(f"{family.name}: unknown claim kind {kind!r}")
+    if any(e is None for e in out) or not out:
+        return "a setting the claim compares was not run, or never logged the metric"
+    return out
+
+
+# --- the decision ---------------------------------------------------------------------------------
+
+
+def _label(name: str, kappa: float | None) -> str:
+    """`with the rule at κ=4`, `arm bn-scale at κ=2`."""
+    names = {"with": "with the rule", "without": "without the rule", "linear": "the linear rule"}
+    what = names.get(name, f"arm {name}")
+    return f"{what} at κ={kappa:g}" if kappa is not None else what
+
+
+def decide_parts(kind: str, effects: list[Effects]) -> tuple[R.Decision, list[dict]]:
+    """Each part through its rule (in spreads), joined; the parts as records in the metric's units."""
+    shape_parts = R.KINDS[kind].parts
+    decisions, records = [], []
+    for i, e in enumerate(effects):
+        part = shape_parts[min(i, len(shape_parts) - 1)]
+        if not e.scale or not math.isfinite(e.scale):
+            decisions.append(R.Decision(R.NOT_REPRODUCED, part.shape, math.nan, (-math.inf, math.inf), math.inf,
+                                        None, "no finite baseline spread to scale the effect by", len(e.values)))
+        else:
+            decisions.append(R.decide(part, [v / e.scale for v in e.values]))
+        d, sc = decisions[-1], e.scale or math.nan
+        records.append({"label": e.label, "shape": d.shape, "statistic": e.statistic, "verdict": d.verdict,
+                        "effect": d.effect * sc, "effect_ci": [d.effect_ci[0] * sc, d.effect_ci[1] * sc],
+                        "mde": d.mde * sc, "margin": None if d.margin is None else d.margin * sc, "spread": e.scale,
+                        "rule": d.rule, "n": d.n, "per_seed": list(e.values)})
+    return R.join(decisions), records
+
+
+def judge(family: Family, claim: Claim, tables: dict, kappas: list, gate: dict | None,
+          mechanism: dict | None, statistic_prefix: str = "") -> Verdict:
+    """The claim's verdict on the measured tables (`measure.metric_table`, one per metric)."""
+    from emarule.analysis.reproduce.measure import setting_key
+
+    keys = tuple(setting_key(family, n, claim.kappa) for n in claim.settings)
+    kappa = keys[0][1] if keys[0][0] not in STANDARD else claim.kappa
+    if claim.kind == "with_better" and kappas:
+        kappa = kappas[-1]
+    v = Verdict(claim=claim.text, short=claim.short, paper=claim.paper, where=claim.where, kind=claim.kind,
+                metric=claim.metric, kappa=kappa, verdict=R.NOT_MEASURED, note=claim.note,
+                shape=R.KINDS[claim.kind].shape)
+    if claim.settings != STANDARD:
+        v.settings = {"A": _label(*keys[0]), "B": _label(*keys[1])}
+    if claim.kappa is not None and claim.stand_in_beyond and claim.kappa > claim.stand_in_beyond:
+        v.stand_in = (f"κ={claim.kappa:g} lies beyond the paper's range (κ ≤ {claim.stand_in_beyond:g}); judged "
+                      f"as a stand-in for it")
+    gate_kappas = [k for k in kappas if k != 1.0] if claim.kind == "with_better" else None
+    effects = part_effects(family, claim, tables, keys, gate_kappas or kappas)
+    if isinstance(effects, str):
+        v.why = effects
+        return v
+    v.statistic = statistic_prefix or effects[0].statistic
+    v.numbers = _numbers(tables[claim.metric], keys, claim.over)
+    if claim.kind == "target_explains":  # the mechanism: an EMA gap with the rule for the target to explain
+        sig = _sigma(tables[claim.metric]["metric"])
+        pre = _worse(tables[claim.metric], keys[0], claim.over, sig, "the EMA with the rule departs")
+        d, rec = decide_parts("rule_needed", [pre])
+        mechanism = {"name": "an EMA gap with the rule, for the target model to explain", "value": rec[0]["effect"],
+                     "value_ci": rec[0]["effect_ci"], "threshold": 0.0, "present": d.verdict == R.REPRODUCED,
+                     "what": f"{claim.metric}: −σ·Δ with the rule, {pre.statistic}; present when its CI95 lies "
+                             f"above 0"}
+    decision, parts = decide_parts(claim.kind, effects)
+    lead = parts[0]
+    v.effect, v.effect_ci, v.mde, v.margin, v.spread = (lead["effect"], lead["effect_ci"], lead["mde"],
+                                                        lead["margin"], lead["spread"])
+    v.n, v.parts, v.rule = lead["n"], parts, decision.rule
+    sd = R.summarize([x / lead["spread"] for x in lead["per_seed"]]).sd if lead["spread"] else math.nan
+    part0 = R.KINDS[claim.kind].parts[0]
+    v.seeds_for_paper_effect = R.seeds_needed(part0.paper_effect, sd) if math.isfinite(sd) else None
+    v.verdict = decision.verdict
+    v.mechanism = mechanism
+    aside = _strays(family, claim, gate, [keys[0]] if claim.kind != "with_better"
+                    else [("with", k) for k in gate_kappas or []])
+    if aside:
+        v.verdict_if_applicable, v.verdict, v.set_aside, v.why = v.verdict, R.SET_ASIDE, ASIDE_STRAYS, aside
+    elif mechanism is not None and mechanism.get("present") is False:
+        v.verdict_if_applicable, v.verdict = v.verdict, R.NOT_TESTABLE
+    return v
+
+
+def _numbers(table: dict, keys: tuple, over: str) -> dict:
+    """Each compared setting's mean gap, and the baselines' mean gap, as the figures and pages show them."""
+    out = {}
+    for name, key in zip(("A", "B"), keys, strict=True):
+        g = gaps(table, key, over)
+        if g:
+            vals = list(g.values())
+            out[f"gap_{name}"] = sum(vals) / len(vals)
+    out["gap_baselines"] = scale(table, "gap", over)
+    return out
+
+
+def _strays(family: Family, claim: Claim, gate: dict | None, keys: list) -> str:
+    """Where an EMA claim's setting has a target model that strays: its numbers, in words ("" if none)."""
+    if not gate or not gate["blind"] or claim.kind not in GATED:
+        return ""
+    # A metric blind to ρ is the target's own: a claim on it stands however far the target strays. The
+    # pseudo-labeling student's WER is blind only before pseudo-labeling starts.
+    if not family.metric(claim.metric).depends_on_ema or (claim.until and claim.until == family.target_blind_until):
+        return ""
+    bad = [(key, gate["rows"][key]) for key in keys if (gate["rows"].get(key) or {}).get("state") == "strays"]
+    return "; ".join(f"{_label(*key)}: {r['metric']} worse by {_f(r['effect'])} [{_f(r['ci'][0])}, {_f(r['ci'][1])}]"
+                     f" against a spread of {_f(r['spread'])}" for key, r in bad)
+
+
+def _f(v: float | None) -> str:
+    return "—" if v is None else ("∞" if math.isinf(v) else f"{v:+.3g}")
