@@ -18,6 +18,7 @@ metric where higher is better, −1 otherwise; Δ_X(s) = run X of seed s − bas
                       with matches:     −σ·Δ_with                                     equivalence ±1
     rule_departs      the same, the first part in either direction                   departure
     rule_closer       g_without − r·g_with, r the ratio the claim states (1: closer)  comparative
+    gap_remains       −σ·Δ_A (A worse than the baseline)                              directional
     same_either_way   without matches, with matches: −σ·Δ_without, −σ·Δ_with        equivalence ±1 each
     arm_closer        g_B − g_A                                                       comparative
     matches_or_better σ·Δ_A at the end                                                noninferior −1
@@ -39,8 +40,8 @@ from emarule.analysis.reproduce.claims import STANDARD, Claim, Family
 STATISTIC = {("signed", "run"): "mean Δ over the run", ("signed", "end"): "Δ at the end",
              ("gap", "run"): "mean |Δ| over the run", ("gap", "end"): "|Δ| at the end"}
 # The claim kinds about the EMA at one setting: meaningful only where the target model tracks.
-GATED = ("rule_needed", "rule_departs", "rule_closer", "same_either_way", "arm_closer", "matches_or_better",
-         "with_better")
+GATED = ("rule_needed", "rule_departs", "rule_closer", "gap_remains", "same_either_way", "arm_closer",
+         "matches_or_better", "with_better")
 ASIDE_STRAYS = "the target model strays with the rule"
 
 
@@ -76,6 +77,8 @@ class Verdict:
     settings: dict | None = None  # {"A": ..., "B": ...} where the claim names settings other than with/without
     note: str = ""
     numbers: dict = field(default_factory=dict)  # further measurements: each setting's mean gap, a ratio
+    probe_check: str = ""  # for a claim on a probe: whether the probe reads what the teacher learned
+    figure: str | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -151,6 +154,8 @@ def part_effects(family: Family, claim: Claim, tables: dict, keys: tuple, kappas
     if kind in ("rule_needed", "rule_departs"):
         out = [_worse(table, kb, over, sig, f"{_label(*kb)} departs from the baseline"),
                _worse(table, ka, over, sig, f"{_label(*ka)} matches the baseline")]
+    elif kind == "gap_remains":
+        out = [_worse(table, ka, over, sig, f"{_label(*ka)} ends worse than the baseline")]
     elif kind == "same_either_way":
         out = [_worse(table, kb, over, sig, f"{_label(*kb)} matches the baseline"),
                _worse(table, ka, over, sig, f"{_label(*ka)} matches the baseline")]
@@ -290,7 +295,7 @@ def _numbers(table: dict, keys: tuple, over: str) -> dict:
 
 def _strays(family: Family, claim: Claim, gate: dict | None, keys: list) -> str:
     """Where an EMA claim's setting has a target model that strays: its numbers, in words ("" if none)."""
-    if not gate or not gate["blind"] or claim.kind not in GATED:
+    if not gate or not gate["blind"] or claim.kind not in GATED or not claim.gated:
         return ""
     # A metric blind to ρ is the target's own: a claim on it stands however far the target strays. The
     # pseudo-labeling student's WER is blind only before pseudo-labeling starts.

@@ -133,7 +133,7 @@ def measure(family: Family, runs: list, arms: dict | None = None) -> dict:
             until = epochs_of_base_steps(base[0], c.until)
             ts = {**ts, c.metric: metric_table(family.metric(c.metric), base, settings, until, x)}
             span = f" up to epoch {until:.3g} ({c.until})"
-        if x:
+        if x and c.over == "run":
             span = f" from epoch {x:g}" + span
         broken = sorted({s for n in _metrics_read(family, c) if n in ts for s in stopped_baselines(ts[n])}, key=str)
         if broken:

@@ -342,7 +342,7 @@ def warm_caches(runs: list, jobs: int) -> None:
 def probe_check(runs: list, jobs: int = 1) -> dict:
     """The offline probe of every run's final teacher, and of the baseline teachers at initialization,
     beside the tracking probe's last reading; grouped by setting. `jobs` > 1 fits them side by side first."""
-    from emarule.analysis.reproduce.verdict import loo_spread
+    from emarule.analysis.reproduce.paired import loo_spread
 
     if jobs > 1 and runs:
         warm_caches(runs, jobs)

@@ -6,12 +6,16 @@ import json
 import math
 from pathlib import Path
 
-from emarule.analysis.reproduce import verdict as V
+from emarule.analysis.reproduce import judge as J
+from emarule.analysis.reproduce import paired as P
+from emarule.analysis.reproduce import render as T
+from emarule.analysis.reproduce import rules as R
 from emarule.engine.rundir import atomic_write_text
 
 REPORT, VERDICT = "report.md", "verdict.json"
 STUDY_RULES = ("Each study claim is judged by the rule written beside its check in "
-               "`emarule/analysis/reproduce/studies.py`.")
+               "`emarule/analysis/reproduce/studies.py` (its record's `rule`): the studies' numbers are exact, so "
+               "a claim is reproduced or contradicted.")
 
 
 def clean(x):
@@ -26,8 +30,8 @@ def clean(x):
 
 
 def decision_rules() -> str:
-    doc = V.__doc__
-    return doc[doc.index("The statistics"):].strip()
+    """The statistics, the effect each claim kind is judged on, and the rules, as their modules state them."""
+    return "\n\n".join(m.__doc__.strip() for m in (P, J, R))
 
 
 def settings_rows(measured: dict) -> list[dict]:
@@ -81,14 +85,6 @@ def _g(v) -> str:
     return f"{v:.3g}"
 
 
-def _short(text: str, n: int) -> str:
-    return text if len(text) <= n else text[:n - 1] + "…"
-
-
-def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|")
-
-
 def _pm(st: dict | None) -> str:
     if not st or st.get("mean") is None:
         return "—"
@@ -106,16 +102,20 @@ def _gci(v, ci) -> str:
 
 def optimizer_lines(oc: dict) -> list[str]:
     lines = ["## The optimizer-rule check", "",
-             f"The target model's {oc['metric']} ({oc['statistic']}): each setting's paired gap (mean over seeds, "
-             f"95 % bootstrap CI) against the baseline's pair spread {_g(oc['spread'])}. "
-             f"{oc['rule'][:1].upper() + oc['rule'][1:]}. An EMA claim "
-             f"at a setting where the target strays is inconclusive and set aside.", "",
-             "| setting | κ | gap [95 % CI] | × spread | target |", "|---|---:|---:|---:|---|"]
+             f"The target model's {oc['metric']} ({oc['statistic']}): each setting's effect (how much worse than "
+             f"its seed's baseline, mean over seeds with its 95 % t CI) against the baselines' pair spread "
+             f"{T.num(oc['spread'])}. {oc['rule'][:1].upper() + oc['rule'][1:]}. A claim about the EMA at a "
+             f"setting where the target strays is set aside.", "",
+             "| setting | κ | effect [95 % CI] | × spread | target |", "|---|---:|---|---:|---|"]
     for r in oc["rows"]:
-        times = (r["gap"] / oc["spread"]) if r["gap"] is not None and oc["spread"] else None
-        lines.append(f"| {r['setting']} | {_kappa(r['kappa'])} | {_gci(r['gap'], r['ci'])} | {_g(times)} | "
-                     f"{r['state'] or '—'} |")
+        times = (r["effect"] / oc["spread"]) if r["effect"] is not None and oc["spread"] else None
+        lines.append(f"| {r['setting']} | {_kappa(r['kappa'])} | {T.num(r['effect'], True)} {T.interval(r['ci'])} | "
+                     f"{T.num(times, True)} | {r['state'] or '—'} |")
     return lines + ["", f"**{oc['summary'][0].upper() + oc['summary'][1:]}.**", ""]
+
+
+def exact(c: dict) -> bool:
+    return T.exact(c)
 
 
 def _total(t: dict) -> str:
@@ -150,22 +150,21 @@ def markdown(data: dict, family) -> str:
         lines += ["", "## Figures", ""] + [f"![{Path(f).name}]({f})" for f in data["figures"]]
     lines += ["", "## Verdicts", ""]
     if family.kind == "study":
-        lines += ["| # | claim | paper | our number | verdict |", "|---:|---|---|---|---|"]
+        lines += ["| # | claim | paper | measured | verdict |", "|---:|---|---|---|---|"]
         for i, c in enumerate(data["claims"], 1):
-            lines.append(f"| {i} | {_cell(_short(c['claim'], 90))} | {c['paper']} | {_cell(c['why'])} | "
-                         f"**{c['verdict']}** |")
+            lines.append(f"| {i} | {T.cell(c.get('short') or c['claim'])} | {c['paper']} | {T.cell(T.effect(c))} | "
+                         f"{T.cell(T.verdict(c))} |")
     else:
-        lines += ["Gaps are paired (each run against its own seed's baseline), mean over seeds with a 95 % "
-                  "bootstrap CI; A and B are \"with\" and \"without\" the rule unless the claim names other settings.",
-                  "", "| # | claim | paper | metric | κ | statistic | gap A (with) | gap B (without) | B − A, paired "
-                  "[95 % CI] | baseline spread | verdict |", "|---:|---|---|---|---:|---|---:|---:|---:|---:|---|"]
+        lines += ["Each effect is signed so that the paper's direction is positive, in the metric's units: a mean "
+                  "over paired seeds (each run against its own seed's baseline) with its 95 % t interval. MDE: "
+                  "the minimum detectable effect at the seeds run (80 % power), beside the baselines' pair spread "
+                  "it is measured against.", "",
+                  "| # | claim | paper | metric | κ | shape | statistic | effect [95 % CI] | MDE | verdict |",
+                  "|---:|---|---|---|---:|---|---|---|---|---|"]
         for i, c in enumerate(data["claims"], 1):
-            pd = c.get("paired_difference") or {}
-            lines.append(f"| {i} | {_cell(_short(c['claim'], 90))} | {c['paper']} | {c['metric']} | "
-                         f"{_kappa(c['kappa'])} | {_cell(c['statistic'])} | "
-                         f"{_gci(c['gap_with_rule'], c.get('ci_with'))} | "
-                         f"{_gci(c['gap_without_rule'], c.get('ci_without'))} | {_gci(pd.get('mean'), pd.get('ci'))} | "
-                         f"{_g(c['baseline_spread'])} | **{c['verdict']}**{_aside(c)} |")
+            lines.append(f"| {i} | {T.cell(c.get('short') or c['claim'])} | {c['paper']} | {c['metric']} | "
+                         f"{_kappa(c['kappa'])} | {c.get('shape') or '—'} | {T.cell(c.get('statistic') or '—')} | "
+                         f"{T.cell(T.effect(c))} | {T.cell(T.mde(c))} | {T.cell(T.verdict(c))} |")
     if data.get("optimizer_check"):
         lines += [""] + optimizer_lines(data["optimizer_check"])
     if data.get("arms"):
@@ -173,7 +172,7 @@ def markdown(data: dict, family) -> str:
                   "what |", "|---|---:|---|---|---|---|"]
         for a in data["arms"]:
             lines.append(f"| {a['name']} | {_kappa(a['kappa'])} | {a['rule']} | {', '.join(a['set']) or '—'} | "
-                         f"{_cell(a['progressive'] or 'the spec’s own')} | {_cell(a['what'])} |")
+                         f"{T.cell(a['progressive'] or 'the spec’s own')} | {T.cell(a['what'])} |")
         lines.append("")
     g = data.get("goal")
     if g:
@@ -187,34 +186,34 @@ def markdown(data: dict, family) -> str:
                          f"spread {_g(g['baseline_spread'])}: **{'met' if g['met'] else 'not met'}**"
                          + (f" (without ≥ 2× with: {'yes' if g['without_at_least_2x_with'] else 'no'}; with ≤ "
                             f"spread: {'yes' if g['with_within_spread'] else 'no'})." if not g["met"] else "."))
-            if g.get("diagnosis"):
-                lines.append(f"Why: {g['diagnosis']}.")
     lines += ["", "## Claims", ""]
     for i, c in enumerate(data["claims"], 1):
         lines += [f"### {i}. {c['paper']}" + (f" ({c['where']})" if c.get("where") else ""), "",
-                  f"> {c['claim']}", "",
-                  f"- **Verdict: {c['verdict']}.** {c['why']}."]
+                  f"> {c['claim']}", "", f"- **Verdict: {T.verdict(c, bold=False)}.**"]
+        if c.get("rule"):
+            lines.append(f"- Rule applied: {c['rule']}.")
+        if exact(c):
+            lines.append(f"- Measured: {c.get('why') or '—'}.")
+        for p in c.get("parts") or []:
+            lines.append(f"- Part: {T.part_line(p)}. Per seed: {', '.join(T.num(x, True) for x in p['per_seed'])}.")
+        if c.get("seeds_for_paper_effect") is not None:
+            lines.append(f"- Seeds that would detect an effect of one spread with 80 % power: "
+                         f"{c['seeds_for_paper_effect']}.")
+        if c.get("mechanism"):
+            m = c["mechanism"]
+            state = {True: "present", False: "absent"}.get(m.get("present"), "not measured")
+            lines.append(f"- Mechanism the claim needs: {T.mechanism(m)} ({state}).")
+        if c.get("verdict_if_applicable"):
+            lines.append(f"- Where the claim applied, the rules would have said: {c['verdict_if_applicable']}.")
         if c.get("settings"):
             lines.append(f"- Settings compared: A = {c['settings']['A']}, B = {c['settings']['B']}.")
-        if c.get("set_aside"):
-            lines.append(f"- Set aside: {c['set_aside']}. The claim does not apply at this κ, so the README's tally "
-                         f"leaves this row out (a claim set aside at every κ is not decided).")
-        if c.get("verdict_if_target_tracked"):
-            lines.append(f"- Had the target model tracked, the rules would have said: "
-                         f"{c['verdict_if_target_tracked']}.")
-        if c.get("diagnosis"):
-            lines.append(f"- Why it falls short: {c['diagnosis']}.")
+        if c.get("numbers") and not exact(c):
+            gaps = ", ".join(f"{k} {T.num(v)}" for k, v in c["numbers"].items())
+            lines.append(f"- Mean gaps (|Δ|, {c.get('statistic') or ''}): {gaps}.")
         if c.get("probe_check"):
             lines.append(f"- Does the tracking probe measure the teacher? {c['probe_check']}.")
-        if c.get("target"):
-            tg = c["target"]
-            lines.append(f"- Target model ({tg['metric']}): gap with the rule {_g(tg['gap_with_rule'])}, without "
-                         f"{_g(tg['gap_without_rule'])}, baseline spread {_g(tg['baseline_spread'])}.")
-        if "meets_issue_goal" in c:
-            lines.append(f"- The stricter goal (without ≥ 2× with, and with ≤ 1× spread): "
-                         f"{'met' if c['meets_issue_goal'] else 'not met'}.")
-        if c.get("measured"):
-            lines.append(f"- Measured: `{json.dumps(c['measured'], ensure_ascii=False)}`")
+        if c.get("numbers") and exact(c):
+            lines.append(f"- Numbers: `{json.dumps(c['numbers'], ensure_ascii=False)}`")
         if c.get("note"):
             lines.append(f"- Our reading: {c['note']}.")
         if c.get("figure"):
@@ -222,7 +221,7 @@ def markdown(data: dict, family) -> str:
         lines += [f"- Command: `{data['command']}`", ""]
     if data["settings"]:
         lines += ["## Every setting", "",
-                  "Final value (mean ± std over seeds) and the paired gap statistics with their 95 % bootstrap CI "
+                  "Final value (mean ± std over seeds) and the paired gap statistics with their 95 % t CI "
                   "(each run against its own seed's baseline); the baseline's row holds its pair spread (each "
                   "baseline seed against each other one). The unpaired gap (against the mean of the baselines) "
                   "is beside it for comparison.", "",
@@ -261,37 +260,34 @@ def write(out: Path, family, data: dict) -> None:
     atomic_write_text(Path(out) / REPORT, markdown(data, family))
 
 
-def _aside(claim: dict) -> str:
-    return " (set aside)" if claim.get("set_aside") else ""
-
-
 def print_verdicts(console, data: dict) -> None:
     from rich.markup import escape
     from rich.table import Table
 
     t = Table(title=f"{data['family']}: the paper's claims, checked ({data['command']})", title_justify="left")
     study = not data["settings"]
-    cols = ("#", "claim", "paper", "our number", "verdict") if study else (
-        "#", "claim", "paper", "metric", "κ", "stat", "with", "without", "spread", "verdict")
+    cols = ("#", "claim", "measured", "verdict") if study else ("#", "claim", "κ", "effect [95 % CI]", "MDE",
+                                                                 "verdict")
     for c in cols:
-        t.add_column(c, justify="right" if c in ("#", "κ", "with", "without", "spread") else "left")
-    style = {"reproduced": "green", "contradicted": "red", "inconclusive": "yellow"}
+        t.add_column(c, justify="right" if c in ("#", "κ") else "left", overflow="fold")
+    style = {R.REPRODUCED: "green", R.CONTRADICTED: "red"}
     for i, c in enumerate(data["claims"], 1):
-        verdict = f"[{style[c['verdict']]}]{c['verdict']}[/]{_aside(c)}"
+        color = style.get(c["verdict"], "yellow")
+        verdict = f"[{color}]{escape(T.verdict(c, bold=False))}[/]"
+        label = escape(c.get("short") or c["claim"])
         if study:
-            t.add_row(str(i), escape(_short(c["claim"], 50)), c["paper"], escape(_short(c["why"], 110)), verdict)
+            t.add_row(str(i), label, escape(T.effect(c)), verdict)
         else:
-            t.add_row(str(i), escape(_short(c["claim"], 60)), c["paper"], c["metric"], _kappa(c["kappa"]),
-                      "end" if "end" in c["statistic"] else "run", _g(c["gap_with_rule"]),
-                      _g(c["gap_without_rule"]), _g(c["baseline_spread"]), verdict)
+            t.add_row(str(i), label, _kappa(c["kappa"]), escape(T.effect(c)), escape(T.mde(c)), verdict)
     console.print(t)
     oc = data.get("optimizer_check")
     if oc:
-        rows = ", ".join(f"κ={_kappa(r['kappa'])} {r['setting']} {_gci(r['gap'], r['ci'])}" for r in oc["rows"])
-        console.print(f"optimizer-rule check ({oc['metric']}, spread {_g(oc['spread'])}): {rows}; {oc['summary']}",
+        rows = ", ".join(f"κ={_kappa(r['kappa'])} {r['setting']} {T.num(r['effect'], True)} {T.interval(r['ci'])}"
+                         for r in oc["rows"])
+        console.print(f"optimizer-rule check ({oc['metric']}, spread {T.num(oc['spread'])}): {rows}; {oc['summary']}",
                       highlight=False, markup=False)
     g = data.get("goal")
     if g and g.get("met") is not None:
-        console.print(f"goal at κ={_kappa(g['kappa'])} ({g['metric']}, over the run): gap with the rule "
+        console.print(f"tuning goal at κ={_kappa(g['kappa'])} ({g['metric']}, over the run): gap with the rule "
                       f"{_g(g['gap_with_rule'])}, without {_g(g['gap_without_rule'])}, baseline spread "
                       f"{_g(g['baseline_spread'])}: {'met' if g['met'] else 'not met'}", highlight=False)

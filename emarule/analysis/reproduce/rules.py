@@ -312,6 +312,7 @@ KINDS = {k.name: k for k in (
          "without the rule the metric departs from the baseline (either sign); with it, it stays within ±1 spread"),
     Kind("rule_closer", (Part("comparative"),),
          "the rule's gap is smaller than no rule's by the ratio the claim states: gap without − ratio × gap with"),
+    Kind("gap_remains", (Part("directional"),), "setting A ends worse than the baseline: a gap remains"),
     Kind("same_either_way", (Part("equivalence", margin=1.0), Part("equivalence", margin=1.0)),
          "with and without the rule the metric ends within ±1 spread of the baseline"),
     Kind("arm_closer", (Part("comparative"),), "setting A ends closer to the baseline than setting B"),

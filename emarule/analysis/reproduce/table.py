@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from emarule.analysis.reproduce import ledger
+from emarule.analysis.reproduce import render as T
+from emarule.analysis.reproduce import rules as R
 from emarule.analysis.reproduce.claims import FAMILIES, PROBES, Family
 from emarule.engine.runlock import LOCK  # there while a reproduction holds its root
 from emarule.errors import UserError
@@ -130,45 +131,8 @@ def _kappa(c: dict) -> str:
     return "—" if k is None else f"{float(k):g}"
 
 
-# Where the numbers of a `why` end and its decision rule's words begin, in a claim without `numbers` and
-# `decision` (a verdict.json whose claims do not keep them apart as `verdict.Why` does):
-# the ": " after a number (a percentage, ∞, inf or nan too), "]" or ")" and before a word, the last such.
-# A number's own label
-# ("κ=2: +0.65", "κ=1024: 1.11") is followed by a number, and a decision's inner ": " ("±1× spread: there is
-# no drop") follows a word, so neither is taken for it.
-_DECISION = re.compile(r"(?:(?<=[\d\])%∞—])|(?<=inf)|(?<=nan)): (?=[^\d+\-−.∞—])")
-
-
-def _split(c: dict) -> tuple[str, str]:
-    """(numbers, decision) of a claim: its own where it keeps them apart, else cut from its `why`."""
-    if isinstance(c.get("numbers"), str):
-        return c["numbers"], str(c.get("decision") or "")
-    why = str(c.get("why") or "").split("; post:", 1)[0]
-    cuts = list(_DECISION.finditer(why))
-    if not cuts:
-        return why, why
-    return why[:cuts[-1].start()], why[cuts[-1].end():]
-
-
 def _verdict(c: dict) -> str:
-    v, why = c.get("verdict", "—"), str(c.get("why") or "")
-    text = "**contradicted**" if v == "contradicted" else v
-    if c.get("set_aside"):
-        text = f"inconclusive (set aside: {c['set_aside']})"
-    elif v == "inconclusive":  # the decision rule's last words say what was missing
-        reason = _split(c)[1].split("post:", 1)[0].strip().rstrip(";.").strip()
-        if len(reason) > 70:
-            reason = reason[:70].rsplit(" ", 1)[0] + " …"
-        text = f"inconclusive ({reason})" if reason else "inconclusive"
-    # The parabola judges under the paper's EMA Definition (pre) and reports BYOL's convention beside it.
-    post = why.split("post:", 1)[1].strip().rstrip(".") if "post:" in why else ""
-    return f"{text}; post convention: {post}" if post and len(post) <= 60 else text
-
-
-def _measured(c: dict, width: int = 140) -> str:
-    """The numbers behind a verdict (`_split`), without the decision rule's closing words."""
-    head = _split(c)[0].replace("|", "\\|")
-    return head if len(head) <= width else head[:width].rsplit(" ", 1)[0] + " …"
+    return T.cell(T.verdict(c))
 
 
 def _page(family: Family) -> str:
@@ -200,7 +164,7 @@ def rows(root: Path, loaded: list | None = None) -> tuple[list[list[str]], list[
         if main is None:
             why = (f"did not finish: {r_main.unfinished}; no verdict of an earlier invocation is shown"
                    if r_main.unfinished else f"not run: no {name}/verdict.json")
-            claims.append([f"{family.section}: every claim of the family", "—", why, "—", "—", _page(family)])
+            claims.append([f"{family.section}: every claim of the family", "—", why, "—", "—", "—", _page(family)])
             runs.append([name, "did not finish" if r_main.unfinished else "—", "—", "—", "—", "—"])
             continue
         bar, bar_new = _bar(main), _bar(new or {})
@@ -224,8 +188,8 @@ def rows(root: Path, loaded: list | None = None) -> tuple[list[list[str]], list[
                 seen.add(_seeds(main["seeds"]))
             label = c.get("short") or c["claim"]
             verdict = _verdict(c) + _caveat(c, bar) + _made_with(r_main)
-            claims.append([label, _kappa(c), (verdict, _seeds(main.get("seeds"))), _measured(c), head,
-                           _page(family)])
+            claims.append([T.cell(label), _kappa(c), (verdict, _seeds(main.get("seeds"))), T.cell(T.effect(c)),
+                           T.cell(T.mde(c)), head, _page(family)])
         t = main.get("timing") or {}
         check = (main.get("optimizer_check") or {}).get("summary", "—")
         n_reused = _reused(t)
@@ -296,15 +260,18 @@ def total_wall_s(loaded: list) -> float:
                for _, _, main, new in loaded for r in (main, new) if r is not None)
 
 
+# What the table can say: one sentence under the tally.
+SCOPE = ("At CPU scale a verdict says whether this preset shows the paper's effect, not whether the paper holds at "
+         "its own scale: \"not reproduced\" and \"not testable\" leave the paper's claim open, and only an opposite "
+         "effect, or an absence shown with the power to see the paper's effect, reads \"contradicted\".")
+
+
 def tally(root: Path, loaded: list | None = None) -> dict:
-    """The count issue 18 asks for: the claims about neural networks (the sweep families'), decided or not.
-    A claim judged at several κ ("up to κ") is one claim with several rows. It counts as decided when it
-    is decided at every κ where it applies: every row not set aside (`measure.gated`, and a
-    target_explains row with no EMA gap) is reproduced or contradicted, and at least one row is not set
-    aside. Headlines agree when the family's headline claim gets the same verdict on both seed sets (at the
-    κ the headline check judged)."""
-    rows_n = {"reproduced": 0, "contradicted": 0, "inconclusive": 0}
-    aside = 0
+    """The claims about neural networks (the sweep families'), by row and by claim. A claim judged at several
+    κ ("up to κ") is one claim with several rows; a claim is decided when every row where it applies (every
+    row not set aside) is reproduced or contradicted, and at least one row applies. Headlines agree when the
+    family's headline claim gets the same verdict on both seed sets (at the κ the headline check judged)."""
+    rows_n = dict.fromkeys(R.ALL_VERDICTS, 0)
     by_claim: dict = {}
     agree, checked = 0, 0
     for name, family, r_main, r_new in loaded if loaded is not None else reproductions(root):
@@ -313,10 +280,9 @@ def tally(root: Path, loaded: list | None = None) -> dict:
             continue
         for c in main["claims"]:
             v = c.get("verdict")
-            rows_n[v if v in rows_n else "inconclusive"] += 1
-            aside += bool(c.get("set_aside"))
+            rows_n[v if v in rows_n else R.NOT_MEASURED] += 1
             applies = by_claim.setdefault((name, c.get("claim"), c.get("short")), [])
-            if not c.get("set_aside"):
+            if v != R.SET_ASIDE:
                 applies.append(v)
         if new is not None and new.get("claims"):
             h = new["claims"][0]
@@ -324,18 +290,16 @@ def tally(root: Path, loaded: list | None = None) -> dict:
             if match:
                 checked += 1
                 agree += match[0].get("verdict") == h.get("verdict")
-    decided = sum(1 for vs in by_claim.values() if vs and all(v in ("reproduced", "contradicted") for v in vs))
-    return {"rows": rows_n, "set_aside": aside, "claims": len(by_claim), "decided": decided, "headlines": checked,
+    decided = sum(1 for vs in by_claim.values() if vs and all(v in (R.REPRODUCED, R.CONTRADICTED) for v in vs))
+    return {"rows": rows_n, "claims": len(by_claim), "decided": decided, "headlines": checked,
             "headlines_agree": agree}
 
 
 def tally_line(t: dict) -> str:
-    r = t["rows"]
-    aside = f" ({t['set_aside']} of them set aside)" if t["set_aside"] else ""
+    by_row = ", ".join(f"{n} {v}" for v, n in t["rows"].items() if n)
     return (f"Claims about neural networks: {t['decided']} of {t['claims']} decided at every κ where they apply; by "
-            f"row, {r['reproduced']} reproduced, {r['contradicted']} contradicted, {r['inconclusive']} "
-            f"inconclusive{aside}. Headline claims with the same verdict on both seed sets: "
-            f"{t['headlines_agree']} of {t['headlines']}.")
+            f"row, {by_row or 'none'}. Headline claims with the same verdict on both seed sets: "
+            f"{t['headlines_agree']} of {t['headlines']}. {SCOPE}")
 
 
 def markdown(root: Path, wall: float | None = None) -> str:
@@ -351,8 +315,9 @@ def markdown(root: Path, wall: float | None = None) -> str:
     one, one_new = len(seen) == 1, len(seen_new) == 1
     head = "verdict" + (f", seeds {next(iter(seen))}" if one else "")
     head_new = "the headline claim on new seeds" + (f", {next(iter(seen_new))}" if one_new else "")
-    out = [f"| # | claim (paper) | κ | {head} | measured | {head_new} | page |", "|---:|---|---|---|---|---|---|"]
-    out += [f"| {i} | {r[0]} | {r[1]} | {cell(r[2], one)} | {r[3]} | {cell(r[4], one_new)} | {r[5]} |"
+    out = [f"| # | claim (paper) | κ | {head} | effect [95 % CI] | MDE | {head_new} | page |",
+           "|---:|---|---|---|---|---|---|---|"]
+    out += [f"| {i} | {r[0]} | {r[1]} | {cell(r[2], one)} | {r[3]} | {r[4]} | {cell(r[5], one_new)} | {r[6]} |"
             for i, r in enumerate(claims, 1)]
     out += ["", "| family | runs | wall time | headline check | the optimizer-rule check | the probe's data bar |",
             "|---|---:|---:|---:|---|---|"]

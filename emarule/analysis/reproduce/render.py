@@ -1,0 +1,83 @@
+"""Every text shown of a verdict, made from its record (`judge.Verdict`, as verdict.json holds it) in one place:
+report.md, the console and the README's table call these, and nothing reads the text back. Torch-free."""
+
+from __future__ import annotations
+
+import math
+
+from emarule.analysis.reproduce import rules as R
+
+
+def num(v, signed: bool = False) -> str:
+    """3 significant digits; ∞ for an infinite value, — for none."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "—"
+    if isinstance(v, float) and math.isinf(v):
+        return ("+∞" if v > 0 else "−∞") if signed else "∞"
+    return f"{v:+.3g}" if signed else f"{v:.3g}"
+
+
+def interval(ci) -> str:
+    """The one format of an interval: [−0.12, +1.3]."""
+    if not ci:
+        return "—"
+    return f"[{num(ci[0], True)}, {num(ci[1], True)}]"
+
+
+def exact(c: dict) -> bool:
+    return c.get("shape") == "exact"
+
+
+def effect(c: dict) -> str:
+    """The effect with its interval (signed, the paper's direction positive), or a study's measured numbers."""
+    if exact(c) or c.get("effect") is None:
+        return c.get("why") or "—"
+    out = f"{num(c['effect'], True)} {interval(c.get('effect_ci'))}"
+    if c.get("shape") in ("equivalence", "noninferior") and c.get("margin") is not None:
+        out += f", margin {'±' if c['shape'] == 'equivalence' else '−'}{num(c['margin'])}"
+    return out
+
+
+def mde(c: dict) -> str:
+    """The minimum detectable effect at the seeds run, and the spread it is measured against."""
+    if exact(c) or c.get("mde") is None:
+        return "—"
+    return f"{num(c['mde'])} (spread {num(c.get('spread'))})"
+
+
+def mechanism(m: dict | None) -> str:
+    if not m:
+        return ""
+    return f"{m['name']}: {m.get('what') or num(m.get('value'))}"
+
+
+def verdict(c: dict, bold: bool = True) -> str:
+    """The verdict and what qualifies it: the mechanism a preset lacks, what strays, a part that fell short,
+    a stand-in κ. Never cut short."""
+    v = c.get("verdict") or "—"
+    text = f"**{v}**" if bold and v == R.CONTRADICTED else v
+    if v == R.NOT_TESTABLE:
+        text += f" (missing {mechanism(c.get('mechanism'))})"
+    elif v == R.SET_ASIDE:
+        text += f" ({c.get('set_aside')}: {c.get('why')})"
+    elif v == R.NOT_MEASURED:
+        text += f" ({c.get('why')})"
+    elif len(c.get("parts") or []) > 1:
+        off = [p for p in c["parts"] if p["verdict"] != v]
+        if off:
+            text += "; " + "; ".join(f"the part “{p['label']}” is {p['verdict']}" for p in off)
+    if c.get("stand_in"):
+        text += f"; a stand-in: {c['stand_in']}"
+    return text
+
+
+def part_line(p: dict) -> str:
+    margin = f", margin {num(p['margin'])}" if p.get("margin") is not None else ""
+    return (f"{p['label']} ({p['shape']}, {p['statistic']}): {num(p['effect'], True)} {interval(p['effect_ci'])}, "
+            f"MDE {num(p['mde'])}{margin}, spread {num(p.get('spread'))}, n = {p['n']}: {p['verdict']} "
+            f"({p['rule']})")
+
+
+def cell(text: str) -> str:
+    """A Markdown table cell: pipes escaped, never cut."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
