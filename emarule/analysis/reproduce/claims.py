@@ -453,7 +453,8 @@ CTC_POLYAK = Family(
               stand_in_beyond=4.0,
               short="§3.2, App. G: the growing gap with κ is the Adam rule breaking"),
         Claim("… for smaller values of ρ_B, scaling with or without EMA Scaling Rule behave similarly, and reference "
-              "trajectories match …", "App. G, Fig. 10", "same_either_way", SHORT_EMA_WER.name, 4.0, "run", "L2357", stand_in_beyond=4.0,
+              "trajectories match …", "App. G, Fig. 10", "same_either_way", SHORT_EMA_WER.name, 4.0, "run", "L2357",
+              stand_in_beyond=4.0,
               note="the paper's control is ρ_B = 0.999 beside 0.99995; ours is the further EMA with the smallest "
                    "momentum of the spec's ema.also, beside ema.momentum (the full recipe and tiny: 0.999 beside "
                    "0.99995; cpu: 0.9 beside 0.98)", up_to=True,
