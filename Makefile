@@ -36,7 +36,8 @@ test: $(STAMP)
 # Every claim, judged at CPU scale: each family's `emarule reproduce` with its defaults (cpu presets, seeds
 # 0-4, every κ and arm) into runs/reproduce/<family>/, then each training family's headline claim again on
 # seeds 100-104 (`--headline`: only the runs that claim reads) into runs/reproduce/<family>-headline/; last,
-# the README's table of claims is rewritten from their verdict.json files, with the wall time of it all.
+# the README's table of claims, each family page's results block and the README's figures (docs/figures/) are
+# rewritten from their verdict.json files and figures, with the wall time of it all.
 # Finished runs are kept: stopped, the same command resumes. Not part of CI: the reproductions behind the
 # README's table took 136 minutes on a 2-core Intel Xeon, summed (its closing line; docs/speed.md).
 REPRO_OUT := runs/reproduce
@@ -49,8 +50,9 @@ repro: $(STAMP)
 	for f in $$families; do $(BIN)/emarule reproduce $$f --out $(REPRO_OUT)/$$f || echo "make repro: $$f did not complete"; done; \
 	for f in $$training; do $(BIN)/emarule reproduce $$f --headline --seeds $(REPRO_SEEDS_NEW) --out $(REPRO_OUT)/$$f-headline \
 	  || echo "make repro: $$f --headline did not complete"; done; \
-	$(BIN)/python -m emarule.analysis.reproduce.table $(REPRO_OUT) --readme README.md --wall-s $$(( $$(date +%s) - start )) \
-	  && echo "make repro: README.md's table of claims rewritten from $(REPRO_OUT)"
+	$(BIN)/python -m emarule.analysis.reproduce.table $(REPRO_OUT) --readme README.md --pages emarule/experiments \
+	  --figures docs/figures --wall-s $$(( $$(date +%s) - start )) \
+	  && echo "make repro: README.md's table of claims, the family pages' results and docs/figures rewritten from $(REPRO_OUT)"
 
 # Each prints its measured ratio; BENCH_ARGS=--quick for a smoke test of all six (seconds).
 # The loop benchmark pins torch to 1 thread for both loops; OMP_NUM_THREADS=1 keeps the parabola's BLAS alike.

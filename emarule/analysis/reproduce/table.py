@@ -1,16 +1,20 @@
 """The README's table of claims, written from the verdict.json files of one `make repro`.
 
-    python -m emarule.analysis.reproduce.table ROOT [--readme README.md] [--wall-s SECONDS]
+    python -m emarule.analysis.reproduce.table ROOT [--readme README.md] [--pages DIR] [--figures DIR]
+                                                    [--wall-s SECONDS]
 
 ROOT holds `<family>/verdict.json` (`emarule reproduce FAMILY`, every claim on the default seeds) and
 `<family>-headline/verdict.json` (`emarule reproduce FAMILY --headline --seeds 100-104`, the headline
 claim on seeds no preset was tuned on). One row per judged claim (an "up to κ" claim once per κ), in
 the order of `claims.FAMILIES`; then one row per family with its runs and wall times. With --readme the
 text between the two markers below is replaced (written to a temporary name, then renamed); else it
-is printed. A family with no verdict.json gets a row that says so: the table never borrows a number
-from another run. Nor does a family whose latest invocation did not finish: where its root's ledger
-(`ledger.LEDGER`) ends with an invocation that raised (`ended`), or its reproduction's lock file is still
-there (a reproduction running, or one killed outright), its verdict.json is an earlier invocation's, and
+is printed. --pages DIR writes each training family's own rows into DIR/<experiment>.md between the
+markers PAGE_START and PAGE_END, with its optimizer-rule check and wall time; --figures DIR copies
+the README's figures (FIGURES) there from ROOT. A family with no verdict.json gets a row that says so:
+the table never borrows a number from another run. Nor does a family whose latest invocation did not
+finish: where its root's ledger (`ledger.LEDGER`) ends with an invocation that raised (`ended`), or its
+reproduction's lock file is still there (a reproduction running, or one killed outright), its
+verdict.json is an earlier invocation's, and
 the row says the reproduction did not finish. A reproduction made with other arguments than `make
 repro`'s (`--preset tiny`, other κ, other seeds) has them named in each of its rows.
 """
@@ -329,6 +333,64 @@ def markdown(root: Path, wall: float | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
+PAGE_START = "<!-- results: written by make repro (python -m emarule.analysis.reproduce.table --pages) -->"
+PAGE_END = "<!-- end of results -->"
+# The README's figures, from the same root: polyak's Fig. 2, a BYOL figure, ctc-polyak's Fig. 3.
+FIGURES = ("polyak", "byol", "ctc-polyak")
+
+
+def page_block(root: Path, name: str, loaded: list | None = None) -> str:
+    """One family's rows of the table (claim, κ, verdict on both seed sets, effect, MDE) and its run row."""
+    loaded = loaded if loaded is not None else reproductions(root)
+    claims, runs, _, _ = rows(root, [x for x in loaded if x[0] == name])
+    out = ["| claim (paper) | κ | verdict | effect [95 % CI] | MDE | the headline claim on new seeds |",
+           "|---|---|---|---|---|---|"]
+    for r in claims:
+        main = f"{r[2][0]} (seeds {r[2][1]})" if isinstance(r[2], tuple) else r[2]
+        new = f"{r[5][0]} (seeds {r[5][1]})" if isinstance(r[5], tuple) else r[5]
+        out.append(f"| {r[0]} | {r[1]} | {main} | {r[3]} | {r[4]} | {new} |")
+    run = runs[0]
+    out += ["", f"Runs: {run[1]}; wall time {run[2]}; the headline check {run[3]}. The optimizer-rule check: {run[4]}."]
+    if run[5] != "—":
+        out.append(f"The probe's data bar: {run[5]}.")
+    return "\n".join(out) + "\n"
+
+
+def write_pages(root: Path, folder: Path) -> list[Path]:
+    """Each training family's block in its page (`folder/<experiment>.md`); pages without markers are left."""
+    from emarule.engine.rundir import atomic_write_text
+
+    loaded, written = reproductions(root), []
+    for name, family, _, _ in loaded:
+        page = folder / f"{family.experiment}.md"
+        if family.kind != "sweep" or not page.is_file():
+            continue
+        text = page.read_text()
+        if PAGE_START not in text or PAGE_END not in text:
+            continue
+        head, rest = text.split(PAGE_START, 1)
+        block = page_block(root, name, loaded)
+        atomic_write_text(page, f"{head}{PAGE_START}\n{block}{PAGE_END}{rest.split(PAGE_END, 1)[1]}")
+        written.append(page)
+    return written
+
+
+def copy_figures(root: Path, folder: Path) -> list[Path]:
+    """The README's figures from the root (each family's `figures/<family>.png`), those that exist."""
+    import shutil
+
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for name in FIGURES:
+        src = root / name / "figures" / f"{name}.png"
+        if src.is_file():
+            tmp = folder / f".{name}.png.tmp"
+            shutil.copyfile(src, tmp)
+            tmp.replace(folder / f"{name}.png")
+            out.append(folder / f"{name}.png")
+    return out
+
+
 def write_readme(readme: Path, table: str) -> None:
     from emarule.engine.rundir import atomic_write_text
 
@@ -345,16 +407,25 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m emarule.analysis.reproduce.table", description=__doc__.split("\n")[0])
     ap.add_argument("root", type=Path)
     ap.add_argument("--readme", type=Path)
+    ap.add_argument("--pages", type=Path)
+    ap.add_argument("--figures", type=Path)
     ap.add_argument("--wall-s", type=float)
     a = ap.parse_args(argv)
     try:
         if not a.root.is_dir():
             raise UserError(f"{a.root}: no such folder; `make repro` writes runs/reproduce")
         table = markdown(a.root, a.wall_s)
+        for folder in (a.pages, a.figures):
+            if folder is not None and not folder.is_dir():
+                raise UserError(f"{folder}: no such folder")
         if a.readme is not None:
             write_readme(a.readme, table)
         else:
             sys.stdout.write(table)
+        if a.pages is not None:
+            write_pages(a.root, a.pages)
+        if a.figures is not None:
+            copy_figures(a.root, a.figures)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
