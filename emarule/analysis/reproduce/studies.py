@@ -158,7 +158,7 @@ def parabola_target_onset(records: list) -> Check:
                "err_target": {k: r["err_target"] for k, r in rows.items() if k > 1},
                "err_target_over_err_rule": {k: r["err_target"] / r["err_rule"] for k, r in rows.items()
                                             if k > 1 and r["err_rule"]}}
-    rule = ONSET_RULE + "; the target model is EMA-free, so one convention serves"
+    rule = ONSET_RULE + "; the target model is EMA-free, so the pre and post conventions read the same (pre's is read)"
     if not small or not at:
         return _unmeasured(rule, f"needs κ ≤ 64 and an interval ending at κ={ONSET_KAPPA}", numbers)
     med, s = small[len(small) // 2], at[0]
