@@ -439,7 +439,7 @@ def judged(kind, results, kappa=None) -> dict:
     rec = S.judge_check(family, claim, results).as_dict()
     assert rec["shape"] == "exact" and rec["verdict"] in STUDY_VERDICTS, rec
     assert rec["rule"].strip() and "\n" not in rec["rule"], rec
-    assert rec["why"].strip() and "\n" not in rec["why"] and len(rec["why"]) <= 200, rec["why"]
+    assert rec["why"].strip() and "\n" not in rec["why"] and len(rec["why"]) <= 160, rec["why"]
     assert isinstance(rec["numbers"], dict), rec
     assert rec["kind"] == kind and rec["short"] == claim.short and rec["kappa"] == claim.kappa
     if kind.startswith("parabola"):  # the EMA convention judged is named on every parabola record
@@ -548,7 +548,7 @@ def test_precision_checks_come_out_each_way():
     assert verdict_of("precision_fp32_stable", q(fp32_std_top=1e-6)) == "contradicted"
     bf = judged("precision_bf16_stable", q(bf16=0.3))  # far from FP32, yet stable: reported, not judged
     assert bf["verdict"] == "reproduced" and bf["numbers"]["bf16_over_fp32_seed"][0.9] == pytest.approx(300)
-    assert "300× FP32" in bf["why"]
+    assert "300–300× fp32_seed" in bf["why"]
     assert verdict_of("precision_fp32_range", q()) == "reproduced"
     r = judged("precision_fp32_range", q())["numbers"]
     assert r["batch_min"] < 1 and 1e6 <= r["batch_max"] == pytest.approx(r["kappa_max"] * 4096)
@@ -562,7 +562,7 @@ def test_precision_variance_is_judged_on_the_momenta_whose_horizon_the_run_cover
     short = judged("precision_fp16_variance", precision_results(1e-1, steps=500))
     assert short["verdict"] == "contradicted" and short["numbers"]["judged_momenta"] == [0.9, 0.99]
     assert short["numbers"]["steps"] == 500 and short["numbers"]["horizon_at_largest_rho"] == pytest.approx(1000)
-    assert "500 steps < 1/(1 − 0.999)" in short["why"]
+    assert "500 steps < horizon 1,000 of ρ=0.999" in short["why"]
     assert verdict_of("precision_bf16_stable", precision_results(bf16_std_top=5e-2, steps=500)) == "reproduced"
     assert verdict_of("precision_fp16_variance", precision_results(steps=50)) == "not measured"
     assert verdict_of("precision_fp16_variance", precision_results(steps=None)) == "not measured"

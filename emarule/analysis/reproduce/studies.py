@@ -343,8 +343,8 @@ def _variance(results: dict, run: str, paper_grows: bool, extra=None) -> Check:
     hi, lo = max(std), min(std)
     g = grows(std)
     numbers |= {"std_largest_over_smallest": std[hi] / std[lo] if std[lo] else None, "grows": g}
-    cover = "" if hi == top else f" (ρ ≤ {hi:g} judged: {steps} steps < 1/(1 − {top:g}) = {horizon(top):.3g})"
-    why = (f"std of {run}'s EMA MaxAbsDiff: {std[lo]:.2g} at ρ={lo:g}, {std[hi]:.2g} at ρ={hi:g}, largest at "
+    cover = "" if hi == top else f"; {steps} steps < horizon {horizon(top):,.0f} of ρ={top:g}"
+    why = (f"{run} EMA MaxAbsDiff std: {std[lo]:.2g} at ρ={lo:g}, {std[hi]:.2g} at ρ={hi:g}, largest at "
            f"ρ={max(std, key=std.get):g}{cover}")
     if extra:
         numbers |= extra[0]
@@ -361,6 +361,10 @@ def precision_fp16_variance(results: dict) -> Check:
     return _variance(results, "fp16", True)
 
 
+def _times(v: float) -> str:
+    return f"{v:,.0f}" if v >= 10 else f"{v:.2g}"
+
+
 def precision_bf16_stable(results: dict) -> Check:
     """"Whereas BF16 [is] stable", read by the sentence's FP16 clause: reproduced unless BF16's std over repeats
     of its EMA MaxAbsDiff grows as ρ → its largest (`grows`, over the covered momenta); contradicted when it
@@ -372,7 +376,7 @@ def precision_bf16_stable(results: dict) -> Check:
                  if s["ema_maxabsdiff"]}
         if ratio:
             extra = ({"bf16_over_fp32_seed": ratio},
-                     f"; {min(ratio.values()):.3g}–{max(ratio.values()):.3g}× FP32-with-another-order's MaxAbsDiff")
+                     f"; {_times(min(ratio.values()))}–{_times(max(ratio.values()))}× fp32_seed's MaxAbsDiff")
     return _variance(results, "bf16", False, extra)
 
 
@@ -384,7 +388,7 @@ def precision_fp32_stable(results: dict) -> Check:
     extra = None
     if rows:
         worst = max(r["ema_maxabsdiff_relative"] for r in rows)
-        extra = ({"fp32_reorder_max_relative": worst}, f"; at most {worst:.2g} of the weights")
+        extra = ({"fp32_reorder_max_relative": worst}, f"; ≤ {worst:.2g} of the weights")
     return _variance(results, "fp32_reorder", False, extra)
 
 
