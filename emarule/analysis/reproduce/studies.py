@@ -243,8 +243,8 @@ def parabola_dimensions(records: list) -> Check:
             return None
         at = max(err, key=lambda x: max(err[x], rho[x]))
         we, wr = max(err.values()), max(rho.values())
-        why = (f"D ∈ {{{', '.join(map(str, dims))}}} against D=1: Err with the rule within {we:.1%}, 1 − ρ* within "
-               f"{wr:.1%} (largest at {at})")
+        why = (f"D ∈ {{{', '.join(map(str, dims))}}} against D=1: Err with the rule within {we:.2%}, 1 − ρ* within "
+               f"{wr:.2%} (largest at {at})")
         return _binary(max(we, wr) <= DIM_TOLERANCE), why, {
             "dims": dims, "max_relative_err_rule_difference": we, "max_relative_1_minus_rho_star_difference": wr,
             "largest_at": at}
