@@ -23,7 +23,8 @@ from emarule.analysis.reproduce import claims as K
 from emarule.analysis.reproduce import measure as M
 from emarule.analysis.reproduce import probe_check as PC
 from emarule.analysis.reproduce import studies as S
-from emarule.analysis.reproduce import verdict as V
+from emarule.analysis.reproduce import paired as V
+from emarule.analysis.reproduce import rules as R
 
 runner = CliRunner()
 T = [float(t) for t in range(11)]  # epochs 0..10
@@ -406,8 +407,9 @@ def test_up_to_claims_expand_per_kappa_and_unmeasured_kappas_say_so():
 # --- studies ------------------------------------------------------------------------------------
 
 
-def parabola_records(ratio_at_256=0.95, slope_kink=1.0, order_ok=True, ratio_small=1.0, no_rule=0.5):
-    """Records shaped like `emarule run parabola` writes, for κ = 1…1024 and ρ_B ∈ {0.9999, 0.99}."""
+def parabola_records(ratio_at_256=0.95, slope_kink=1.0, order_ok=True, ratio_small=1.0, no_rule=0.5, floor=1.5):
+    """Records shaped like `emarule run parabola` writes, for κ = 1…1024 and ρ_B ∈ {0.9999, 0.99}; Err(ρ*) is
+    Err_rule / `floor`."""
     recs = []
     for rho in (0.9999, 0.99):
         for conv in ("pre", "post"):
@@ -419,73 +421,152 @@ def parabola_records(ratio_at_256=0.95, slope_kink=1.0, order_ok=True, ratio_sma
                 err_target = 1e-5 * k * (slope_kink if k >= 256 else 1.0)
                 recs.append({"rho_base": rho, "dim": 1, "convention": conv, "kappa": k, "rho_rule": rule,
                              "rho_star": 1 - ratio * (1 - rule), "err_rule": 0.0 if k == 1 else err_rule,
-                             "err_no_rule": 0.0 if k == 1 else no_rule, "err_star": 0.0 if k == 1 else err_rule / 1.5,
+                             "err_no_rule": 0.0 if k == 1 else no_rule,
+                             "err_star": 0.0 if k == 1 else err_rule / floor,
                              "err_linear": None, "err_target": 0.0 if k == 1 else err_target})
     return recs
 
 
+STUDY_VERDICTS = (R.REPRODUCED, R.CONTRADICTED, R.NOT_MEASURED)
+
+
+def judged(kind, results, kappa=None) -> dict:
+    """The record `judge_study` writes for the family's claim of this kind (at κ where given), checked for the
+    shape every study record has: exact, a rule, one line of numbers, the numbers as a dict."""
+    family = K.PARABOLA if kind.startswith("parabola") else K.PRECISION
+    claim = next(c for c in family.claims if c.kind == kind)
+    claim = replace(claim, kappa=kappa) if kappa is not None else claim
+    rec = S.judge_check(family, claim, results).as_dict()
+    assert rec["shape"] == "exact" and rec["verdict"] in STUDY_VERDICTS, rec
+    assert rec["rule"].strip() and "\n" not in rec["rule"], rec
+    assert rec["why"].strip() and "\n" not in rec["why"] and len(rec["why"]) <= 160, rec["why"]
+    assert isinstance(rec["numbers"], dict), rec
+    assert rec["kind"] == kind and rec["short"] == claim.short and rec["kappa"] == claim.kappa
+    if kind.startswith("parabola"):  # the EMA convention judged is named on every parabola record
+        assert "pre" in rec["rule"] and "post" in rec["rule"], rec["rule"]
+    return rec
+
+
+def verdict_of(kind, results, kappa=None) -> str:
+    return judged(kind, results, kappa)["verdict"]
+
+
+def with_post(records, **changes):
+    """The records with the post convention's values changed."""
+    return [dict(r, **changes) if r["convention"] == "post" else r for r in records]
+
+
 def test_parabola_checks_come_out_each_way():
-    assert S.parabola_rho_star_higher(parabola_records(0.95))["verdict"] == "reproduced"
-    assert S.parabola_rho_star_higher(parabola_records(1.05))["verdict"] == "contradicted"
-    assert S.parabola_match(parabola_records(), 8)["verdict"] == "reproduced"
-    assert S.parabola_match(parabola_records(), 3)["verdict"] == "inconclusive"  # not computed
-    assert S.parabola_target_onset(parabola_records(slope_kink=1.0))["verdict"] == "contradicted"
-    assert S.parabola_target_onset(parabola_records(slope_kink=8.0))["verdict"] == "reproduced"
-    assert S.parabola_lower_rho_worse(parabola_records(order_ok=True))["verdict"] == "reproduced"
-    assert S.parabola_lower_rho_worse(parabola_records(order_ok=False))["verdict"] == "contradicted"
-    assert S.parabola_tracks_rho_star(parabola_records(0.97))["verdict"] == "reproduced"
-    assert S.parabola_tracks_rho_star(parabola_records(0.9))["verdict"] == "inconclusive"  # off only at 256
-    assert S.parabola_tracks_rho_star(parabola_records(0.97, ratio_small=1.1))["verdict"] == "contradicted"
-    assert S.parabola_inflection(parabola_records())["verdict"] != "reproduced"  # a pure power law: no inflection
-    assert S.parabola_no_rule_large(parabola_records())["verdict"] == "reproduced"
-    assert S.parabola_no_rule_large(parabola_records(no_rule=0.15))["verdict"] == "inconclusive"  # 1.5× at 1024
-    assert S.parabola_no_rule_large(parabola_records(no_rule=0.05))["verdict"] == "contradicted"
-    assert S.parabola_dimensions(parabola_records())["verdict"] == "inconclusive"  # no D > 1
+    p = parabola_records
+    assert verdict_of("parabola_rho_star_higher", p(0.95)) == "reproduced"
+    assert verdict_of("parabola_rho_star_higher", p(1.05)) == "contradicted"
+    mixed = [dict(r, rho_star=1 - 1.05 * (1 - r["rho_rule"])) if r["kappa"] == 1024 else r for r in p(0.95)]
+    assert verdict_of("parabola_rho_star_higher", mixed) == "contradicted"  # not higher at κ=1024: not systematic
+    assert verdict_of("parabola_match", p(), 8) == "reproduced"  # 0.5 ≫ 8e-5, 1.5× the floor
+    assert verdict_of("parabola_match", p(no_rule=1e-4), 8) == "contradicted"  # without: only 1.25× with
+    assert verdict_of("parabola_match", p(floor=3.0), 8) == "contradicted"  # with: 3× the floor
+    assert verdict_of("parabola_match", p(), 3) == "not measured"  # κ=3 not computed
+    assert verdict_of("parabola_target_onset", p(slope_kink=8.0)) == "reproduced"  # slope 4 into 256, 1 below
+    assert verdict_of("parabola_target_onset", p(slope_kink=1.0)) == "contradicted"  # one power law
+    assert verdict_of("parabola_target_onset", p(slope_kink=1.3)) == "contradicted"  # 1.38 < 1.5 × 1
+    assert verdict_of("parabola_lower_rho_worse", p(order_ok=True)) == "reproduced"
+    assert verdict_of("parabola_lower_rho_worse", p(order_ok=False)) == "contradicted"
+    one_break = [dict(r, err_rule=1e-9) if r["rho_base"] == 0.99 and r["kappa"] == 16 else r for r in p()]
+    broken = judged("parabola_lower_rho_worse", one_break)
+    assert broken["verdict"] == "contradicted" and broken["numbers"]["broken_at"] == [16]
+    assert verdict_of("parabola_tracks_rho_star", p(0.97)) == "reproduced"
+    assert verdict_of("parabola_tracks_rho_star", p(0.9)) == "reproduced"  # off at 256, where tracking ends
+    assert verdict_of("parabola_tracks_rho_star", p(0.97, ratio_small=1.1)) == "contradicted"
+    assert verdict_of("parabola_tracks_rho_star", p(0.97, ratio_small=1.04)) == "reproduced"
+    assert verdict_of("parabola_inflection", p()) == "contradicted"  # a pure power law: no inflection
+    assert verdict_of("parabola_no_rule_large", p()) == "reproduced"
+    assert verdict_of("parabola_no_rule_large", p(no_rule=0.15)) == "contradicted"  # 1.5× at 1024
+    assert verdict_of("parabola_no_rule_large", p(no_rule=0.05)) == "contradicted"
+    assert verdict_of("parabola_dimensions", p()) == "not measured"  # no D > 1
+
+
+def test_parabola_post_convention_is_judged_beside_pre():
+    """The verdict is pre's; the same rule on post goes into numbers["post"], and into `why` where it differs."""
+    same = judged("parabola_match", parabola_records(), 8)
+    assert same["numbers"]["post"]["verdict"] == "reproduced" and "post" not in same["why"]
+    differs = judged("parabola_match", with_post(parabola_records(), err_no_rule=1e-4), 8)
+    assert differs["verdict"] == "reproduced" and differs["numbers"]["post"]["verdict"] == "contradicted"
+    assert differs["why"].endswith("; post: contradicted")
+    higher = judged("parabola_rho_star_higher", parabola_records(1.05))  # post's ratio is 0.9 from κ=256
+    assert higher["verdict"] == "contradicted" and higher["why"].endswith("; post: reproduced")
 
 
 def test_every_study_check_gives_its_numbers_apart_from_its_decision():
-    """The README's "measured" cell is a check's `numbers`: cut from `why` at a ": ", it lost the numbers that
-    hold one ("κ=1024: 1.11", "the paper: κ ≈ 4K")."""
-    results = [S.parabola_rho_star_higher(parabola_records(r)) for r in (0.95, 1.05)] + [
-        S.parabola_match(parabola_records(), 8), S.parabola_match(parabola_records(), 3),
-        S.parabola_target_onset(parabola_records(slope_kink=1.0)), S.parabola_lower_rho_worse(parabola_records()),
-        S.parabola_lower_rho_worse(parabola_records(order_ok=False)), S.parabola_tracks_rho_star(parabola_records()),
-        S.parabola_inflection(parabola_records()), S.parabola_no_rule_large(parabola_records()),
-        S.parabola_dimensions(parabola_records()), S.precision_fp16_variance(precision_results(1e-3)),
-        S.precision_bf16_stable(precision_results()), S.precision_fp32_stable(precision_results()),
-        S.precision_fp32_range()]
-    for r in results:
-        head = r["why"].split("; post:", 1)[0]
-        assert head in (r["numbers"], f"{r['numbers']}: {r['decision']}"), r
-        if r["verdict"] == "inconclusive":
-            assert r["decision"], r  # the reason the README's verdict cell gives
-    higher = results[1]
-    assert higher["verdict"] == "contradicted" and higher["numbers"].endswith(")") and "κ=1024: " in higher["numbers"]
-    assert higher["decision"] == "ρ* BELOW ρ_B^κ at every κ ≥ 256"
-    limits = results[-1]
-    assert limits["numbers"] == limits["why"] and limits["numbers"].endswith("the paper: κ ≈ 4K, B ≈ 8M)")
+    """Every record: shape exact, the rule's words in `rule`, one line of numbers in `why` (no verdict words),
+    the measured values in `numbers`."""
+    p, q = parabola_records, precision_results
+    recs = [judged("parabola_rho_star_higher", p(r)) for r in (0.95, 1.05)] + [
+        judged("parabola_match", p(), 8), judged("parabola_match", p(), 3),
+        judged("parabola_target_onset", p(slope_kink=1.0)), judged("parabola_lower_rho_worse", p()),
+        judged("parabola_lower_rho_worse", p(order_ok=False)), judged("parabola_tracks_rho_star", p()),
+        judged("parabola_inflection", p()), judged("parabola_no_rule_large", p()),
+        judged("parabola_dimensions", in_dimension(p(), 16, 1.2)), judged("parabola_dimensions", p()),
+        judged("precision_fp16_variance", q(1e-3)), judged("precision_bf16_stable", q()),
+        judged("precision_fp32_stable", q()), judged("precision_fp32_range", q())]
+    assert {r["verdict"] for r in recs} == set(STUDY_VERDICTS)
+    for r in recs:
+        assert not any(w in r["why"].split("; post:")[0] for w in ("reproduced", "contradicted")), r["why"]
+        assert r["why"] not in r["rule"]
+        if r["verdict"] != "not measured":
+            assert r["numbers"], r
+    higher = recs[1]
+    assert higher["verdict"] == "contradicted" and "κ=1024: " in higher["why"]
+    assert higher["numbers"]["ratio"][1024] == pytest.approx(1.05) and higher["numbers"]["not_higher_at"] == [256,
+                                                                                                            512, 1024]
+    limits = recs[-1]
+    assert limits["why"].endswith("the paper: κ ≈ 4K, B ≈ 8M)") and limits["numbers"]["batch_min"] < 1
+    out = S.judge_study(K.PRECISION, q())
+    assert [r["kind"] for r in out] == [c.kind for c in K.PRECISION.claims] and all(type(r) is dict for r in out)
 
 
-def precision_results(fp16_std_top=1e-1, bf16=0.3):
+def precision_results(fp16_std_top=1e-1, bf16_std_top=1e-2, fp32_std_top=1e-8, bf16=0.3, steps=2000):
+    """Records at ρ = 0.9, 0.99, 0.999 (horizons 10, 100, 1000): each run's std over repeats is flat across ρ
+    but for its value at 0.999, the `*_std_top`."""
     recs = []
-    for run, diff, std in (("fp16", 0.05, None), ("bf16", bf16, 0.01), ("fp32_seed", 1e-3, 1e-4),
-                           ("fp32_reorder", 1e-7, 1e-8)):
+    for run, diff, std, top in (("fp16", 0.05, 1e-2, fp16_std_top), ("bf16", bf16, 1e-2, bf16_std_top),
+                                ("fp32_seed", 1e-3, 1e-4, 1e-4), ("fp32_reorder", 1e-7, 1e-8, fp32_std_top)):
         for m in (0.9, 0.99, 0.999):
-            s = std if std is not None else (fp16_std_top if m == 0.999 else 1e-2)
-            recs.append({"run": run, "momentum": m, "ema_maxabsdiff": diff, "ema_maxabsdiff_std": s,
-                         "ema_maxabsdiff_relative": diff / 2})
-    return {"records": recs}
+            recs.append({"run": run, "momentum": m, "ema_maxabsdiff": diff,
+                         "ema_maxabsdiff_std": top if m == 0.999 else std, "ema_maxabsdiff_relative": diff / 2})
+    return {"records": recs} | ({"config": {"steps": steps}} if steps is not None else {})
 
 
 def test_precision_checks_come_out_each_way():
-    assert S.precision_fp16_variance(precision_results(1e-1))["verdict"] == "reproduced"
-    assert S.precision_fp16_variance(precision_results(1e-3))["verdict"] == "contradicted"
-    assert S.precision_bf16_stable(precision_results(bf16=1e-3))["verdict"] == "reproduced"
-    assert S.precision_bf16_stable(precision_results(bf16=0.3))["verdict"] == "contradicted"
-    assert S.precision_fp32_stable(precision_results())["verdict"] == "reproduced"
-    assert S.precision_fp32_range()["verdict"] == "reproduced"
-    r = S.precision_fp32_range()["measured"]
+    q = precision_results
+    assert verdict_of("precision_fp16_variance", q(1e-1)) == "reproduced"  # 10× the smallest ρ's, and the largest
+    assert verdict_of("precision_fp16_variance", q(1e-3)) == "contradicted"  # it shrinks
+    assert verdict_of("precision_fp16_variance", q(1.5e-2)) == "contradicted"  # the largest, but only 1.5×
+    assert verdict_of("precision_bf16_stable", q(bf16_std_top=1e-2)) == "reproduced"  # flat
+    assert verdict_of("precision_bf16_stable", q(bf16_std_top=1.9e-2)) == "reproduced"  # under 2×
+    assert verdict_of("precision_bf16_stable", q(bf16_std_top=5e-2)) == "contradicted"  # grows
+    assert verdict_of("precision_fp32_stable", q(fp32_std_top=1e-8)) == "reproduced"
+    assert verdict_of("precision_fp32_stable", q(fp32_std_top=1e-6)) == "contradicted"
+    bf = judged("precision_bf16_stable", q(bf16=0.3))  # far from FP32, yet stable: reported, not judged
+    assert bf["verdict"] == "reproduced" and bf["numbers"]["bf16_over_fp32_seed"][0.9] == pytest.approx(300)
+    assert "300–300× fp32_seed" in bf["why"]
+    assert verdict_of("precision_fp32_range", q()) == "reproduced"
+    r = judged("precision_fp32_range", q())["numbers"]
     assert r["batch_min"] < 1 and 1e6 <= r["batch_max"] == pytest.approx(r["kappa_max"] * 4096)
+
+
+def test_precision_variance_is_judged_on_the_momenta_whose_horizon_the_run_covers():
+    """500 steps cover 1/(1 − ρ) for ρ = 0.9 and 0.99, not 0.999: its growing spread is left out, and `why`
+    and `numbers` say so; 50 steps cover one ρ only, too few to see growth; no steps, nothing known."""
+    full = judged("precision_fp16_variance", precision_results(1e-1, steps=2000))
+    assert full["verdict"] == "reproduced" and full["numbers"]["judged_momenta"] == [0.9, 0.99, 0.999]
+    short = judged("precision_fp16_variance", precision_results(1e-1, steps=500))
+    assert short["verdict"] == "contradicted" and short["numbers"]["judged_momenta"] == [0.9, 0.99]
+    assert short["numbers"]["steps"] == 500 and short["numbers"]["horizon_at_largest_rho"] == pytest.approx(1000)
+    assert "500 steps < horizon 1,000 of ρ=0.999" in short["why"]
+    assert verdict_of("precision_bf16_stable", precision_results(bf16_std_top=5e-2, steps=500)) == "reproduced"
+    assert verdict_of("precision_fp16_variance", precision_results(steps=50)) == "not measured"
+    assert verdict_of("precision_fp16_variance", precision_results(steps=None)) == "not measured"
+    assert verdict_of("precision_fp16_variance", {"records": [], "config": {"steps": 10}}) == "not measured"
 
 
 @pytest.mark.parametrize("kappa_update,kappa_max,verdict", [
@@ -495,7 +576,8 @@ def test_precision_checks_come_out_each_way():
 ])
 def test_precision_fp32_range_each_way(kappa_update, kappa_max, verdict):
     lim = types.SimpleNamespace(kappa_update=kappa_update, kappa_max=kappa_max)
-    assert S.precision_fp32_range(lim=lim)["verdict"] == verdict
+    got = S.precision_fp32_range(lim=lim)
+    assert got.verdict == verdict and got.rule and "\n" not in got.why and got.numbers["kappa_max"] == kappa_max
 
 
 def with_rule_error(records, err_of, rho=0.9999, dim=1, convention="pre"):
@@ -519,15 +601,17 @@ def err_with_slopes(slopes):
 
 @pytest.mark.parametrize("slopes,verdict", [
     ([1.1] * 5 + [1.0] + [1.05] * 3, "reproduced"),  # the minimum over κ 64→128, then up by 0.05
-    ([1.1] * 5 + [1.0] + [1.01] * 3, "inconclusive"),  # up by 0.01 only
-    ([1.1, 1.0] + [1.05] * 7, "inconclusive"),  # the minimum at κ 4→8, far below 32
+    ([1.1] * 4 + [1.0] + [1.03] * 4, "reproduced"),  # the minimum over κ 32→64, up by 0.03
+    ([1.1] * 5 + [1.0] + [1.01] * 3, "contradicted"),  # up by 0.01 only
+    ([1.1, 1.0] + [1.05] * 7, "contradicted"),  # the minimum at κ 4→8, far below 32
+    ([1.1] * 7 + [1.0] + [1.05], "contradicted"),  # the minimum at κ 256→512, beyond 128
     ([1.5 - 0.05 * j for j in range(9)], "contradicted"),  # falling to the last interval
 ])
 def test_parabola_inflection_each_way(slopes, verdict):
     records = with_rule_error(parabola_records(), err_with_slopes(slopes))
-    got = S.parabola_inflection(records)
+    got = judged("parabola_inflection", records)
     assert got["verdict"] == verdict, got["why"]
-    assert got["measured"]["slopes_pre"]["64→128"] == pytest.approx(slopes[5])
+    assert got["numbers"]["slopes"]["64→128"] == pytest.approx(slopes[5])
 
 
 def in_dimension(records, dim, err_factor=1.0, one_minus_rho_star_factor=1.0):
@@ -541,18 +625,19 @@ def in_dimension(records, dim, err_factor=1.0, one_minus_rho_star_factor=1.0):
 
 
 @pytest.mark.parametrize("err_factor,rho_factor,verdict", [
-    (1.03, 0.98, "reproduced"),  # within 5 %
-    (1.10, 1.0, "inconclusive"),  # between 5 % and 25 %
-    (1.0, 1.10, "inconclusive"),  # 1 − ρ* counts too
-    (1.40, 1.0, "contradicted"),  # beyond 25 %
+    (1.03, 0.98, "reproduced"),  # within 10 %
+    (1.09, 0.92, "reproduced"),
+    (1.12, 1.0, "contradicted"),  # beyond 10 %
+    (1.0, 1.12, "contradicted"),  # 1 − ρ* counts too
+    (1.40, 1.0, "contradicted"),
     (1.0, 0.70, "contradicted"),
 ])
 def test_parabola_dimensions_each_way(err_factor, rho_factor, verdict):
     records = in_dimension(parabola_records(), 16, err_factor, rho_factor)
-    got = S.parabola_dimensions(records)
+    got = judged("parabola_dimensions", records)
     assert got["verdict"] == verdict, got["why"]
-    assert got["measured"]["dims"] == [16]
-    assert got["measured"]["max_relative_err_rule_difference"] == pytest.approx(abs(err_factor - 1))
+    assert got["numbers"]["dims"] == [16]
+    assert got["numbers"]["max_relative_err_rule_difference"] == pytest.approx(abs(err_factor - 1))
 
 
 # --- the registry -------------------------------------------------------------------------------
@@ -632,7 +717,9 @@ def test_precision_study_reproduction_writes_and_reuses(tmp_path):
     data = reproduce(console, "precision", preset=None, seeds=None, kappas=None, out=str(tmp_path), data=None,
                      resolver=resolver)
     assert [c["kind"] for c in data["claims"]] == [c.kind for c in K.PRECISION.claims]
-    assert all(c["verdict"] in V.VERDICTS for c in data["claims"])
+    assert all(c["shape"] == "exact" and c["rule"] and "\n" not in c["why"] for c in data["claims"])
+    # 40 steps cover the horizon 1/(1 − ρ) of ρ = 0.9 alone: too few momenta to see a spread grow
+    assert [c["verdict"] for c in data["claims"]] == ["not measured"] * 3 + ["reproduced"]
     assert (tmp_path / "report.md").is_file() and data["timing"]["reused"] == 0
     again = reproduce(console, "precision", preset=None, seeds=None, kappas=None, out=str(tmp_path), data=None,
                       resolver=resolver)

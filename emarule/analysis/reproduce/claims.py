@@ -203,27 +203,31 @@ PARABOLA = Family(
     kappas=(), seeds=(),
     claims=(
         _study(MATCH, "§3.1, Fig. 1a", "parabola_match", "L692–694", kappa=8.0,
-               short="§3.1 Fig. 1a: at κ=8 the rule matches the baseline EMA, ρ_B does not"),
-        _study(MATCH, "§3.1, Fig. 1a", "parabola_match", "L692–694", kappa=256.0, short="§3.1: the same at κ=256"),
+               short="§3.1 Fig. 1a: at κ=8 the rule matches the baseline EMA's trajectory, the unscaled ρ_B does not"),
+        _study(MATCH, "§3.1, Fig. 1a", "parabola_match", "L692–694", kappa=256.0,
+               short="§3.1 Fig. 1a: at κ=256 the rule matches the baseline EMA's trajectory, the unscaled ρ_B does "
+                     "not"),
         _study("The scaling rule tracks the ρ* until κ=256 …", "§3.1, Fig. 1b", "parabola_tracks_rho_star", "L716",
-               short="§3.1: the rule tracks the best momentum ρ* until κ=256"),
+               short="§3.1: the rule tracks the optimal momentum ρ* until κ=256"),
         _study("… when the ρ* become systematically higher", "§3.1, Fig. 1b", "parabola_rho_star_higher", "L716–717",
-               note="judged under the paper's own EMA Definition (pre: ζ from θ_t); the post convention (ζ from "
-                    "θ_{t+1}, BYOL's) is reported beside it",
-               short="§3.1: beyond κ=256 ρ* becomes systematically higher"),
+               short="§3.1: from κ=256 on, ρ* is systematically higher than the rule's ρ_B^κ"),
         _study("We see target model error increase at κ=256 … this indicates that the SGD Scaling Rule is breaking",
                "§3.1, Fig. 1b", "parabola_target_onset", "L718–719",
-               note="read as an onset: the target's error grows faster from κ≈256 than below it",
-               short="§3.1: the target model's error increases at κ=256 (the SGD rule breaking)"),
+               note="read as an onset: the target's error grows faster into κ=256 than it does for κ ≤ 64",
+               short="§3.1: the target model's error grows faster from κ=256 (read as an onset: the SGD rule "
+                     "breaking)"),
         _study("At the lower scaling κ=64, there is an inflection point in the EMA Scaling Rule approximation error …",
-               "§3.1, Fig. 1b", "parabola_inflection", "L720", short="§3.1: an inflection in the rule's error at κ=64"),
+               "§3.1, Fig. 1b", "parabola_inflection", "L720",
+               short="§3.1: at κ=64, an inflection point in the rule's approximation error"),
         _study("… the approximation error at a given κ is higher for lower momenta ρ", "App. F.1",
-               "parabola_lower_rho_worse", "L1896", short="App. F.1: a lower ρ_B gives a larger error"),
+               "parabola_lower_rho_worse", "L1896",
+               short="App. F.1: at every κ, a lower ρ_B gives a higher approximation error"),
         _study("We observe no significant differences in the EMA scaling behavior as we vary dimensions",
                "§3.1; App. F.1 (D = 2, 16, 100)", "parabola_dimensions", "L723, L1915",
-               short="§3.1, App. F.1: no difference across dimensions"),
+               short="§3.1, App. F.1: no significant difference in the scaling behaviour across D = 1, 2, 16, 100"),
         _study("… not changing the momentum at every scaling κ induces large approximation error …", "§3.1",
-               "parabola_no_rule_large", "L724", short="§3.1: not scaling ρ induces a large error"),
+               "parabola_no_rule_large", "L724",
+               short="§3.1: not changing ρ at every κ induces a large approximation error"),
     ),
     full_scale="already full scale: `emarule reproduce parabola` runs the paper's settings (the `paper` preset)",
 )
@@ -235,20 +239,25 @@ PRECISION = Family(
         _study("… when model weights and EMA weights are FP16 (never done in practice), an increasing variance happens "
                "for FP16 as the value of the momentum ρ approaches 0.99999 …",
                "App. I, Fig. numerics", "precision_fp16_variance", "L3179",
-               short="App. I: FP16's variance grows as ρ → 0.99999"),
-        _study("… whereas BF16 … [is] stable", "App. I, Fig. numerics", "precision_bf16_stable",
-               "L3179", note="stable read as: no farther from FP32 than a second FP32 run with another data order",
-               short="… whereas BF16 is stable"),
-        _study("… whereas … FP32 [is] stable", "App. I, Fig. numerics", "precision_fp32_stable",
-               "L3179", short="… whereas FP32 is stable"),
+               short="App. I: with weights and EMA in FP16, the variance grows as ρ → 0.99999"),
+        _study("… whereas BF16 … [is] stable", "App. I, Fig. numerics", "precision_bf16_stable", "L3179",
+               note="stable read by the sentence's FP16 clause: BF16's variance over repeats does not grow as "
+                    "ρ → 0.99999",
+               short="… whereas BF16 is stable: its variance does not grow as ρ → 0.99999"),
+        _study("… whereas … FP32 [is] stable", "App. I, Fig. numerics", "precision_fp32_stable", "L3179",
+               note="stable read as for BF16, on a second FP32 run (gradients summed in another order) against the "
+                    "FP32 reference",
+               short="… whereas FP32 is stable: its variance does not grow as ρ → 0.99999"),
         _study("… the minimum value of ρ corresponds to scaling κ=log(ρ_B)/log(1−ε) ≈ 4K, giving a batch size B ≈ 8M "
                "which is beyond current hardware feasibility …", "App. I",
                "precision_fp32_range", "L3164–3170",
                note="the baseline there is ρ_B = 0.996 at B = 4096, and ε ≈ 1.2e-7 is FP32's (L3164–3165)",
-               short="FP32's range at ρ_B = 0.996, B = 4096: κ ≈ 4K, B ≈ 8M"),
+               short="App. I: at ρ_B = 0.996, B = 4096, FP32 keeps ρ meaningful from a batch below one sample up to "
+                     "κ ≈ 4K, B ≈ 8M"),
     ),
     full_scale="already full scale: `emarule reproduce precision` runs the appendix's regression",
 )
+
 
 PROBE = Metric("probe_top1", "tracking-probe top-1 (%) on the teacher", True, True)
 # The final teacher probed to convergence (probe_check.offline_probe, cached in the run directory): what
