@@ -223,9 +223,10 @@ def _headline_time(family, r_new: Root | None) -> str:
     return _wall(t) + (f" ({t.get('runs')} runs)" if t else "") + _made_with(r_new)
 
 
-# A verdict on a probe (the tracking one, or the final teachers' converged one) where the data bar of issue
-# 18 §1 is missed: the probe does not read enough of what the teacher learned there, so the verdict is shown
-# with that caveat.
+# A verdict on a probe (the tracking one, or the final teachers' converged one) where the data bar is missed
+# (the baselines' trained teachers, probed to convergence, must beat the better of the teachers at
+# initialization and the raw pixels by the bar's points, probe_check.BAR): the probe does not read enough of
+# what the teacher learned there, so the verdict is shown with that caveat.
 BAR_MISSED = " (the probe misses the data bar)"
 
 
