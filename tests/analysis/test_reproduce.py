@@ -105,7 +105,8 @@ def test_an_undefined_or_unbounded_spread_decides_nothing():
     for scale in (None, 0.0, math.inf):
         d, (rec,) = J.decide_parts("gap_remains", [_effects([5.0, 5.1, 4.9], scale)])
         assert d.verdict == R.NOT_REPRODUCED and rec["rule"] == "no finite baseline spread to scale the effect by"
-        assert d.effect_ci == (-math.inf, math.inf) and math.isinf(d.mde) and rec["n"] == 3
+        assert rec["effect_ci"] == [-math.inf, math.inf] and math.isinf(rec["mde"]) and rec["n"] == 3
+        assert rec["effect"] == pytest.approx(5.0)  # still measured, in the metric's units
 
 
 EFFECT = st.floats(-20, 20, allow_nan=False)
