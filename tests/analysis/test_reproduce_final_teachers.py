@@ -48,7 +48,8 @@ def test_the_end_claim_is_judged_on_the_final_teachers_paired_per_seed(tmp_path)
     c = _end_claim(m)
     assert c["statistic"] == "Δ at the end" and c["verdict"] == R.REPRODUCED, c
     without, with_ = c["parts"]
-    assert without["per_seed"] == pytest.approx([8.0, 7.5, 8.5]) and with_["per_seed"] == pytest.approx([-0.5, 0.5, -0.3])
+    assert without["per_seed"] == pytest.approx([8.0, 7.5, 8.5])
+    assert with_["per_seed"] == pytest.approx([-0.5, 0.5, -0.3])
     assert c["effect"] == pytest.approx(8.0) and with_["effect"] == pytest.approx(-0.1)
     # the signed pair spread: each baseline seed against each other one (±3, ±3, ±6): √((4 × 9 + 2 × 36) / 6)
     assert c["spread"] == pytest.approx(18 ** 0.5) and with_["margin"] == pytest.approx(18 ** 0.5)

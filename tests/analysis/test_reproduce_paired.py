@@ -211,7 +211,7 @@ def test_arm_closer_each_way(tmp_path, offsets, verdict, sign):
     check(c, verdict, sign, 1)
     assert c["settings"] == {"A": "arm bn-scale at κ=2", "B": "with the rule at κ=2"}
     # the effect is the mean over seeds of |Δ_B| − |Δ_A|
-    want = sum(abs(y) - abs(x) for x, y in zip(shifts(a, noise), shifts(b, noise))) / len(OFFSETS)
+    want = sum(abs(y) - abs(x) for x, y in zip(shifts(a, noise), shifts(b, noise), strict=True)) / len(OFFSETS)
     assert c["effect"] == pytest.approx(want)
 
 

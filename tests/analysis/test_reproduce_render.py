@@ -5,7 +5,6 @@ import json
 import math
 import re
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
