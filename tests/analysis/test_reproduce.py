@@ -1,6 +1,6 @@
-"""`emarule reproduce`: the verdict maths on curves built so that each verdict must come out, the
-study checks on records built the same way, the registry against the specs, bad input, and a tiny
-BYOL reproduction end to end (written, then reused)."""
+"""`emarule reproduce`: the paired statistics and the judgement of a family's claims on curves built so that
+each verdict must come out, the study checks on records built the same way, the registry against the specs,
+bad input, and a tiny BYOL reproduction end to end (written, then reused)."""
 
 import json
 import math
@@ -20,11 +20,12 @@ from emarule.cli.main import app
 from emarule.analysis.compare import load_runs
 from emarule.errors import UserError
 from emarule.analysis.reproduce import claims as K
+from emarule.analysis.reproduce import judge as J
 from emarule.analysis.reproduce import measure as M
+from emarule.analysis.reproduce import paired as P
 from emarule.analysis.reproduce import probe_check as PC
-from emarule.analysis.reproduce import studies as S
-from emarule.analysis.reproduce import paired as V
 from emarule.analysis.reproduce import rules as R
+from emarule.analysis.reproduce import studies as S
 
 runner = CliRunner()
 T = [float(t) for t in range(11)]  # epochs 0..10
@@ -40,15 +41,15 @@ def curve(f, xs=T):
 def test_leave_one_out_spread_by_hand():
     # Offsets −1, 0, +1: seed −1 against mean(0, 1) = 0.5 → 1.5; seed 0 against 0 → 0; seed 1 → 1.5.
     seeds = [curve(lambda t, o=o: t + o) for o in (-1.0, 0.0, 1.0)]
-    s = V.spread(seeds)
+    s = P.spread(seeds)
     assert s["run"] == pytest.approx(1.0) and s["end"] == pytest.approx(1.0) and s["seeds"] == 3
-    assert V.spread(seeds[:1]) is None  # one seed: no spread
+    assert P.spread(seeds[:1]) is None  # one seed: no spread
 
 
 def test_gap_is_mean_over_seeds_of_mean_abs_difference():
     base = curve(lambda t: t)
     runs = [curve(lambda t: t + 0.5), curve(lambda t: t - 1.5 if t < 5 else t + 0.5)]
-    g = V.gaps(runs, base)
+    g = P.gaps(runs, base)
     assert g["per_seed_run"][0] == pytest.approx(0.5)
     assert g["per_seed_run"][1] == pytest.approx((5 * 1.5 + 6 * 0.5) / 11)
     assert g["run"] == pytest.approx((0.5 + (5 * 1.5 + 6 * 0.5) / 11) / 2)
@@ -56,15 +57,17 @@ def test_gap_is_mean_over_seeds_of_mean_abs_difference():
 
 
 def test_a_run_that_stops_early_has_an_infinite_gap():
-    g = V.gaps([curve(lambda t: t, T[:5])], curve(lambda t: t))
+    g = P.gaps([curve(lambda t: t, T[:5])], curve(lambda t: t))
     assert math.isinf(g["run"]) and g["incomplete"] == 1
 
 
 def test_a_run_that_starts_after_the_baseline_ends_is_not_measured_not_infinite():
     """Pseudo-labeling that starts late logs pl_wer only from then on: no shared point is no gap, not ∞."""
     late = ([10.0, 10.5], [1.0, 1.0])
-    g = V.gaps([late], ([0.0, 1.0, 2.0], [1.0, 1.0, 1.0]))
+    g = P.gaps([late], ([0.0, 1.0, 2.0], [1.0, 1.0, 1.0]))
     assert g["run"] is None and g["no_overlap"] == 1 and g["incomplete"] == 0
+    g = P.paired_gaps([late], [([0.0, 1.0, 2.0], [1.0, 1.0, 1.0])])
+    assert g["run"] is None and g["no_overlap"] == 1 and g["signed_run"] == []
 
 
 def test_evaluations_a_hair_apart_across_seeds_share_the_grid():
@@ -79,79 +82,53 @@ def test_evaluations_a_hair_apart_across_seeds_share_the_grid():
 
 
 def test_leave_one_out_spread_of_scalars():
-    assert V.loo_spread([1.0, 2.0, 3.0]) == pytest.approx((1.5 + 0 + 1.5) / 3)
-    assert V.loo_spread([5.0]) is None and V.loo_spread([4.0, 4.0]) == 0
+    assert P.loo_spread([1.0, 2.0, 3.0]) == pytest.approx((1.5 + 0 + 1.5) / 3)
+    assert P.loo_spread([5.0]) is None and P.loo_spread([4.0, 4.0]) == 0
 
 
 def test_trailing_smoothing():
-    xs, ys = V.smooth(([0.0, 0.5, 1.0, 1.5], [0.0, 2.0, 4.0, 6.0]), 0.5)
+    xs, ys = P.smooth(([0.0, 0.5, 1.0, 1.5], [0.0, 2.0, 4.0, 6.0]), 0.5)
     assert ys == [0.0, 1.0, 3.0, 5.0] and xs == [0.0, 0.5, 1.0, 1.5]
-    assert V.smooth(([0.0, 1.0], [1.0, 3.0]), 0.0)[1] == [1.0, 3.0]
+    assert P.smooth(([0.0, 1.0], [1.0, 3.0]), 0.0)[1] == [1.0, 3.0]
 
 
 # --- decisions ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind,gw,gwo,s,expected", [
-    ("rule_needed", 1.0, 5.0, 1.0, "reproduced"),
-    ("rule_needed", 1.0, 5.0, 0.4, "inconclusive"),  # the rule helps but does not reach the baseline
-    ("rule_needed", 1.0, 1.5, 1.0, "inconclusive"),  # without is not 2× worse
-    ("rule_needed", 5.0, 4.0, 1.0, "contradicted"),  # the rule does not help, above the noise
-    ("rule_needed", 1.0, 0.9, 1.0, "inconclusive"),  # the rule does not help, but it is all noise
-    ("rule_closer", 3.0, 9.0, 1.0, "reproduced"),
-    ("rule_closer", 3.0, 9.0, 5.0, "inconclusive"),
-    ("rule_closer", 9.0, 3.0, 1.0, "contradicted"),
-    ("same_either_way", 1.0, 1.5, 1.0, "reproduced"),
-    ("same_either_way", 1.0, 5.0, 1.0, "contradicted"),
-    ("same_either_way", 4.0, 5.0, 1.0, "inconclusive"),
-])
-def test_decision_rules(kind, gw, gwo, s, expected):
-    assert V.decide(kind, gw, gwo, s)[0] == expected
+def _effects(values, scale):
+    return J.Effects("a part", list(values), scale, "mean Δ over the run")
 
 
-def test_undefined_spread_is_inconclusive():
-    assert V.decide("rule_needed", 0.0, 10.0, None)[0] == "inconclusive"
-    assert V.decide_target(5.0, None, 5.0, 1.0)[0] == "inconclusive"
-    assert V.decide_with_better({4.0: 10.0}, None)[0] == "inconclusive"
+def test_an_undefined_or_unbounded_spread_decides_nothing():
+    """No finite spread to scale the effect by: not reproduced, with no interval, whatever the effect."""
+    for scale in (None, 0.0, math.inf):
+        d, (rec,) = J.decide_parts("gap_remains", [_effects([5.0, 5.1, 4.9], scale)])
+        assert d.verdict == R.NOT_REPRODUCED and rec["rule"] == "no finite baseline spread to scale the effect by"
+        assert rec["effect_ci"] == [-math.inf, math.inf] and math.isinf(rec["mde"]) and rec["n"] == 3
+        assert rec["effect"] == pytest.approx(5.0)  # still measured, in the metric's units
 
 
-GAP = st.one_of(st.just(0.0), st.floats(1e-6, 1e3))
+EFFECT = st.floats(-20, 20, allow_nan=False)
 
 
-@settings(max_examples=200, deadline=None)
-@given(gw=GAP, gwo=GAP, s=st.floats(1e-6, 1e3), k=st.floats(1e-3, 1e3),
-       kind=st.sampled_from(["rule_needed", "rule_closer", "same_either_way"]))
-def test_decisions_are_unit_free_and_rule_needed_as_written(gw, gwo, s, k, kind):
-    v = V.decide(kind, gw, gwo, s)[0]
-    assert v in V.VERDICTS
-    assert V.decide(kind, gw * k, gwo * k, s * k)[0] == v or any(  # only float rounding at a boundary may differ
-        math.isclose(a, b, rel_tol=1e-9) for a, b in ((gwo, 2 * gw), (gw, 2 * s), (gw, gwo), (max(gw, gwo), 2 * s),
-                                                       (gwo, 2 * s)))
-    if kind == "rule_needed":
-        assert (v == "reproduced") == (gwo >= 2 * gw and gw <= 2 * s)
-        if v == "contradicted":
-            assert gw >= gwo
-
-
-@pytest.mark.parametrize("ema_gap,target_gap,expected", [
-    (5.0, 5.0, "reproduced"), (5.0, 0.5, "contradicted"), (5.0, 1.5, "inconclusive"), (1.0, 5.0, "inconclusive")])
-def test_target_explains(ema_gap, target_gap, expected):
-    assert V.decide_target(ema_gap, 1.0, target_gap, 1.0)[0] == expected
-
-
-@pytest.mark.parametrize("gap,expected", [(3.0, "reproduced"), (0.9, "contradicted"), (1.5, "inconclusive")])
-def test_optimizer_strays(gap, expected):
-    assert V.decide_optimizer(gap, 1.0)[0] == expected
-
-
-def test_with_better_and_ema_above_target():
-    assert V.decide_with_better({2.0: 0.5, 4.0: 3.0}, 1.0)[0] == "reproduced"
-    assert V.decide_with_better({2.0: 0.5, 4.0: 1.0}, 1.0)[0] == "inconclusive"
-    assert V.decide_with_better({2.0: 0.5, 4.0: -3.0}, 1.0)[0] == "contradicted"
-    assert V.decide_ema_above([0.2, 0.3])[0] == "reproduced"
-    assert V.decide_ema_above([-0.2, -0.1])[0] == "contradicted"
-    assert V.decide_ema_above([0.2, -0.1])[0] == "inconclusive"
-    assert V.decide_ema_above([0.2])[0] == "inconclusive"  # one seed: no spread, no verdict
+@settings(max_examples=150, deadline=None)
+@given(vals=st.lists(EFFECT, min_size=2, max_size=6), s=st.floats(1e-3, 1e3), k=st.floats(1e-3, 1e3),
+       kind=st.sampled_from(sorted(R.KINDS)))
+def test_decisions_are_unit_free_and_reported_in_the_metrics_units(vals, s, k, kind):
+    """Effects and spread in other units (× k) give the same verdict; the records are in the metric's units:
+    the effect is the per-seed mean, inside its interval."""
+    parts = len(R.KINDS[kind].parts)
+    d, recs = J.decide_parts(kind, [_effects(vals, s)] * parts)
+    d2, recs2 = J.decide_parts(kind, [_effects([v * k for v in vals], s * k)] * parts)
+    if d.verdict != d2.verdict:  # only float rounding where a bound sits on 0 or a margin of 1 spread
+        sm = R.summarize([v / s for v in vals])
+        near = (*sm.ci95, *sm.ci90, sm.mde)
+        assert any(math.isclose(abs(b), m, abs_tol=1e-9) for b in near for m in (0.0, 1.0)), (d, d2)
+    lo, hi = recs[0]["effect_ci"]
+    assert recs[0]["effect"] == pytest.approx(sum(vals) / len(vals), abs=1e-9)
+    assert recs2[0]["effect"] == pytest.approx(k * recs[0]["effect"], rel=1e-9, abs=1e-9)
+    assert lo <= recs[0]["effect"] + 1e-9 and recs[0]["effect"] - 1e-9 <= hi
+    assert d.verdict in R.VERDICTS and len(recs) == parts
 
 
 # --- a family's claims on synthetic run directories ---------------------------------------------
@@ -201,57 +178,50 @@ def verdicts(measured):
     return {(c["kind"], c["kappa"], c["statistic"]): c["verdict"] for c in measured["claims"]}
 
 
+RUN, END = J.STATISTIC["signed", "run"], J.STATISTIC["signed", "end"]
+
+
 def test_polyak_claims_reproduced_when_the_rule_closes_the_gap(tmp_path):
     m = M.measure(K.POLYAK, polyak_runs(tmp_path, ema_with=0.1, ema_without=-3.0, target_with=0.0))
     v = verdicts(m)
-    assert v[("rule_needed", 2.0, M.STATISTIC["run"])] == "reproduced"
-    assert v[("rule_needed", 4.0, M.STATISTIC["end"])] == "reproduced"
-    assert v[("target_explains", 4.0, M.STATISTIC["run"])] == "inconclusive"  # no EMA gap to explain
-    assert v[("ema_above_target", 1.0, M.STATISTIC["end"])] == "reproduced"
+    assert v[("rule_needed", 2.0, RUN)] == R.REPRODUCED
+    assert v[("rule_needed", 4.0, END)] == R.REPRODUCED
+    assert v[("target_explains", 4.0, RUN)] == R.NOT_TESTABLE  # no EMA gap to explain
+    assert v[("ema_above_target", 1.0, END)] == R.REPRODUCED
     row = m["tables"]["ema_top1"]["rows"][("baseline", 1.0)]
-    # The pair spread: offsets −0.3, 0, 0.3, each seed against each other one: (0.3 + 0.6 + 0.3) × 2 / 6.
-    assert row["gaps"]["run"] == pytest.approx(0.4)
+    # The pair spread: offsets −0.3, 0, 0.3, each seed against each other one: mean |Δ| (0.3 + 0.6 + 0.3) × 2 / 6,
+    # RMS of Δ √((4 × 0.09 + 2 × 0.36) / 6).
+    assert row["gaps"]["run"] == pytest.approx(0.4) and row["gaps"]["signed_run"] == pytest.approx(math.sqrt(0.18))
     assert row["unpaired"]["run"] == pytest.approx(0.3)  # leave-one-out: (0.45 + 0 + 0.45) / 3
     claim = next(c for c in m["claims"] if c["kind"] == "rule_needed" and c["kappa"] == 2.0)
-    # Paired: each seed against its own baseline, |0.1| and |−3| for every seed, whatever its offset.
-    assert claim["gap_with_rule"] == pytest.approx(0.1) and claim["gap_without_rule"] == pytest.approx(3.0)
-    assert claim["paired_difference"]["ci"] == pytest.approx((2.9, 2.9))
+    # Paired: each seed against its own baseline, −0.1 and +3 (worse) for every seed, whatever its offset.
+    without, with_ = claim["parts"]
+    assert without["per_seed"] == pytest.approx([3.0] * 3) and with_["per_seed"] == pytest.approx([-0.1] * 3)
+    assert claim["effect"] == pytest.approx(3.0) and claim["effect_ci"] == pytest.approx([3.0, 3.0])
+    assert claim["spread"] == pytest.approx(math.sqrt(0.18)) and claim["n"] == 3 and claim["mde"] == pytest.approx(0)
+    assert with_["margin"] == pytest.approx(math.sqrt(0.18)) and with_["shape"] == "equivalence"
+    assert claim["numbers"]["gap_A"] == pytest.approx(0.1) and claim["numbers"]["gap_B"] == pytest.approx(3.0)
     # Unpaired (against the baselines' mean) the offsets come back: |−0.3 + 0.1|, |0.1|, |0.3 + 0.1|.
     unpaired = m["tables"]["ema_top1"]["rows"][("with", 2.0)]["unpaired"]
     assert unpaired["run"] == pytest.approx(0.7 / 3)
 
 
-def test_polyak_claims_contradicted_and_diagnosed(tmp_path):
-    # The rule makes it worse; the target model tracks, so the gap is the EMA's.
+def test_polyak_claims_contradicted_and_set_aside(tmp_path):
+    # The rule makes it worse (3 below the baseline, against a spread of 0.42); the target model tracks.
     m = M.measure(K.POLYAK, polyak_runs(tmp_path, ema_with=-3.0, ema_without=-1.0, target_with=0.0))
     v = verdicts(m)
-    assert v[("rule_needed", 2.0, M.STATISTIC["run"])] == "contradicted"
-    assert v[("target_explains", 4.0, M.STATISTIC["run"])] == "contradicted"
+    assert v[("rule_needed", 2.0, RUN)] == R.CONTRADICTED
     c = next(c for c in m["claims"] if c["kind"] == "rule_needed" and c["kappa"] == 2.0)
-    assert "the optimizer rule holds" in c["diagnosis"]
-    # Now the target strays as well: the optimizer rule is to blame.
+    assert [p["verdict"] for p in c["parts"]] == [R.REPRODUCED, R.CONTRADICTED]  # without drops; with drops more
+    assert c["parts"][1]["rule"] == f"CI95 lies outside ±{1:g}"
+    # the EMA strays with the rule, the target model does not: an absence shown, so contradicted
+    assert v[("target_explains", 4.0, RUN)] == R.CONTRADICTED
+    # Now the target strays as well: the optimizer rule is to blame, and the EMA claims are set aside.
     m = M.measure(K.POLYAK, polyak_runs(tmp_path / "b", ema_with=-3.0, ema_without=-6.0, target_with=-3.0))
-    assert verdicts(m)[("target_explains", 4.0, M.STATISTIC["run"])] == "reproduced"
+    assert verdicts(m)[("target_explains", 4.0, RUN)] == R.REPRODUCED
     c = next(c for c in m["claims"] if c["kind"] == "rule_needed" and c["kappa"] == 2.0)
-    assert c["verdict"] == "inconclusive" and "optimizer rule: the target model" in c["diagnosis"]
-
-
-@pytest.mark.parametrize("target_with,verdict,says", [
-    (0.0, "contradicted", "tracks over the run (gap with the rule 0 ≤ its spread 0.4)"),
-    (0.6, "inconclusive", "between 1× and 2× its spread"),  # paired, 0.6 for every seed: 1.5× the pair spread
-    (1.5, "reproduced", "strays too"),
-])
-def test_the_diagnosis_uses_the_verdict_thresholds_for_the_target_model(tmp_path, target_with, verdict, says):
-    """≤ 1× spread tracks, > 2× strays, and in between it is noise, as `decide_target` rules: a target gap of
-    1.5× the spread is not "tracks" beside an inconclusive verdict."""
-    m = M.measure(K.POLYAK, polyak_runs(tmp_path, ema_with=-3.0, ema_without=-1.0, target_with=target_with))
-    assert verdicts(m)[("target_explains", 4.0, M.STATISTIC["run"])] == verdict
-    c = next(c for c in m["claims"] if c["kind"] == "rule_needed" and c["kappa"] == 2.0)
-    assert says in c["diagnosis"]
-    assert ("tracks" in c["diagnosis"]) == (verdict == "contradicted")
-    assert ("optimizer rule holds" in c["diagnosis"]) == (verdict == "contradicted")
-
-
+    assert c["verdict"] == R.SET_ASIDE and c["verdict_if_applicable"] == R.CONTRADICTED
+    assert c["why"] == "with the rule at κ=2: top1 worse by +3 [+3, +3] against a spread of +0.424"
 CTC_SPEC = {"ema": {"momentum": 0.99995, "also": [0.9999, 0.999]}, "data": {"eval_splits": ["dev-clean", "test-clean"]}}
 
 
@@ -278,13 +248,15 @@ def test_the_short_horizon_control_is_the_specs_smallest_further_ema(tmp_path):
                      None: {"ema_wer", "wer", "ema_wer/0.999"}}
     m = M.measure(K.CTC_POLYAK, ctc_runs(tmp_path))
     control = next(c for c in m["claims"] if c["claim"].startswith("… for smaller values of ρ_B"))
-    assert control["metric"] == "ema_wer/0.999" and control["verdict"] == "reproduced", control
+    assert control["metric"] == "ema_wer/0.999" and control["verdict"] == R.REPRODUCED, control
+    assert control["shape"] == "equivalence" and len(control["parts"]) == 2
     assert m["tables"]["ema_wer"]["metric"].label == "EMA WER (%), dev-clean"  # the split evaluated, not "test"
     # No ema.also: nothing to judge, and the report says why.
     bare = {"ema": {"momentum": 0.99995}, "data": {"eval_splits": ["dev-clean"]}}
     m = M.measure(K.CTC_POLYAK, ctc_runs(tmp_path / "bare", spec=bare, also=()))
     control = next(c for c in m["claims"] if c["claim"].startswith("… for smaller values of ρ_B"))
-    assert control["verdict"] == "inconclusive" and "the spec has no ema.also" in control["why"]
+    assert control["verdict"] == R.NOT_MEASURED and "the spec has no ema.also" in control["why"]
+    assert control["effect"] is None and control["parts"] == []
 
 
 def test_the_figure_marks_single_points_tells_momenta_apart_and_names_the_split(tmp_path, monkeypatch):
@@ -363,26 +335,27 @@ def test_a_run_that_never_logged_the_metric_leaves_its_claims_unmeasured(tmp_pat
         dirs.append(write_run(tmp_path, f"k4-norule-s{s}", 4.0, None, s,
                               {m: (lambda t, f=f: f(t) + 9) for m, f in both.items()}, "ctc-pseudo-label"))
     m = M.measure(replace(K.CTC_PL, kappas=(1.0, 4.0), goal_kappa=4.0), load_runs(dirs))  # a κ=4 sweep
-    pl = next(c for c in m["claims"] if c["metric"] == "pl_wer")
-    assert pl["verdict"] == "inconclusive" and "1 run(s) of with the rule at κ=4" in pl["why"]
-    assert "never logged" in pl["why"]
+    pl = [c for c in m["claims"] if c["metric"] == "pl_wer"]
+    assert len(pl) == 2 and all(c["verdict"] == R.NOT_MEASURED and "never logged" in c["why"] for c in pl)
+    assert m["tables"]["pl_wer"]["rows"][("with", 4.0)]["gaps"]["missing"] == 1
     assert m["goal"]["met"] is None and "never logged" in m["goal"]["why"]
     wer = next(c for c in m["claims"] if c["metric"] == "wer" and c["kind"] == "rule_needed")
-    assert wer["verdict"] == "reproduced"  # the student's WER is there for every run
+    assert wer["verdict"] == R.REPRODUCED and wer["effect"] == pytest.approx(9.0)  # 9 points of WER worse without
+    assert wer["mechanism"]["present"] is True and wer["mechanism"]["value"] == pytest.approx(45.0)
     # Pre-training only (50 base steps of 10 = epoch 5): with the rule the student is the baseline's.
     pre = next(c for c in m["claims"] if c["kind"] == "optimizer_strays")
-    assert "up to epoch 5 " in pre["statistic"] and pre["baseline_spread"] == pytest.approx(2 / 3)  # pair spread
-    assert pre["gap_with_rule"] == 0 and pre["verdict"] == "contradicted"  # paired: each seed is its baseline
+    assert "up to epoch 5 " in pre["statistic"] and pre["spread"] == pytest.approx(math.sqrt(0.5))  # RMS of Δ
+    assert pre["effect"] == pytest.approx(0) and pre["verdict"] == R.CONTRADICTED  # paired: each seed is its baseline
 
 
 def test_progressive_runs_are_compared_from_their_transition(tmp_path):
-    """Before Progressive Scaling leaves κ=1 each run is its seed's baseline: the gaps start where it does."""
+    """Before Progressive Scaling leaves κ=1 each run is its seed's baseline: the effects start where it does."""
     step = [{"start_epoch": 0.0, "end_epoch": 6.0, "kappa": 1.0}, {"start_epoch": 6.0, "end_epoch": 10.0, "kappa": 2.0}]
     dirs = []
     for s, o in enumerate((-1.0, 0.0, 1.0)):
         early = lambda t, o=o: t + (o if t < 6 else 0.1 * o)  # noqa: E731 — noisy early, quiet after 6
         dirs.append(write_run(tmp_path, f"k1-s{s}", 1.0, "exponential", s, {"ema_top1": early, "top1": early}))
-        for rule, off in (("exponential", 0.1), (None, 2.0)):
+        for rule, off in (("exponential", 0.05 * (s - 1)), (None, -2.0)):
             late = lambda t, e=early, off=off: e(t) + (off if t >= 6 else 0.0)  # noqa: E731
             dirs.append(write_run(tmp_path, f"k2-{rule}-s{s}", 2.0, rule, s, {"ema_top1": late, "top1": early},
                                   layout=step))
@@ -391,19 +364,22 @@ def test_progressive_runs_are_compared_from_their_transition(tmp_path):
     assert M.transition_epoch([r for r in runs if r.is_baseline]) is None  # constant κ: the whole run
     m = M.measure(K.POLYAK, runs)
     c = next(c for c in m["claims"] if c["kind"] == "rule_needed" and c["statistic"].startswith("mean"))
-    assert "from epoch 6" in c["statistic"] and m["since_epoch"] == 6.0
-    # The late, quiet part's pair spread (offsets −0.1, 0, 0.1), not the early one's.
-    assert c["baseline_spread"] == pytest.approx(0.4 / 3)
-    assert c["verdict"] == "reproduced"
+    assert c["statistic"] == f"{RUN} from epoch 6" and m["since_epoch"] == 6.0
+    # The late, quiet part's pair spread (offsets −0.1, 0, 0.1: RMS of Δ √0.02), not the early one's.
+    assert c["spread"] == pytest.approx(math.sqrt(0.02))
+    assert c["effect"] == pytest.approx(2.0) and c["parts"][1]["per_seed"] == pytest.approx([0.05, 0.0, -0.05])
+    assert c["verdict"] == R.REPRODUCED
 
 
 def test_up_to_claims_expand_per_kappa_and_unmeasured_kappas_say_so():
     claims = M.expand(K.BYOL.claims, [1.0, 2.0, 4.0, 8.0])
     # Fig. 5 (right) compares two arms at κ=8, whatever the sweep's κ: it is not an "up to" claim.
-    assert [(c.kappa, c.over) for c in claims] == [(2.0, "run"), (4.0, "run"), (2.0, "end"), (4.0, "end"), (8.0, "end")]
-    assert [c.kappa for c in M.expand(K.BYOL.claims, [1.0, 8.0])] == [4.0, 4.0, 8.0]  # the first two not measured
-
-
+    assert [(c.kappa, c.over) for c in claims] == [(2.0, "run"), (4.0, "run"), (2.0, "end"), (4.0, "end"),
+                                                   (8.0, "end"), (8.0, "end")]
+    assert [c.kappa for c in M.expand(K.BYOL.claims, [1.0, 8.0])] == [4.0, 4.0, 8.0, 8.0]  # the first two not run
+    assert not any(c.stand_in_beyond for c in K.BYOL.claims)
+    # polyak's "across all batch sizes": κ=0.5 too, and nothing past κ=4 (it takes no stand-ins)
+    assert [c.kappa for c in M.expand(K.POLYAK.claims[1:2], [0.5, 1.0, 2.0, 4.0, 8.0])] == [0.5, 2.0, 4.0]
 # --- studies ------------------------------------------------------------------------------------
 
 
@@ -735,7 +711,7 @@ TINY_BYOL = ["reproduce", "byol", "--preset", "tiny", "--seeds", "2", "--kappas"
 
 @pytest.fixture(scope="module")
 def tiny_byol(tmp_path_factory):
-    """One tiny byol reproduction (10 runs) for the tests that read it or invoke it again, each on its own
+    """One tiny byol reproduction (12 runs) for the tests that read it or invoke it again, each on its own
     copy: (the root, the first invocation's output)."""
     import torch
 
@@ -767,7 +743,7 @@ def test_seed_sets_pooled_through_links_reuse_the_finished_runs(tiny_byol, tmp_p
     res = runner.invoke(app, [*TINY_BYOL[:4], "--seeds", "0-0,1-1", "--kappas", "1,2", "--out", str(pooled.parent)])
     assert res.exit_code == 0, res.output
     got = json.loads((pooled.parent / "verdict.json").read_text())
-    assert got["seeds"] == [0, 1] and got["timing"]["runs"] == got["timing"]["reused"] == 10
+    assert got["seeds"] == [0, 1] and got["timing"]["runs"] == got["timing"]["reused"] == 12
     assert got["timing"]["trained"] == 0 and got["claims"] == v["claims"]
     assert {d.name: (d / "metrics.jsonl").read_bytes() for d in runs} == logs
 
@@ -779,30 +755,34 @@ def test_tiny_byol_reproduction_end_to_end_then_reused(tiny_byol, tmp_path):
     args = [*TINY_BYOL, str(tmp_path)]
     v = json.loads((tmp_path / "verdict.json").read_text())
     assert v["family"] == "byol" and v["seeds"] == [0, 1] and v["kappas"] == [1.0, 2.0]
-    # "until 4096", judged at the only κ run: 2, over the run and at the end; Fig. 5 (right) on its two arms,
-    # at κ=2 under tiny (its 128 digits cannot hold κ=8 × 32).
-    assert len(v["claims"]) == 3
-    assert v["claims"][2]["settings"] == {"A": "arm k8-after-warmup at κ=2", "B": "arm k8 at κ=2"}
-    assert [a["progressive"] for a in v["arms"]] == ["constant", "step:1"]
+    # "until 4096", judged at the only κ run: 2, over the run and at the end; Fig. 5 (right) on its arms, at κ=2
+    # under tiny (its 128 digits cannot hold κ=8 × 32).
+    assert len(v["claims"]) == 4
+    # gap_remains reads A alone (arm k8, against its seed's baseline)
+    assert v["claims"][2]["settings"]["A"] == "arm k8 at κ=2" and v["claims"][2]["verdict"] != R.NOT_MEASURED
+    assert v["claims"][3]["settings"] == {"A": "arm k8-after-warmup at κ=2", "B": "arm k8-in-warmup at κ=2"}
+    assert [a["progressive"] for a in v["arms"]] == ["constant", "step:1", "step:0.5"]
     assert {(r["setting"], r["kappa"]) for r in v["optimizer_check"]["rows"]} == {
-        ("with", 2.0), ("without", 2.0), ("k8", 2.0), ("k8-after-warmup", 2.0)}
+        ("with", 2.0), ("without", 2.0), ("k8", 2.0), ("k8-after-warmup", 2.0), ("k8-in-warmup", 2.0)}
     for c in v["claims"]:
-        assert {"claim", "paper", "metric", "kappa", "gap_with_rule", "gap_without_rule", "baseline_spread",
-                "verdict"} <= set(c)
-        assert c["kappa"] == 2.0 and c["verdict"] in V.VERDICTS
-        assert c["baseline_spread"] is not None and c["gap_with_rule"] is not None
-        assert len(c["ci_with"]) == 2 and len(c["paired_difference"]["per_seed"]) == 2
+        assert {"claim", "paper", "metric", "kappa", "verdict", "shape", "effect", "effect_ci", "mde", "spread",
+                "parts"} <= set(c)
+        assert c["kappa"] == 2.0 and c["verdict"] in R.ALL_VERDICTS and c["shape"] == R.KINDS[c["kind"]].shape
+        if c["verdict"] != R.NOT_MEASURED:
+            assert c["spread"] is not None and c["effect"] is not None and len(c["effect_ci"]) == 2
+            assert all(len(p["per_seed"]) == 2 for p in c["parts"]) and c["n"] == 2
+    assert [len(c["parts"]) for c in v["claims"]] == [2, 2, 1, 2]
     # over the run the tracking probe; at the end the final teachers' converged probe, the arms' too
-    assert [c["metric"] for c in v["claims"]] == ["probe_top1", "offline_probe_top1", "offline_probe_top1"]
+    assert [c["metric"] for c in v["claims"]] == ["probe_top1"] + ["offline_probe_top1"] * 3
     assert all((tmp_path / "byol-r18" / d / "offline_probe.json").is_file()
                for d in ("tiny-k2-rule-arm-k8-s0", "tiny-k2-rule-step1-arm-k8-after-warmup-s1"))
     assert {r["metric"] for r in v["settings"]} == {"probe_top1", "byol_loss", "offline_probe_top1"}
     assert {r["setting"] for r in v["settings"]} == {"κ=1 baseline (its own spread)", "with", "without", "k8",
-                                                    "k8-after-warmup"}
+                                                    "k8-after-warmup", "k8-in-warmup"}
     assert (tmp_path / "figures" / "byol.png").stat().st_size > 10_000
     report = (tmp_path / "report.md").read_text()
     assert "emarule reproduce byol --preset tiny --seeds 2 --kappas 1,2" in report and "**Verdict:" in report
-    assert v["timing"]["runs"] == 10 and v["timing"]["reused"] == 0
+    assert v["timing"]["runs"] == 12 and v["timing"]["reused"] == 0
     assert "## The optimizer-rule check" in report and "## Arms" in report and "Seeds: 0, 1 (2)" in report
     check = v["probe_check"]["settings"]  # the offline probe of every final teacher, beside the tracking probe
     assert set(check) == {"baseline", "κ=2 with", "κ=2 without"}
@@ -813,17 +793,17 @@ def test_tiny_byol_reproduction_end_to_end_then_reused(tiny_byol, tmp_path):
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     again = json.loads((tmp_path / "verdict.json").read_text())
-    assert again["timing"]["reused"] == 10 and again["claims"] == v["claims"]
+    assert again["timing"]["reused"] == 12 and again["claims"] == v["claims"]
     # The second invocation trained nothing; the reproduction's wall time is both invocations' together.
-    assert again["timing"]["invocations"] == 2 and again["timing"]["trained"] == 10
+    assert again["timing"]["invocations"] == 2 and again["timing"]["trained"] == 12
     assert again["timing"]["wall_s_total"] == pytest.approx(v["timing"]["wall_s"] + again["timing"]["wall_s"])
     report = (tmp_path / "report.md").read_text()
-    assert "over the 2 invocations of this command that trained 10 of its 10 runs" in report
+    assert "over the 2 invocations of this command that trained 12 of its 12 runs" in report
     # Seed 1 alone: its runs are reused, and seed 0's, there in the same root, are not mixed in.
     res = runner.invoke(app, [*args[:4], "--seeds", "1-1", *args[6:]])
     assert res.exit_code == 0, res.output
     one = json.loads((tmp_path / "verdict.json").read_text())
-    assert one["seeds"] == [1] and one["timing"]["runs"] == one["timing"]["reused"] == 5
+    assert one["seeds"] == [1] and one["timing"]["runs"] == one["timing"]["reused"] == 6
     # the verdict of other seeds is kept beside it, and said
     assert json.loads((tmp_path / "verdict-1.json").read_text())["seeds"] == [0, 1]
     assert "--seeds 2" in (tmp_path / "report-1.md").read_text()
@@ -839,8 +819,10 @@ def test_headline_only_keeps_the_runs_its_claim_reads():
     assert polyak.kappas == (1.0, 2.0) and polyak.arms == () and polyak.claims == (K.POLYAK.claims[0],)
     # "up to κ": every κ of the sweep up to the goal κ (4), where the Adam rule still holds; not κ=8
     assert K.CTC_POLYAK.kappas == (1.0, 4.0, 8.0) and K.headline_only(K.CTC_POLYAK).kappas == (1.0, 4.0)
-    fig5_right = K.headline_only(replace(K.BYOL, headline=2))  # a claim on two arms keeps them, and only κ=1
-    assert [a.name for a in fig5_right.arms] == ["k8", "k8-after-warmup"] and fig5_right.kappas == (1.0,)
+    fig5_right = K.headline_only(replace(K.BYOL, headline=3))  # a claim on two arms keeps them, and only κ=1
+    assert [a.name for a in fig5_right.arms] == ["k8-after-warmup", "k8-in-warmup"] and fig5_right.kappas == (1.0,)
+    gap = K.headline_only(replace(K.BYOL, headline=2))  # an arm against the standard setting at the arm's κ
+    assert [a.name for a in gap.arms] == ["k8"] and gap.kappas == (1.0,)
     assert K.headline_only(K.PARABOLA) is K.PARABOLA
     for f in K.FAMILIES.values():  # a headline is the first claim, judged on the EMA or target metric; byol's
         # the second, on the final teachers' converged probe (claims.py says why)

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from emarule.cli.main import app
 from emarule.analysis.reproduce import claims as K
+from emarule.analysis.reproduce import rules as R
 
 runner = CliRunner()
 
@@ -32,9 +33,13 @@ def test_tiny_reproduction(tmp_path, family):
     assert v["optimizer_check"]["metric"] == f.target_metric.name
     assert {f.ema_metric.name, f.target_metric.name} <= {r["metric"] for r in v["settings"]}
     assert len(v["claims"]) >= len(f.claims)
-    for c in v["claims"]:
-        assert c["verdict"] == "inconclusive"  # one seed: no spread, so no verdict either way
-        assert any(w in c["why"] for w in ("spread is undefined", "not measured", "fewer than 2 seeds")), c
+    for c in v["claims"]:  # one seed: no spread and no interval, so no verdict either way
+        assert c["verdict"] in (R.NOT_REPRODUCED, R.NOT_TESTABLE, R.NOT_MEASURED), c
+        if c["verdict"] == R.NOT_MEASURED:
+            assert c["why"] and c["effect"] is None, c
+        else:
+            assert R.NOT_REPRODUCED in (c["verdict"], c["verdict_if_applicable"]), c
+            assert c["n"] == 1 and "no finite baseline spread" in c["rule"], c
     assert (tmp_path / "figures" / f"{family}.png").stat().st_size > 10_000
     assert "## Verdicts" in (tmp_path / "report.md").read_text()
 

@@ -9,6 +9,7 @@ from emarule.analysis.compare import load_runs
 from emarule.analysis.reproduce import claims as K
 from emarule.analysis.reproduce import figures as F
 from emarule.analysis.reproduce import measure as M
+from emarule.analysis.reproduce import rules as R
 from test_reproduce import write_offline_probe, write_run
 
 BASE = {0: 50.0, 1: 47.0, 2: 53.0}  # the baselines' final teachers, per seed
@@ -45,26 +46,31 @@ def test_the_end_claim_is_judged_on_the_final_teachers_paired_per_seed(tmp_path)
     # With the rule each final teacher lands within a point of its own seed's; without it 8 points lower.
     m = M.measure(K.BYOL, byol_runs(tmp_path, {0: 0.5, 1: -0.5, 2: 0.3}, {0: -8.0, 1: -7.5, 2: -8.5}))
     c = _end_claim(m)
-    assert c["statistic"] == M.STATISTIC["end"] and c["verdict"] == "reproduced", c["why"]
-    assert c["gap_with_rule"] == pytest.approx((0.5 + 0.5 + 0.3) / 3)
-    assert c["gap_without_rule"] == pytest.approx(8.0)
-    # the pair spread: each baseline seed against each other one (|50−47|, |50−53|, |47−53|, each twice)
-    assert c["baseline_spread"] == pytest.approx((3 + 3 + 6) / 3)
-    assert c["paired_difference"]["per_seed"] == pytest.approx([7.5, 7.0, 8.2])
-    # the tracking probe is the same everywhere: the claim over the run reads no gap in either setting
+    assert c["statistic"] == "Δ at the end" and c["verdict"] == R.REPRODUCED, c
+    without, with_ = c["parts"]
+    assert without["per_seed"] == pytest.approx([8.0, 7.5, 8.5])
+    assert with_["per_seed"] == pytest.approx([-0.5, 0.5, -0.3])
+    assert c["effect"] == pytest.approx(8.0) and with_["effect"] == pytest.approx(-0.1)
+    # the signed pair spread: each baseline seed against each other one (±3, ±3, ±6): √((4 × 9 + 2 × 36) / 6)
+    assert c["spread"] == pytest.approx(18 ** 0.5) and with_["margin"] == pytest.approx(18 ** 0.5)
+    assert c["numbers"]["gap_A"] == pytest.approx((0.5 + 0.5 + 0.3) / 3) and c["numbers"]["gap_B"] == pytest.approx(8)
+    assert c["numbers"]["gap_baselines"] == pytest.approx((3 + 3 + 6) / 3)
+    # the tracking probe is the same everywhere: the claim over the run reads no effect in either setting
     run_claim = next(c for c in m["claims"] if c["metric"] == "probe_top1")
-    assert run_claim["gap_with_rule"] == pytest.approx(0) and run_claim["gap_without_rule"] == pytest.approx(0)
+    assert [p["effect"] for p in run_claim["parts"]] == pytest.approx([0.0, 0.0])
 
 
 def test_final_teachers_that_match_either_way_contradict_it(tmp_path):
     m = M.measure(K.BYOL, byol_runs(tmp_path, {0: 0.4, 1: -0.6, 2: 0.2}, {0: -0.3, 1: 0.5, 2: -0.2}))
-    assert _end_claim(m)["verdict"] == "contradicted"
+    c = _end_claim(m)
+    assert c["verdict"] == R.CONTRADICTED and c["parts"][0]["verdict"] == R.CONTRADICTED  # no drop, with power
+    assert c["parts"][0]["mde"] <= c["spread"] and "absence shown" in c["parts"][0]["rule"]
 
 
 def test_runs_never_probed_leave_the_claim_unmeasured(tmp_path):
     m = M.measure(K.BYOL, byol_runs(tmp_path, {0: 0, 1: 0, 2: 0}, {0: 0, 1: 0, 2: 0}, probed=False))
     c = _end_claim(m)
-    assert c["verdict"] == "inconclusive" and "offline_probe.json" in c["why"] and c["numbers"] == c["decision"]
+    assert c["verdict"] == R.NOT_MEASURED and "offline_probe.json" in c["why"] and c["effect"] is None
 
 
 def test_the_figure_draws_the_final_teachers_as_columns(tmp_path):
@@ -78,17 +84,18 @@ def test_the_figure_draws_the_final_teachers_as_columns(tmp_path):
 def test_the_table_gives_byols_headline_cell_and_the_bar_caveat_to_its_claim_at_the_end(tmp_path):
     from emarule.analysis.reproduce import table as T
 
-    claims = [{"claim": c.text, "short": c.short, "kappa": c.kappa, "metric": c.metric, "verdict": "contradicted",
-               "why": "gap with 1, without 1: a reason", "numbers": "gap with 1, without 1", "decision": "a reason"}
+    claims = [{"claim": c.text, "short": c.short, "kappa": c.kappa, "metric": c.metric, "verdict": R.CONTRADICTED,
+               "shape": "directional", "effect": -1.0, "effect_ci": [-1.5, -0.5], "mde": 0.3, "spread": 1.0}
               for c in K.BYOL.claims]
     bar = {"trained": 46.1, "init": 32.9, "pixels": 22.4, "margin": 13.2, "required": 15.0, "met": False}
     main = T.Root({"claims": claims, "timing": {}, "probe_check": {"bar": bar}})
     rows, _, _, _ = T.rows(tmp_path, [("byol", K.BYOL, main, T.Root(None))])
-    assert [r[4] for r in rows] == ["—", "not run: no byol-headline/verdict.json", "—"]
+    assert [r[5] for r in rows] == ["—", "not run: no byol-headline/verdict.json", "—", "—"]
+    assert [r[3] for r in rows] == ["-1 [-1.5, -0.5]"] * 4
     # an "up to κ" claim has a row per κ (--kappas 1,2,4): the cell goes on the headline claim's first row
     per_kappa = [c | {"kappa": k} for c in claims[:2] for k in (2.0, 4.0)] + claims[2:]
     rows, _, _, _ = T.rows(tmp_path, [("byol", K.BYOL, T.Root(main.verdict | {"claims": per_kappa}), T.Root(None))])
-    assert [r[4] != "—" for r in rows] == [False, False, True, False, False]
+    assert [r[5] != "—" for r in rows] == [False, False, True, False, False, False]
     # the data bar's caveat on every probe's verdict: the tracking probe's and the final teachers'
     assert all(r[2][0] == "**contradicted**" + T.BAR_MISSED for r in rows)
     assert T._caveat({"metric": "byol_loss"}, {"met": False}) == ""
@@ -110,4 +117,4 @@ def test_a_baseline_that_stopped_early_is_an_unfinished_seed_not_a_lost_metric(t
     assert table["rows"][("baseline", 1.0)]["finals"] == [50.0, 47.0, None]
     # the tracking probe's claim over the run is judged as before
     run_claim = next(c for c in m["claims"] if c["metric"] == "probe_top1")
-    assert run_claim["gap_with_rule"] == pytest.approx(0)
+    assert run_claim["verdict"] == R.NOT_MEASURED and "seed 2 stopped before its end" in run_claim["why"]

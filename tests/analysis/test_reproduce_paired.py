@@ -1,359 +1,441 @@
-"""The paired statistics of `emarule reproduce`: the bootstrap interval's properties, the paired rules, the
-optimizer-rule check and the gate it puts on EMA claims, and the arms (on synthetic run directories)."""
+"""The paired statistics of `emarule reproduce` (signed per-seed effects and the pair spread, by hand), and
+every claim kind of a sweep family judged through `measure.measure` on synthetic run directories built so
+that each verdict must come out: reproduced, not reproduced at this preset, contradicted; then what comes
+before the rules (set aside, not testable, not measured) and the stand-ins beyond the paper's range."""
 
+import dataclasses
 import math
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from emarule.analysis import compare as C
 from emarule.analysis.compare import load_runs
 from emarule.analysis.reproduce import claims as K
+from emarule.analysis.reproduce import judge as J
 from emarule.analysis.reproduce import measure as M
-from emarule.analysis.reproduce import report as R
-from emarule.analysis.reproduce import verdict as V
-from test_reproduce import T, polyak_runs, write_offline_probe, write_run
+from emarule.analysis.reproduce import paired as P
+from emarule.analysis.reproduce import render as D
+from emarule.analysis.reproduce import rules as R
+from test_reproduce import T, write_run
 
-finite = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False)
-
-
-# --- the bootstrap interval ---------------------------------------------------------------------
+NR = R.NOT_REPRODUCED
 
 
-@given(st.floats(-1e9, 1e9, allow_nan=False), st.integers(2, 30))
-def test_the_interval_of_a_constant_is_that_constant(c, n):
-    assert V.bootstrap_ci([c] * n) == (c, c)
-    assert V.bootstrap_ci([c]) is None  # one seed: no interval
+# --- signed effects and the pair spread, by hand ---------------------------------------------------
 
 
-@settings(max_examples=30, deadline=None)
-@given(st.lists(finite, min_size=2, max_size=12), st.randoms(use_true_random=False))
-def test_permuting_the_seeds_changes_nothing(values, rnd):
-    shuffled = list(values)
-    rnd.shuffle(shuffled)
-    assert V.bootstrap_ci(shuffled) == V.bootstrap_ci(values)
+def test_paired_gaps_signed_and_unsigned_by_hand():
+    base = [(T, [t + o for t in T]) for o in (-1.0, 0.0, 2.0)]
+    # seed 0: +0.5 throughout; seed 1: −0.5; seed 2: a ramp from 0 to +1 at the end (mean +0.5 over 11 points)
+    runs = [(T, [t - 1.0 + 0.5 for t in T]), (T, [t - 0.5 for t in T]), (T, [t + 2.0 + t / 10 for t in T])]
+    g = P.paired_gaps(runs, base)
+    assert g["signed_run"] == pytest.approx([0.5, -0.5, 0.5])
+    assert g["signed_end"] == pytest.approx([0.5, -0.5, 1.0])
+    assert g["per_seed_run"] == pytest.approx([0.5, 0.5, 0.5]) and g["per_seed_end"] == pytest.approx([0.5, 0.5, 1.0])
+    assert g["run"] == pytest.approx(0.5) and g["end"] == pytest.approx(2 / 3)
+    # the gaps' t interval: [0.5, 0.5, 1] has mean 2/3, sd 1/√12·2 = 0.2887; t(0.975, 2) = 4.303
+    h = 4.302652729911275 * (0.5 / math.sqrt(3)) / math.sqrt(3)
+    assert g["ci_end"] == pytest.approx((2 / 3 - h, 2 / 3 + h), rel=1e-6)
+    assert g["ci_run"] == pytest.approx((0.5, 0.5))
 
 
-@settings(max_examples=30, deadline=None)
-@given(st.lists(finite, min_size=2, max_size=12))
-def test_the_interval_lies_within_the_values_and_holds_the_middle(values):
-    lo, hi = V.bootstrap_ci(values)
-    assert min(values) <= lo <= hi <= max(values)
-    mean = sum(values) / len(values)
-    assert lo <= mean + 1e-9 * (1 + abs(mean)) and mean - 1e-9 * (1 + abs(mean)) <= hi
+def test_the_pair_spread_is_the_rms_of_the_signed_differences_by_hand():
+    base = [(T, [t + o for t in T]) for o in (-1.0, 0.0, 2.0)]
+    s = P.pair_spread(base)
+    # ordered pairs: −1−0, −1−2, 0+1, 0−2, 2+1, 2−0 → squares 1, 9, 1, 4, 9, 4
+    assert s["signed_run"] == pytest.approx(math.sqrt(28 / 6)) and s["signed_end"] == pytest.approx(math.sqrt(28 / 6))
+    assert s["run"] == pytest.approx((1 + 3 + 1 + 2 + 3 + 2) / 6) and s["pairs"] == 6 and s["seeds"] == 3
+    # a difference that grows to 2 at the end: signed over the run is its mean (1), at the end 2
+    s = P.pair_spread([(T, [0.0] * 11), (T, [t / 5 for t in T])])
+    assert s["signed_run"] == pytest.approx(1.0) and s["signed_end"] == pytest.approx(2.0)
+    assert P.pair_spread(base[:1]) is None
+    assert P.pair_spread([([0.1025], [100.0]), ([0.1040], [98.0])], [False, False]) is None  # no shared point
 
 
-def test_the_interval_is_fixed_and_narrows_with_more_seeds():
-    vals = [0.3, 1.1, -0.4, 0.8, 0.2]
-    assert V.bootstrap_ci(vals) == V.bootstrap_ci(vals)  # a fixed RNG seed: the same runs, the same interval
-    wide, narrow = V.bootstrap_ci(vals), V.bootstrap_ci(vals * 8)
-    assert narrow[1] - narrow[0] < wide[1] - wide[0]
+def test_a_stopped_run_has_no_signed_effect_and_an_infinite_gap():
+    base = [(T, [t + o for t in T]) for o in (-1.0, 0.0, 2.0)]
+    runs = [(T[:5], [0.0] * 5), (T, [t + 0.3 for t in T]), (T, [t + 2.0 for t in T])]
+    g = P.paired_gaps(runs, base)
+    assert g["signed_run"][0] is None and g["signed_end"][0] is None and g["incomplete"] == 1
+    assert g["signed_run"][1:] == pytest.approx([0.3, 0.0]) and math.isinf(g["run"]) and math.isinf(g["end"])
+    assert g["ci_run"] == (-math.inf, math.inf)  # no bound from a run that stopped
+    # a stopped baseline puts ∞ into every statistic of the pair spread
+    s = P.pair_spread(base, [True, False, False])
+    assert math.isinf(s["signed_run"]) and math.isinf(s["run"])
 
 
-def test_the_interval_is_the_documented_percentile_bootstrap():
-    """docs/reproduce.md: 10,000 resamples of the seeds, RNG seed 0, the values sorted first, the 2.5 % and
-    97.5 % points of the resampled means; here by numpy's percentile, not the module's indexing."""
-    import numpy as np
-
-    vals = [0.3, 1.1, -0.4, 0.8, 0.2]
-    a = np.sort(np.array(vals))
-    means = a[np.random.default_rng(0).integers(0, len(a), size=(10_000, len(a)))].mean(axis=1)
-    # the 251st and the 9,750th of the 10,000 sorted means: numpy's "higher" and "lower" points there
-    lo, hi = np.percentile(means, 2.5, method="higher"), np.percentile(means, 97.5, method="lower")
-    got = V.bootstrap_ci(list(reversed(vals)))
-    assert got == (float(lo), float(hi)) and got[0] < sum(vals) / len(vals) < got[1]
-    assert got != V.bootstrap_ci(vals, seed=1) and got != V.bootstrap_ci(vals, resamples=1_000)
-
-
-def test_with_two_or_three_seeds_the_interval_is_their_range():
-    """As docs/reproduce.md says: every seed must agree in sign there; with 5, one seed may disagree."""
-    assert V.bootstrap_ci([1.0, 2.0]) == (1.0, 2.0) and V.bootstrap_ci([3.0, 1.0, 2.0]) == (1.0, 3.0)
-    assert V.bootstrap_ci([-0.5, 1.0, 2.0, 3.0, 4.0])[0] > 0
-
-
-def test_a_paired_shift_is_detected_where_an_unpaired_test_is_not():
-    """Seeds far apart (init and data order), each shifted by 0.5 in the second setting: the per-seed
-    differences are all 0.5, but the two samples overlap completely."""
-    a = [0.0, 10.0, 20.0, 30.0, 40.0]
-    b = [x + 0.5 for x in a]
-    paired = V.bootstrap_ci(V.differences(a, b))
-    unpaired = V.bootstrap_ci_unpaired(a, b)
-    assert paired == (0.5, 0.5) and paired[0] > 0
-    assert unpaired[0] < 0 < unpaired[1]
+def test_mean_ci_is_students_t():
+    lo, hi = P.mean_ci([1.0, 2.0, 3.0])
+    assert (lo + hi) / 2 == pytest.approx(2.0) and hi - lo == pytest.approx(2 * 4.302652729911275 / math.sqrt(3))
+    lo90, hi90 = P.mean_ci([1.0, 2.0, 3.0], 0.90)
+    assert hi90 - lo90 == pytest.approx(2 * 2.919985580355516 / math.sqrt(3))
+    assert P.mean_ci([1.0]) is None and P.mean_ci([1.0, None]) is None
+    assert P.mean_ci([4.0, 4.0, 4.0]) == (4.0, 4.0)
 
 
 def test_runs_that_both_stopped_early_differ_by_nothing():
-    assert V.differences([math.inf, 1.0, 2.0], [math.inf, math.inf, 3.0]) == [0.0, math.inf, 1.0]
-    assert V.bootstrap_ci([1.0, math.inf])[1] == math.inf
+    assert P.differences([math.inf, 1.0, 2.0], [math.inf, math.inf, 3.0]) == [0.0, math.inf, 1.0]
+    assert P.differences([None, 1.0], [2.0, 3.0]) == [2.0]
 
 
-# --- gaps against each seed's own baseline ------------------------------------------------------
+# --- synthetic sweeps ---------------------------------------------------------------------------
+
+OFFSETS = (-0.3, 0.0, 0.3, 0.1, -0.2)  # 5 seeds' baselines: signed pair spread √(2 × sample var) = 0.3376
+SPREAD = math.sqrt(2 * 0.057)
+JITTER = (0.02, -0.01, 0.0, -0.02, 0.01)  # per-seed setting noise, times a scale
 
 
-def test_paired_gaps_and_the_pair_spread_by_hand():
-    base = [(T, [t + o for t in T]) for o in (-1.0, 0.0, 2.0)]
-    runs = [(T, [t + o + d for t in T]) for o, d in zip((-1.0, 0.0, 2.0), (0.5, -0.5, 1.0), strict=True)]
-    g = V.paired_gaps(runs, base)
-    assert g["per_seed_run"] == pytest.approx([0.5, 0.5, 1.0]) and g["run"] == pytest.approx(2 / 3)
-    assert g["per_seed_end"] == pytest.approx([0.5, 0.5, 1.0]) and g["ci_run"][0] >= 0.5
-    # Ordered pairs of baselines: |−1 − 0|, |−1 − 2|, |0 − 2|, each twice.
-    assert V.pair_spread(base)["run"] == pytest.approx((1 + 3 + 2) / 3) and V.pair_spread(base[:1]) is None
-    stopped = [(T[:5], [0.0] * 5)] + runs[1:]
-    assert math.isinf(V.paired_gaps(stopped, base)["run"])
+def shifts(effect: float, noise: float = 1.0) -> list:
+    """A setting's per-seed offset from its seed's baseline: `effect`, plus JITTER × `noise`."""
+    return [effect + j * noise for j in JITTER]
 
 
-@pytest.mark.parametrize("ci,verdict", [((0.5, 3.0), "reproduced"), ((-0.2, 3.0), "inconclusive"),
-                                        (None, "reproduced")])
-def test_rule_needed_needs_the_paired_ci_to_exclude_zero(ci, verdict):
-    assert V.decide("rule_needed", 0.5, 3.0, 1.0, ci)[0] == verdict
+def sweep(root, experiment: str, base: dict, settings: dict, arms: dict | None = None, spec=None, rho=0.99,
+          layout=None, offsets=OFFSETS):
+    """Run directories of a sweep: every seed's baseline is `base[metric](t) + offset`; a setting
+    (κ, rule, arm name or None) → {metric: per-seed offsets from its seed's baseline}. Returns (runs, arm map)."""
+    dirs, arm_map = [], {}
+    for s, o in enumerate(offsets):
+        metrics = {m: (lambda t, f=f, o=o: f(t) + o) for m, f in base.items()}
+        dirs.append(write_run(root, f"k1-s{s}", 1.0, "exponential", s, metrics, experiment, spec=spec, rho=rho,
+                              layout=layout and layout(1.0)))
+        for (k, rule, arm), by_metric in settings.items():
+            ms = {m: (lambda t, f=f, o=o, d=by_metric.get(m, [0.0] * len(offsets))[s]: f(t) + o + d)
+                  for m, f in base.items()}
+            name = f"k{k:g}-{'rule' if rule else 'norule'}" + (f"-arm-{arm}" if arm else "") + f"-s{s}"
+            d = write_run(root, name, k, rule, s, ms, experiment, spec=spec, rho=rho, layout=layout and layout(k))
+            dirs.append(d)
+            if arm:
+                arm_map[str(d)] = arm
+    return load_runs(dirs), arm_map
 
 
-@pytest.mark.parametrize("g_with,g_without,ci,verdict", [
-    (0.9, 1.0, (-0.3, 0.4), "contradicted"),  # without stays near the baseline, and pairing bounds the difference
-    (0.9, 1.0, (-0.3, 1.2), "inconclusive"),  # the interval reaches past 1× spread: a drop cannot be ruled out
-    (0.9, 1.0, (-1.1, 0.4), "inconclusive"),
-    (1.5, 2.5, (0.2, 0.8), "inconclusive"),  # without is beyond 2× spread: the curve moved, the rule is not 2× better
-    (0.2, 0.45, (-0.01, 0.5), "inconclusive"),  # without ≥ 2× with: the predicted ratio is there, the CI reaches 0
-    (0.4, 0.7, (-0.1, 0.6), "contradicted"),  # without < 2× with (1.6×, byol-vit's headline on seeds 100–104)
-    (0.9, 1.0, None, "inconclusive"),  # unpaired: no interval to bound the difference
+POLYAK_BASE = {"ema_top1": lambda t: t, "top1": lambda t: t - 1}
+
+
+def polyak_with(root, claim: K.Claim, settings: dict, arms=None):
+    """POLYAK cut to one claim, judged on a sweep of its metrics."""
+    family = dataclasses.replace(K.POLYAK, claims=(claim,))
+    runs, arm_map = sweep(root, "polyak-r50", POLYAK_BASE, settings)
+    (c,) = M.measure(family, runs, arm_map)["claims"]
+    return c
+
+
+def claim(kind, metric="ema_top1", kappa=2.0, over="run", **kw) -> K.Claim:
+    return K.Claim(f"A claim of kind {kind}", "§0", kind, metric, kappa, over, **kw)
+
+
+def std(k, with_=None, without=None, metric="ema_top1"):
+    """The standard settings at κ: the EMA metric's per-seed offsets with and without the rule."""
+    out = {}
+    if with_ is not None:
+        out[(k, "exponential", None)] = {metric: with_}
+    if without is not None:
+        out[(k, None, None)] = {metric: without}
+    return out
+
+
+def check(c: dict, verdict: str, sign: int, parts: int):
+    """The record's verdict, its shape as `rules.KINDS` has it, the sign of its effect, an interval that holds
+    the effect, an MDE above 0 where the seeds disagree, a margin on equivalence and non-inferiority parts."""
+    assert c["verdict"] == verdict, c
+    assert c["shape"] == R.KINDS[c["kind"]].shape and len(c["parts"]) == parts
+    assert (c["effect"] > 0) if sign > 0 else (c["effect"] < 0) if sign < 0 else abs(c["effect"]) < SPREAD
+    lo, hi = c["effect_ci"]
+    assert lo <= c["effect"] <= hi and lo < hi  # per-seed noise: an interval of non-zero width
+    assert c["mde"] > 0 and c["spread"] == pytest.approx(c["parts"][0]["spread"]) and c["n"] == len(OFFSETS)
+    for p in c["parts"]:
+        assert (p["margin"] is not None) == (p["shape"] in ("equivalence", "noninferior") or p["verdict"] ==
+                                             R.CONTRADICTED)
+        assert p["effect_ci"][0] <= p["effect"] <= p["effect_ci"][1]
+
+
+# Each kind, three ways. The EMA metric is top-1 (higher is better): −3 is a drop, +3 a rise; noise 50 makes
+# the per-seed offsets ±1 around the effect, an interval wider than the effect.
+CASES = [
+    # rule_needed: without drops (directional), with matches (equivalence ±1 spread)
+    ("rule_needed", std(2.0, shifts(0.0), shifts(-3.0)), R.REPRODUCED, +1, 2),
+    ("rule_needed", std(2.0, shifts(0.0), shifts(-0.3, 50)), NR, 0, 2),
+    ("rule_needed", std(2.0, shifts(0.0), shifts(+3.0)), R.CONTRADICTED, -1, 2),  # without is better
+    # rule_departs: the same, the departure in either direction; no departure, measured with power: contradicted
+    ("rule_departs", std(2.0, shifts(0.0), shifts(+3.0)), R.REPRODUCED, -1, 2),
+    ("rule_departs", std(2.0, shifts(0.0), shifts(-0.3, 50)), NR, 0, 2),
+    ("rule_departs", std(2.0, shifts(0.0), shifts(0.0)), R.CONTRADICTED, 0, 2),
+    # rule_closer (ratio 2): gap without − 2 × gap with
+    ("rule_closer", std(4.0, shifts(-0.1), shifts(-3.0)), R.REPRODUCED, +1, 1),
+    ("rule_closer", std(4.0, shifts(-1.0), shifts(-2.1, 50)), NR, 0, 1),
+    ("rule_closer", std(4.0, shifts(-3.0), shifts(-0.1)), R.CONTRADICTED, -1, 1),
+    # gap_remains: A (with) ends worse than the baseline
+    ("gap_remains", std(4.0, shifts(-3.0), shifts(0.0)), R.REPRODUCED, +1, 1),
+    ("gap_remains", std(4.0, shifts(-0.1, 50), shifts(0.0)), NR, 0, 1),
+    ("gap_remains", std(4.0, shifts(+3.0), shifts(0.0)), R.CONTRADICTED, -1, 1),
+    # same_either_way: both within ±1 spread
+    ("same_either_way", std(4.0, shifts(0.0), shifts(0.0)), R.REPRODUCED, 0, 2),
+    ("same_either_way", std(4.0, shifts(0.0), shifts(-0.2, 50)), NR, 0, 2),
+    ("same_either_way", std(4.0, shifts(0.0), shifts(-3.0)), R.CONTRADICTED, +1, 2),  # without: 3 worse
+    # matches_or_better: A − baseline at the end, no more than 1 spread below
+    ("matches_or_better", std(4.0, shifts(+3.0), None), R.REPRODUCED, +1, 1),
+    ("matches_or_better", std(4.0, shifts(-0.34, 50), None), NR, -1, 1),
+    ("matches_or_better", std(4.0, shifts(-3.0), None), R.CONTRADICTED, -1, 1),
+]
+
+
+@pytest.mark.parametrize("kind,settings,verdict,sign,parts", CASES,
+                         ids=[f"{c[0]}-{c[2]}" for c in CASES])
+def test_every_kind_each_way(tmp_path, kind, settings, verdict, sign, parts):
+    kappa = next(iter(settings))[0]
+    extra = {"ratio": 2.0} if kind == "rule_closer" else {}
+    if kind == "matches_or_better":
+        extra["settings"] = ("with", "without")
+    over = "end" if kind in ("matches_or_better", "gap_remains", "same_either_way") else "run"
+    c = polyak_with(tmp_path, claim(kind, kappa=kappa, over=over, **extra), settings)
+    check(c, verdict, sign, parts)
+    if kind == "rule_closer":  # the paired effect is the claim's ratio at work, per seed
+        p = c["parts"][0]
+        assert "− 2 × gap of" in p["label"]
+    if kind in ("rule_needed", "rule_departs", "same_either_way") and verdict == R.REPRODUCED:
+        assert c["parts"][1]["shape"] == "equivalence" and c["parts"][1]["margin"] == pytest.approx(SPREAD)
+
+
+ARM_CASES = [((0.1, -3.0), R.REPRODUCED, +1), ((0.5, -0.6), NR, 0), ((-3.0, 0.1), R.CONTRADICTED, -1)]
+
+
+@pytest.mark.parametrize("offsets,verdict,sign", ARM_CASES)
+def test_arm_closer_each_way(tmp_path, offsets, verdict, sign):
+    """A = arm bn-scale, B = with the rule, both at κ=2: gap of B − gap of A."""
+    a, b = offsets
+    noise = 1.0 if verdict != NR else 40.0
+    settings = {(2.0, "exponential", "bn-scale"): {"ema_top1": shifts(a, noise)},
+                (2.0, "exponential", None): {"ema_top1": shifts(b, noise)}}
+    c = polyak_with(tmp_path, K.POLYAK.claims[5], settings)
+    check(c, verdict, sign, 1)
+    assert c["settings"] == {"A": "arm bn-scale at κ=2", "B": "with the rule at κ=2"}
+    # the effect is the mean over seeds of |Δ_B| − |Δ_A|
+    want = sum(abs(y) - abs(x) for x, y in zip(shifts(a, noise), shifts(b, noise), strict=True)) / len(OFFSETS)
+    assert c["effect"] == pytest.approx(want)
+
+
+@pytest.mark.parametrize("at4,verdict,sign", [(-3.0, R.REPRODUCED, +1), (-0.2, NR, 0), (+3.0, R.CONTRADICTED, -1)])
+def test_with_better_has_a_part_per_kappa(tmp_path, at4, verdict, sign):
+    """σ·(Δ_with − Δ_without) at the end at κ=2 and κ=4; the claim's effect is κ=2's, its verdict the join."""
+    settings = {**std(2.0, shifts(0.0, 3), shifts(-3.0)),
+                **std(4.0, shifts(0.0, 3), shifts(at4, 50 if verdict == NR else 1))}
+    c = polyak_with(tmp_path, claim("with_better", kappa=None, over="end"), settings)
+    assert c["verdict"] == verdict and len(c["parts"]) == 2 and c["kappa"] == 4.0
+    assert [p["label"] for p in c["parts"]] == [f"with − without the rule at κ={k}, at the end" for k in (2, 4)]
+    assert c["parts"][0]["verdict"] == R.REPRODUCED and c["parts"][0]["effect"] == pytest.approx(3.0)
+    p4 = c["parts"][1]
+    assert (p4["effect"] > 0 if sign > 0 else p4["effect"] < 0 if sign < 0 else True)
+    assert p4["effect_ci"][0] <= p4["effect"] <= p4["effect_ci"][1] and p4["mde"] > 0
+
+
+@pytest.mark.parametrize("target,verdict,sign", [
+    ([-1.0 + j for j in JITTER], R.REPRODUCED, +1),  # EMA 1 above the target, every seed
+    ([-0.1 + 50 * j for j in JITTER], NR, 0),
+    ([+1.0 + j for j in JITTER], R.CONTRADICTED, -1)])
+def test_ema_above_target_each_way(tmp_path, target, verdict, sign):
+    """On the baselines alone: EMA − target model of each seed at the end."""
+    family = dataclasses.replace(K.POLYAK, claims=(K.POLYAK.claims[3],))
+    dirs = []
+    for s, o in enumerate(OFFSETS):
+        dirs.append(write_run(tmp_path, f"k1-s{s}", 1.0, "exponential", s,
+                              {"ema_top1": lambda t, o=o: t + o, "top1": lambda t, o=o, d=target[s]: t + o + d}))
+    (c,) = M.measure(family, load_runs(dirs))["claims"]
+    assert c["verdict"] == verdict and c["n"] == 5 and len(c["parts"]) == 1
+    assert c["parts"][0]["per_seed"] == pytest.approx([-d for d in target])
+    assert c["effect"] == pytest.approx(-sum(target) / 5) and c["effect_ci"][0] <= c["effect"] <= c["effect_ci"][1]
+    assert c["spread"] == pytest.approx(SPREAD) and c["mde"] > 0
+
+
+@pytest.mark.parametrize("ema,top1,verdict", [
+    (-3.0, shifts(-3.0), R.REPRODUCED),  # the EMA strays with the rule, and so does the target
+    (-3.0, shifts(-0.2, 50), NR),
+    (-3.0, shifts(+3.0), R.CONTRADICTED),  # the EMA strays, the target gets better
+    (0.0, shifts(-3.0), R.NOT_TESTABLE),  # no EMA gap to explain
 ])
-def test_rule_needed_is_contradicted_when_pairing_shows_no_drop(g_with, g_without, ci, verdict):
-    assert V.decide("rule_needed", g_with, g_without, 1.0, ci)[0] == verdict
+def test_target_explains_each_way(tmp_path, ema, top1, verdict):
+    settings = {(4.0, "exponential", None): {"ema_top1": shifts(ema), "top1": top1},
+                (4.0, None, None): {"ema_top1": shifts(ema)}}
+    c = polyak_with(tmp_path, K.POLYAK.claims[2], settings)
+    assert c["verdict"] == verdict and len(c["parts"]) == 1 and c["shape"] == "directional"
+    assert c["parts"][0]["label"] == "the target model with the rule at κ=4 departs from the baseline"
+    m = c["mechanism"]
+    assert m["name"] == "an EMA gap with the rule, for the target model to explain"
+    assert m["present"] is (ema != 0.0) and m["value"] == pytest.approx(-ema, abs=0.02)
+    if verdict == R.NOT_TESTABLE:
+        assert c["verdict_if_applicable"] == R.REPRODUCED and c["set_aside"] is None
+        assert D.verdict(c) == f"{R.NOT_TESTABLE} (missing {m['name']}: {m['what']})"
+    else:
+        assert c["effect_ci"][0] <= c["effect"] <= c["effect_ci"][1] and c["mde"] > 0
 
 
-@settings(max_examples=300, deadline=None)
-@given(gw=st.floats(0, 10), gwo=st.floats(0, 10), s=st.floats(0.01, 10), lo=st.floats(-10, 10),
-       width=st.floats(0, 10))
-def test_paired_rule_needed_is_the_written_rule(gw, gwo, s, lo, width):
-    """verdict.py's docstring, which every report prints as the rules applied: reproduced and contradicted
-    exactly where it says, and inconclusive everywhere else."""
-    ci = (lo, lo + width)
-    reproduced = gwo >= 2 * gw and gw <= 2 * s and ci[0] > 0
-    contradicted = (gw >= gwo and max(gw, gwo) > 2 * s) or (
-        gwo < 2 * gw and gwo <= 2 * s and -s < ci[0] and ci[1] < s)
-    expected = "reproduced" if reproduced else "contradicted" if contradicted else "inconclusive"
-    assert V.decide("rule_needed", gw, gwo, s, ci)[0] == expected
+@pytest.mark.parametrize("top1,verdict", [(shifts(-3.0), R.REPRODUCED), (shifts(+3.0), R.REPRODUCED),
+                                          (shifts(-0.2, 50), NR), (shifts(0.0), R.CONTRADICTED)])
+def test_optimizer_strays_each_way(tmp_path, top1, verdict):
+    """The target model departs from the baseline with the rule, in either direction."""
+    c = polyak_with(tmp_path, claim("optimizer_strays", "top1", 4.0), {(4.0, "exponential", None): {"top1": top1}})
+    assert c["verdict"] == verdict and c["shape"] == "departure" and len(c["parts"]) == 1
+    assert c["effect"] == pytest.approx(-sum(top1) / 5) and c["mde"] > 0
+    if verdict == R.CONTRADICTED:  # an absence shown: with the margin and the power the rule asks
+        assert c["margin"] == pytest.approx(SPREAD) and c["mde"] <= SPREAD
 
 
-def test_same_either_way_is_contradicted_only_on_a_real_difference():
-    assert V.decide("same_either_way", 0.5, 3.0, 1.0, (1.0, 4.0))[0] == "contradicted"
-    assert V.decide("same_either_way", 0.5, 3.0, 1.0, (-1.0, 4.0))[0] == "inconclusive"
+# --- the sign where lower is better -------------------------------------------------------------
 
 
-def test_strays_needs_the_ci_above_the_spread():
-    assert V.strays(3.0, 1.0, (2.0, 4.0)) is True
-    assert V.strays(3.0, 1.0, (0.5, 4.0)) is False  # > 2× on average, but one seed's worth of noise
-    assert V.strays(None, 1.0) is None
-    assert V.decide_optimizer(3.0, 1.0, (0.5, 4.0))[0] == "inconclusive"
-    assert V.decide_target(3.0, 1.0, 3.0, 1.0, (0.5, 4.0))[0] == "inconclusive"
-    assert V.decide_target(3.0, 1.0, 3.0, 1.0, (2.0, 4.0))[0] == "reproduced"
+def test_a_higher_loss_or_wer_is_the_positive_effect(tmp_path):
+    """dino's loss (rule_departs) and ctc-polyak's WER (rule_needed): lower is better, so worse is higher."""
+    dino = dataclasses.replace(K.DINO, claims=(K.DINO.claims[0],))
+    base = {"dino_loss": lambda t: 5 - 0.3 * t, "probe_top1": lambda t: 10 * t}
+    for name, d in (("up", +3.0), ("down", -3.0)):
+        runs, _ = sweep(tmp_path / name, "dino-vit", base, {(2.0, "exponential", None): {"dino_loss": shifts(0.0)},
+                                                            (2.0, None, None): {"dino_loss": shifts(d)}})
+        (c,) = M.measure(dino, runs)["claims"]
+        assert c["verdict"] == R.REPRODUCED and c["effect"] == pytest.approx(d)  # worse (higher) is positive
+        assert c["parts"][0]["per_seed"] == pytest.approx(shifts(d)) and c["shape"] == "departure"
+    ctc = dataclasses.replace(K.CTC_POLYAK, claims=(K.CTC_POLYAK.claims[0],))
+    wer = {"ema_wer": lambda t: 58 - t, "wer": lambda t: 60 - t}
+    for name, d, verdict in (("worse", +3.0, R.REPRODUCED), ("better", -3.0, R.CONTRADICTED)):
+        runs, _ = sweep(tmp_path / name, "ctc-polyak", wer, std(4.0, shifts(0.0), shifts(d), "ema_wer"))
+        (c,) = M.measure(ctc, runs)["claims"]
+        assert c["verdict"] == verdict and c["effect"] == pytest.approx(d)
 
 
-def test_arm_closer_and_matches_or_better():
-    assert V.decide_arm_closer(1.0, 2.0, (0.2, 1.8))[0] == "reproduced"
-    assert V.decide_arm_closer(2.0, 1.0, (-1.8, -0.2))[0] == "contradicted"
-    assert V.decide_arm_closer(1.0, 1.1, (-0.3, 0.5))[0] == "inconclusive"
-    assert V.decide_matches_or_better(-1.0, (-2.0, 0.0), 1.0)[0] == "reproduced"  # within 2× spread
-    assert V.decide_matches_or_better(3.0, (1.0, 5.0), 1.0)[0] == "reproduced"  # surpasses
-    assert V.decide_matches_or_better(-5.0, (-7.0, -3.0), 1.0)[0] == "contradicted"
-    assert V.decide_matches_or_better(-5.0, (-9.0, 1.0), 1.0)[0] == "inconclusive"
+# --- set aside: the target model strays ---------------------------------------------------------
 
 
-def test_with_better_needs_the_paired_ci():
-    assert V.decide_with_better({2.0: 0.5, 4.0: 3.0}, 1.0, {2.0: (0.1, 0.9), 4.0: (2.0, 4.0)})[0] == "reproduced"
-    assert V.decide_with_better({2.0: 0.5, 4.0: 3.0}, 1.0, {2.0: (0.1, 0.9), 4.0: (-1.0, 6.0)})[0] == "inconclusive"
-    assert V.decide_with_better({4.0: -3.0}, 1.0, {4.0: (-6.0, 1.0)})[0] == "inconclusive"
-
-
-# --- the optimizer-rule check and the gate ------------------------------------------------------
+def test_an_ema_claim_where_the_target_strays_is_set_aside_with_the_targets_numbers(tmp_path):
+    settings = {(4.0, "exponential", None): {"ema_top1": shifts(0.0), "top1": shifts(-3.0)},
+                (4.0, None, None): {"ema_top1": shifts(-3.0), "top1": shifts(-3.0)}}
+    c = polyak_with(tmp_path, claim("rule_needed", kappa=4.0), settings)
+    assert c["verdict"] == R.SET_ASIDE and c["verdict_if_applicable"] == R.REPRODUCED
+    assert c["set_aside"] == J.ASIDE_STRAYS
+    eff = sum(-d for d in shifts(-3.0)) / 5
+    assert c["why"].startswith(f"with the rule at κ=4: top1 worse by {eff:+.3g} [")
+    assert c["why"].endswith(f"against a spread of {SPREAD:+.3g}")
+    assert D.verdict(c) == f"{R.SET_ASIDE} ({J.ASIDE_STRAYS}: {c['why']})"
+    # judged where the optimizer rule strays, as the paper makes the claim (gated=False)
+    c = polyak_with(tmp_path / "ungated", claim("rule_needed", kappa=4.0, gated=False), settings)
+    assert c["verdict"] == R.REPRODUCED and c["set_aside"] is None and c["verdict_if_applicable"] is None
+    # a claim on the target's own metric (blind to the EMA) stands however far the target strays
+    c = polyak_with(tmp_path / "own", claim("gap_remains", "top1", 4.0), settings)
+    assert c["verdict"] == R.REPRODUCED and c["set_aside"] is None
 
 
 def test_the_optimizer_check_names_the_first_kappa_where_the_target_strays(tmp_path):
-    """The target tracks at κ=2 and strays at κ=4 (the same offset, but runs at κ=4 also add 2)."""
-    dirs = []
-    for s, o in enumerate((-0.3, 0.0, 0.3)):
-        dirs.append(write_run(tmp_path, f"k1-s{s}", 1.0, "exponential", s,
-                              {"ema_top1": lambda t, o=o: t + o, "top1": lambda t, o=o: t - 1 + o}))
-        for k, target in ((2.0, 0.1), (4.0, 2.0)):
-            for rule, ema in (("exponential", 0.1), (None, -3.0)):
-                dirs.append(write_run(tmp_path, f"k{k:g}-{rule}-s{s}", k, rule, s,
-                                      {"ema_top1": lambda t, o=o, e=ema: t + o + e,
-                                       "top1": lambda t, o=o, g=target: t - 1 + o + g}))
-    m = M.measure(K.POLYAK, load_runs(dirs))
-    oc = m["optimizer_check"]
+    settings = {**{(2.0, r, None): {"top1": shifts(0.0)} for r in ("exponential", None)},
+                **{(4.0, r, None): {"top1": shifts(-3.0)} for r in ("exponential", None)},
+                **{(8.0, r, None): {"top1": shifts(-0.3, 50)} for r in ("exponential", None)}}
+    runs, _ = sweep(tmp_path, "polyak-r50", POLYAK_BASE, settings)
+    oc = M.measure(K.POLYAK, runs)["optimizer_check"]
     assert oc["metric"] == "top1" and oc["first_strays_kappa"] == 4.0 and oc["ema_blind"]
     states = {(r["setting"], r["kappa"]): r["state"] for r in oc["rows"]}
     assert states == {("with", 2.0): "tracks", ("without", 2.0): "tracks", ("with", 4.0): "strays",
-                      ("without", 4.0): "strays"}
-    by = {(c["kind"], c["kappa"], c["statistic"]): c for c in m["claims"]}
-    at2 = by[("rule_needed", 2.0, M.STATISTIC["run"])]
-    assert at2["verdict"] == "reproduced" and "set_aside" not in at2  # the target tracks: the EMA claim stands
-    at4 = by[("rule_needed", 4.0, M.STATISTIC["end"])]
-    assert at4["verdict"] == "inconclusive" and at4["verdict_if_target_tracked"] == "reproduced"
-    assert at4["set_aside"] == M.ASIDE_STRAYS
-    assert "the target model strays (with the rule at κ=4: top1 gap 2" in at4["why"]
-    # target_explains is about the target itself, not gated; here the EMA has no gap for it to explain
-    explains = by[("target_explains", 4.0, M.STATISTIC["run"])]
-    assert explains["verdict"] == "inconclusive" and explains["set_aside"] == M.ASIDE_NO_GAP
-    assert "verdict_if_target_tracked" not in explains
-    # The report marks both rows and says what setting aside does to the tally.
-    data = m | {"timing": {"wall_s": 1.0, "cpus": 2, "load_start": 0.0, "load_end": 0.0, "omp_threads": "1"},
-                "command": "emarule reproduce polyak", "figures": [], "decision_rule": "rules",
-                "not_judged_here": [], "settings": []}
-    report = R.markdown(data, K.POLYAK)
-    assert report.count("**inconclusive** (set aside)") == 2
-    assert report.count("- Set aside: the target model strays. The claim does not apply at this κ") == 1
-    assert report.count("- Set aside: no EMA gap to explain.") == 1
+                      ("without", 4.0): "strays", ("with", 8.0): "between", ("without", 8.0): "between"}
+    at4 = next(r for r in oc["rows"] if r["kappa"] == 4.0 and r["setting"] == "with")
+    assert at4["effect"] == pytest.approx(3.0) and at4["ci"][0] > SPREAD  # the CI95 lies above 1 spread
+    assert oc["spread"] == pytest.approx(SPREAD) and "strays with the rule first at κ=4" in oc["summary"]
 
 
-def test_a_target_that_depends_on_the_ema_gates_nothing(tmp_path):
-    dirs = []
-    for s, o in enumerate((-0.3, 0.0, 0.3)):
-        dirs.append(write_run(tmp_path, f"k1-s{s}", 1.0, "exponential", s,
-                              {"probe_top1": lambda t, o=o: t + o, "byol_loss": lambda t, o=o: 1 + o}, "byol-r18"))
-        for rule, e in (("exponential", 0.1), (None, -5.0)):
-            dirs.append(write_run(tmp_path, f"k4-{rule}-s{s}", 4.0, rule, s,
-                                  {"probe_top1": lambda t, o=o, e=e: t + o + e,
-                                   "byol_loss": lambda t, o=o: 10 + o}, "byol-r18"))
-    m = M.measure(K.BYOL, load_runs(dirs))
+def test_a_target_that_depends_on_the_ema_sets_nothing_aside(tmp_path):
+    family = dataclasses.replace(K.BYOL, arms=(), claims=(K.BYOL.claims[0],))
+    base = {"probe_top1": lambda t: 30 + t, "byol_loss": lambda t: 5 - 0.3 * t}
+    runs, _ = sweep(tmp_path, "byol-r18", base, {
+        (4.0, "exponential", None): {"probe_top1": shifts(0.0), "byol_loss": shifts(9.0)},
+        (4.0, None, None): {"probe_top1": shifts(-5.0), "byol_loss": shifts(9.0)}})
+    m = M.measure(family, runs)
     assert not m["optimizer_check"]["ema_blind"] and "depends on the EMA" in m["optimizer_check"]["summary"]
-    c = next(c for c in m["claims"] if c["kappa"] == 4.0 and c["statistic"] == M.STATISTIC["run"])
-    assert c["verdict"] == "reproduced" and "verdict_if_target_tracked" not in c and "set_aside" not in c
+    assert m["optimizer_check"]["first_strays_kappa"] == 4.0
+    (c,) = m["claims"]
+    assert c["verdict"] == R.REPRODUCED and c["set_aside"] is None and c["verdict_if_applicable"] is None
 
 
 def test_a_claim_on_the_students_wer_after_pretraining_is_set_aside_where_it_strayed_before():
     """ctc-pseudo-label's gate reads the student's WER in pre-training, where it is blind to ρ; the claim
-    "without the rule, a higher test WER" reads the same metric at the end, after the EMA's labels."""
+    "without the rule, a higher test WER" reads it at the end; the claim on pre-training itself stands."""
     gate = {"blind": True, "metric": "wer", "rows": {("with", 4.0): {
-        "metric": "wer", "gap": 8.9, "ci": (7.7, 9.9), "spread": 2.2, "state": "strays"}}}
-    claim = K.CTC_PL.claims[1]
-    assert claim.metric == "wer" and claim.over == "end" and not claim.until
-    out = M.gated(K.CTC_PL, claim, {"verdict": "contradicted", "why": "gap with 14.2, without 13"}, gate,
-                  [("with", 4.0)])
-    assert out["verdict"] == "inconclusive" and out["verdict_if_target_tracked"] == "contradicted"
-    assert "the target model strays" in out["why"] and "gap with 14.2" in out["why"]
-    # Polyak's top1 is blind to ρ throughout: a claim on it is the target's own and stands.
-    top1 = next(c for c in K.POLYAK.claims if c.metric == "top1" and c.kind in M.GATED)
-    polyak_gate = gate | {"metric": "top1"}
-    kept = M.gated(K.POLYAK, top1, {"verdict": "reproduced", "why": "w"}, polyak_gate, [("with", 4.0)])
-    assert kept["verdict"] == "reproduced"
+        "metric": "wer", "effect": 8.9, "ci": (7.7, 9.9), "spread": 2.2, "state": "strays"}}}
+    end, pre = K.CTC_PL.claims[1], K.CTC_PL.claims[2]
+    assert end.metric == "wer" and end.over == "end" and not end.until
+    assert J._strays(K.CTC_PL, end, gate, [("with", 4.0)]) == (
+        "with the rule at κ=4: wer worse by +8.9 [+7.7, +9.9] against a spread of +2.2")
+    assert J._strays(K.CTC_PL, pre, gate, [("with", 4.0)]) == ""
+    assert J._strays(K.CTC_PL, K.CTC_PL.claims[3], gate, [("with", 4.0)]) == ""  # gated=False
+    tracks = gate | {"rows": {("with", 4.0): gate["rows"][("with", 4.0)] | {"state": "tracks"}}}
+    assert J._strays(K.CTC_PL, end, tracks, [("with", 4.0)]) == ""
 
 
-# --- arms ---------------------------------------------------------------------------------------
+# --- not testable: the preset lacks the mechanism -----------------------------------------------
 
 
-def test_arms_are_their_own_settings_and_claims_compare_them(tmp_path):
-    """Polyak's bn-scale arm at κ=2 shares κ and rule with the standard run: only the arm map tells them
-    apart. Its top1 sits 0.2 closer to each seed's baseline than the standard run's."""
-    runs = polyak_runs(tmp_path, ema_with=0.5, ema_without=-3.0, target_with=0.5)
-    arm_dirs, arms = [], {}
-    for s, o in enumerate((-0.3, 0.0, 0.3)):
-        d = write_run(tmp_path, f"k2-rule-arm-bn-scale-s{s}", 2.0, "exponential", s,
-                      {"ema_top1": lambda t, o=o: t + o + 0.3, "top1": lambda t, o=o: t - 1 + o + 0.3})
-        arm_dirs.append(d)
-        arms[str(d)] = "bn-scale"
-    m = M.measure(K.POLYAK, runs + load_runs(arm_dirs), arms)
-    assert m["kappas"] == [2.0, 4.0]  # the arm's κ is not a κ of the sweep
-    assert ("bn-scale", 2.0) in m["tables"]["top1"]["rows"]
-    assert len(m["tables"]["top1"]["rows"][("with", 2.0)]["curves"]) == 3  # the arm's runs are not mixed in
-    closer = [c for c in m["claims"] if c["kind"] == "arm_closer"]
-    assert {c["metric"] for c in closer} == {"top1", "ema_top1"}
-    for c in closer:
-        assert c["verdict"] == "reproduced"
-        assert c["settings"] == {"A": "arm bn-scale at κ=2", "B": "with the rule at κ=2"}
-        assert c["paired_difference"]["ci"] == pytest.approx((0.2, 0.2))
-    # The run names say which runs are the arm's: without the map, the same verdicts; `emarule compare`
-    # keeps the arm apart from the standard setting at its κ too.
-    again = M.measure(K.POLYAK, runs + load_runs(arm_dirs))
+@pytest.mark.parametrize("rho,value,verdict", [(0.9, 0.2, R.NOT_TESTABLE), (0.99, 2.0, R.REPRODUCED)])
+def test_a_claim_whose_mechanism_is_absent_is_not_testable(tmp_path, rho, value, verdict):
+    """polyak's "at the end" claim needs an EMA horizon 1/(1 − ρ_B) against the last lr stage: 10 steps an
+    epoch, a decay at epoch 5 of 10: ρ_B = 0.9 is 1 epoch against 5 (0.2 < 0.4), 0.99 is 10 against 5."""
+    family = dataclasses.replace(K.POLYAK, claims=(K.POLYAK.claims[1],))
+    spec = {"schedule": {"epochs": 10, "milestones_epochs": [5]}}
+    runs, _ = sweep(tmp_path, "polyak-r50", POLYAK_BASE, std(2.0, shifts(0.0), shifts(-3.0)), spec=spec, rho=rho,
+                    layout=lambda k: [{"start_epoch": 0.0, "end_epoch": 10.0, "kappa": k, "steps_per_epoch": 10}])
+    (c,) = M.measure(family, runs)["claims"]
+    m = c["mechanism"]
+    assert m["name"] == "the EMA's horizon against the last lr stage" and m["value"] == pytest.approx(value)
+    assert m["paper"] == 0.8 and m["threshold"] == 0.4 and m["present"] is (verdict == R.REPRODUCED)
+    assert c["verdict"] == verdict
+    if verdict == R.NOT_TESTABLE:
+        assert c["verdict_if_applicable"] == R.REPRODUCED  # what the rules would have said
+        assert f"{value:.3g}, the paper's 0.8" in D.verdict(c) and D.verdict(c).startswith(R.NOT_TESTABLE)
+    else:
+        assert c["verdict_if_applicable"] is None
+
+
+# --- stand-ins beyond the paper's range ---------------------------------------------------------
+
+
+def test_an_up_to_claim_with_stand_ins_expands_past_its_kappa(tmp_path):
+    claims = M.expand(K.CTC_POLYAK.claims[:1], [1.0, 2.0, 4.0, 8.0])
+    assert [c.kappa for c in claims] == [2.0, 4.0, 8.0]
+    assert [c.kappa for c in M.expand(K.POLYAK.claims[1:2], [0.5, 1.0, 2.0, 4.0, 8.0])] == [0.5, 2.0, 4.0]  # none
+    ctc = dataclasses.replace(K.CTC_POLYAK, claims=(K.CTC_POLYAK.claims[0],))
+    wer = {"ema_wer": lambda t: 58 - t, "wer": lambda t: 60 - t}
+    runs, _ = sweep(tmp_path, "ctc-polyak", wer, {**std(4.0, shifts(0.0), shifts(3.0), "ema_wer"),
+                                                  **std(8.0, shifts(0.0), shifts(3.0), "ema_wer")})
+    rows = M.measure(ctc, runs)["claims"]
+    assert [(c["kappa"], c["verdict"]) for c in rows] == [(4.0, R.REPRODUCED), (8.0, R.REPRODUCED)]
+    assert rows[0]["stand_in"] == ""
+    assert rows[1]["stand_in"] == "κ=8 lies beyond the paper's range (κ ≤ 4); judged as a stand-in for it"
+    assert D.verdict(rows[1]).endswith("; a stand-in: " + rows[1]["stand_in"])
+
+
+# --- not measured -------------------------------------------------------------------------------
+
+
+def test_a_setting_not_run_leaves_its_claim_not_measured(tmp_path):
+    c = polyak_with(tmp_path, K.POLYAK.claims[5], std(2.0, shifts(0.0), shifts(-3.0)))  # no bn-scale arm
+    assert c["verdict"] == R.NOT_MEASURED and c["effect"] is None and c["parts"] == []
+    assert "was not run" in c["why"] and D.verdict(c) == f"{R.NOT_MEASURED} ({c['why']})"
+
+
+def test_arms_are_their_own_settings(tmp_path):
+    """Polyak's bn-scale arm at κ=2 shares κ and rule with the standard run: only the arm map (or the run's
+    name) tells them apart."""
+    settings = {**std(2.0, shifts(0.5), shifts(-3.0)),
+                (2.0, "exponential", "bn-scale"): {"ema_top1": shifts(0.3), "top1": shifts(0.3)}}
+    runs, arms = sweep(tmp_path, "polyak-r50", POLYAK_BASE, settings)
+    m = M.measure(K.POLYAK, runs, arms)
+    assert m["kappas"] == [2.0]  # the arm's κ is not a κ of the sweep beyond the standard ones
+    assert len(m["tables"]["top1"]["rows"][("with", 2.0)]["curves"]) == 5
+    again = M.measure(K.POLYAK, runs)  # from the run names alone
     assert [c["verdict"] for c in again["claims"]] == [c["verdict"] for c in m["claims"]]
-    labels = {g["label"] for g in C.compare([r.path for r in runs] + arm_dirs, "top1")["groups"]}
+    labels = {g["label"] for g in C.compare([r.path for r in runs], "top1")["groups"]}
     assert "with EMA rule, arm bn-scale" in labels and "with EMA rule" in labels
-    # Without the arm's runs its claims say what was not run.
-    m = M.measure(K.POLYAK, polyak_runs(tmp_path / "b", ema_with=0.5, ema_without=-3.0, target_with=0.5))
-    c = next(c for c in m["claims"] if c["kind"] == "arm_closer")
-    assert c["verdict"] == "inconclusive" and "arm bn-scale at κ=2 was not run" in c["why"]
-
-
-def test_matches_or_better_on_final_values_per_seed(tmp_path):
-    """byol-r50-lars's claims read each final teacher's converged probe (offline_probe.json), paired per seed;
-    the tracking probe, the same in every setting here, does not enter them."""
-    dirs, arms = [], {}
-    for s, o in enumerate((-2.0, 0.0, 2.0)):
-        for name, k, rule, d in (("base", 1.0, "exponential", 0.0), ("with", 4.0, "exponential", 1.0),
-                                 ("without", 4.0, None, -9.0), ("slower-ramp", 4.0, "exponential", -30.0)):
-            p = write_run(tmp_path, f"k{k:g}-{name}-s{s}", k, rule, s,
-                          {"probe_top1": lambda t: 50 + t, "byol_loss": lambda t: 1.0}, "byol-r50-lars")
-            write_offline_probe(p, 50 + o + d)
-            dirs.append(p)
-            if name == "slower-ramp":
-                arms[str(p)] = name
-    m = M.measure(K.BYOL_R50_LARS, load_runs(dirs), arms)
-    first, second = [c for c in m["claims"] if c["kind"] == "matches_or_better"]
-    assert first["verdict"] == "reproduced" and first["a_minus_baseline"]["mean"] == pytest.approx(1.0)
-    assert second["verdict"] == "contradicted" and second["a_minus_baseline"]["ci"] == pytest.approx((-30.0, -30.0))
 
 
 def test_an_arm_takes_its_kappa_and_schedule_from_the_preset():
-    k8, after = K.BYOL.arms
+    k8, after, during = K.BYOL.arms
     assert k8.for_preset("tiny").kappa == 2.0 and k8.for_preset("cpu").kappa == 8.0
     assert after.schedule("byol-r18", "cpu") == "step:2"  # the cpu preset's warm-up ends at epoch 2
+    assert during.schedule("byol-r18", "cpu") == "step:1"  # half-way through it
     (ramp,) = K.BYOL_R50_LARS.arms
     assert ramp.schedule("byol-r50-lars", "cpu") == "smooth:0.8-2.4"  # from epoch 0.8 over twice 0.8 → 1.6
     assert ramp.schedule("byol-r50-lars", None) == "smooth:60-180"  # the paper's 120-epoch ramp
     assert ramp.schedule("byol-r50-lars", "tiny") == "smooth:1-3.5"  # 4 epochs: it ends before training does
-
-
-@pytest.mark.parametrize("g_with,g_without,ci,verdict", [
-    (0.044, 0.142, (0.06, 0.136), "reproduced"),  # dino-vit's κ=4 shape: both gaps inside the spread, every pair agrees
-    (0.044, 0.142, (-0.01, 0.2), "inconclusive"),  # the ratio holds on average, but the CI includes 0
-    (0.1, 0.15, (0.02, 0.08), "inconclusive"),  # closer for every seed, but not by the stated ratio
-    (0.2, 0.1, (-0.15, -0.05), "contradicted"),  # the rule leaves the curve farther, every pair agrees
-    (0.2, 0.1, (-0.3, 0.1), "inconclusive"),  # farther on average, inside the noise of the comparison
-])
-def test_rule_closer_paired_is_decided_by_the_ratio_and_the_interval(g_with, g_without, ci, verdict):
-    assert V.decide("rule_closer", g_with, g_without, 0.317, ci)[0] == verdict
-
-
-def test_rule_closer_unpaired_still_needs_a_gap_beyond_the_spread():
-    assert V.decide("rule_closer", 0.044, 0.142, 0.317)[0] == "inconclusive"
-    assert V.decide("rule_closer", 0.3, 0.9, 0.317)[0] == "reproduced"
-
-
-def test_with_better_paired_is_decided_by_the_intervals_alone():
-    # dino-vit's shape: better at both κ for every resample, each difference inside the end spread
-    assert V.decide_with_better({2.0: 0.65, 4.0: 0.74}, 1.83, {2.0: (0.31, 0.98), 4.0: (0.15, 1.34)})[0] == "reproduced"
-    assert V.decide_with_better({2.0: 0.65, 4.0: -0.4}, 1.83, {2.0: (0.31, 0.98), 4.0: (-0.7, -0.1)})[0] == \
-        "contradicted"
-    assert V.decide_with_better({2.0: 0.65, 4.0: 0.2}, 1.83, {2.0: (0.31, 0.98), 4.0: (-0.1, 0.5)})[0] == \
-        "inconclusive"
-    # one κ without an interval: the unpaired rule, which asks > 2× the end spread at one κ
-    assert V.decide_with_better({2.0: 0.65, 4.0: 0.74}, 1.83, {2.0: (0.31, 0.98)})[0] == "inconclusive"
-
-
-def test_an_ema_claim_already_inconclusive_where_the_target_strays_is_set_aside_too():
-    """Where the optimizer rule fails, the EMA claim does not apply, whatever its own rule said there."""
-    gate = {"blind": True, "metric": "wer", "rows": {("with", 8.0): {
-        "metric": "wer", "gap": 6.5, "ci": (5.4, 7.4), "spread": 2.3, "state": "strays"}}}
-    claim = K.CTC_POLYAK.claims[0]
-    out = M.gated(K.CTC_POLYAK, claim, {"verdict": "inconclusive", "why": "gap with 5.8, without 8.8: without < 2× "
-                                         "with"}, gate, [("with", 8.0), ("without", 8.0)])
-    assert out["verdict"] == "inconclusive" and out["set_aside"] == M.ASIDE_STRAYS
-    assert out["verdict_if_target_tracked"] == "inconclusive" and "without < 2× with" in out["why"]
-    tracks = gate | {"rows": {("with", 8.0): gate["rows"][("with", 8.0)] | {"state": "tracks"}}}
-    kept = M.gated(K.CTC_POLYAK, claim, {"verdict": "inconclusive", "why": "w"}, tracks, [("with", 8.0)])
-    assert "set_aside" not in kept and "verdict_if_target_tracked" not in kept
-
-
-def test_target_explains_with_an_ema_gap_is_not_set_aside(tmp_path):
-    """The same sweep as above but the EMA strays with the rule at κ=4: the claim applies there."""
-    dirs = []
-    for s, o in enumerate((-0.3, 0.0, 0.3)):
-        dirs.append(write_run(tmp_path, f"k1-s{s}", 1.0, "exponential", s,
-                              {"ema_top1": lambda t, o=o: t + o, "top1": lambda t, o=o: t - 1 + o}))
-        for rule in ("exponential", None):
-            dirs.append(write_run(tmp_path, f"k4-{rule}-s{s}", 4.0, rule, s,
-                                  {"ema_top1": lambda t, o=o: t + o + 5.0, "top1": lambda t, o=o: t - 1 + o + 5.0}))
-    m = M.measure(K.POLYAK, load_runs(dirs))
-    c = next(c for c in m["claims"] if c["kind"] == "target_explains")
-    assert c["verdict"] == "reproduced" and "set_aside" not in c

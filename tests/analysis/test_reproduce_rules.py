@@ -122,7 +122,8 @@ def test_error_rates_of_every_kind(kind, seeds):
     elif k.shape == "departure":
         # Two-sided at 0.05: "reproduced" with no effect is 5 % by construction, so the check allows the
         # simulation's own sampling error (3 standard errors at 2000 trials); the paper's effect: as above.
-        assert r.simulate(k, 0.0, seeds, trials=2000)["verdicts"][r.REPRODUCED] <= 0.05 + 3 * (0.05 * 0.95 / 2000) ** 0.5
+        tolerance = 3 * (0.05 * 0.95 / 2000) ** 0.5
+        assert r.simulate(k, 0.0, seeds, trials=2000)["verdicts"][r.REPRODUCED] <= 0.05 + tolerance
         assert r.simulate(k, 1.0, seeds, trials=2000)["verdicts"][r.CONTRADICTED] <= 0.05
     elif k.shape == "equivalence":
         # The paper's statement true (no distance): never contradicted; two margins apart: never reproduced.

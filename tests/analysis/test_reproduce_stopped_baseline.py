@@ -1,5 +1,5 @@
-"""A κ=1 baseline that stopped early, the words of a measured absence, and a diagnosis that reads the target
-model as the optimizer-rule check does."""
+"""A κ=1 baseline that stopped early leaves every claim not measured and names its seed; the optimizer-rule
+check reads the target model over the run, for a claim at the end too."""
 
 import json
 import math
@@ -9,26 +9,18 @@ import pytest
 from emarule.analysis.compare import load_runs
 from emarule.analysis.reproduce import claims as K
 from emarule.analysis.reproduce import measure as M
-from emarule.analysis.reproduce import verdict as V
-from test_reproduce import polyak_runs, write_run
+from emarule.analysis.reproduce import paired as P
+from emarule.analysis.reproduce import render as D
+from emarule.analysis.reproduce import rules as R
+from test_reproduce import T, polyak_runs, write_run
 
-INF = math.inf
 
-
-@pytest.mark.parametrize("call", [
-    lambda: V.decide("rule_needed", 0.1, 3.0, INF, (2.0, 3.0)),
-    lambda: V.decide("same_either_way", 0.1, 0.2, INF, (0.0, 0.2)),
-    lambda: V.decide("rule_closer", 0.1, 3.0, INF, (2.0, 3.0)),
-    lambda: V.decide_optimizer(0.5, INF, (0.4, 0.6)),
-    lambda: V.decide_target(5.0, INF, 5.0, 0.4),
-    lambda: V.decide_with_better({2.0: -9.0}, INF),
-    lambda: V.decide_matches_or_better(-9.0, (-10.0, -8.0), INF),
-])
-def test_an_unbounded_spread_decides_nothing(call):
-    """Against an infinite spread every "within 2× spread" would hold and every "beyond it" fail."""
-    verdict, why = call()
-    assert verdict == "inconclusive" and why.decision == V.STOPPED_BASELINE
-    assert V.strays(9.0, INF, (8.0, 10.0)) is None
+def test_a_stopped_baseline_makes_the_spread_unbounded():
+    base = [(T, [t + o for t in T]) for o in (-0.3, 0.0, 0.3)]
+    base[2] = (T[:4], base[2][1][:4])
+    s = P.pair_spread(base, [False, False, True])
+    assert math.isinf(s["signed_run"]) and math.isinf(s["signed_end"]) and math.isinf(s["run"])
+    assert P.unbounded(s["run"]) and not P.unbounded(1.0, None)
 
 
 def _stop_baseline(runs, seed: int, at_epoch: float) -> list:
@@ -41,40 +33,27 @@ def _stop_baseline(runs, seed: int, at_epoch: float) -> list:
     return load_runs([r.path for r in runs])
 
 
-def test_a_diverged_baseline_leaves_every_claim_inconclusive_and_names_its_seed(tmp_path):
+def test_a_diverged_baseline_leaves_every_claim_not_measured_and_names_its_seed(tmp_path):
     runs = polyak_runs(tmp_path, ema_with=0.1, ema_without=-3.0, target_with=0.0)
     intact = M.measure(K.POLYAK, runs)
-    assert {c["verdict"] for c in intact["claims"]} >= {"reproduced"}  # so the test below is not vacuous
+    assert {c["verdict"] for c in intact["claims"]} >= {R.REPRODUCED}  # so the test below is not vacuous
     m = M.measure(K.POLYAK, _stop_baseline(runs, seed=2, at_epoch=3))
-    assert math.isinf(m["tables"]["ema_top1"]["rows"][("baseline", 1.0)]["gaps"]["run"])
-    judged = [c for c in m["claims"] if not c["why"].startswith("not measured")]  # arms these runs lack
-    assert len(judged) >= 5
-    for c in judged:
-        assert c["verdict"] == "inconclusive", c
+    assert math.isinf(m["tables"]["ema_top1"]["rows"][("baseline", 1.0)]["gaps"]["signed_run"])
+    assert len(m["claims"]) == len(intact["claims"]) == 7
+    for c in m["claims"]:
+        assert c["verdict"] == R.NOT_MEASURED, c
         assert "baseline of seed 2 stopped before its end" in c["why"], c
-        assert "set_aside" not in c and "diagnosis" not in c
-    needed = next(c for c in m["claims"] if c["kind"] == "rule_needed" and c["kappa"] == 2.0)
-    assert needed["numbers"].startswith("gap with 0.1, without 3, baseline spread ∞")  # measured, not judged
+        assert c["set_aside"] is None and c["effect"] is None and c["parts"] == []
+        assert D.verdict(c) == f"{R.NOT_MEASURED} ({c['why']})"
     check = m["optimizer_check"]
     assert all(r["state"] is None for r in check["rows"]) and check["first_strays_kappa"] is None
     assert "not judged" in check["summary"] and "seed 2" in check["summary"]
     assert m["goal"]["met"] is None and "seed 2" in m["goal"]["why"]
 
 
-@pytest.mark.parametrize("ci,says,not_says", [
-    ((0.2, 0.6), "closer on the paired seeds (CI above 0), but by less than one spread", "no drop for the rule"),
-    ((-0.6, -0.2), "farther (CI below 0), by less than one spread", "closer"),
-    ((-0.3, 0.4), "there is no drop for the rule to prevent", "CI above 0"),
-])
-def test_a_measured_absence_says_which_side_of_zero_its_interval_lies(ci, says, not_says):
-    verdict, why = V.decide("rule_needed", 0.9, 1.0, 1.0, ci)
-    assert verdict == "contradicted"
-    assert says in why.decision and not_says not in why.decision
-
-
 def _fading_target_runs(root, target_with: float) -> list:
-    """polyak's settings with the EMA worse with the rule (contradicted), and a target whose gap with the rule
-    fades from `target_with` at epoch 0 to 0 at the end: the end reads "tracks", the run does not."""
+    """polyak's settings with the EMA worse with the rule, and a target whose drop with the rule fades from
+    `target_with` at epoch 0 to 0 at the end: at the end it tracks, over the run it does not."""
     dirs = []
     for s, o in enumerate((-0.3, 0.0, 0.3)):
         dirs.append(write_run(root, f"k1-s{s}", 1.0, "exponential", s,
@@ -83,18 +62,23 @@ def _fading_target_runs(root, target_with: float) -> list:
             for rule, name, ema in (("exponential", "rule", -3.0), (None, "norule", -1.0)):
                 dirs.append(write_run(root, f"k{k:g}-{name}-s{s}", k, rule, s, {
                     "ema_top1": lambda t, o=o, e=ema: t + o + e,
-                    "top1": lambda t, o=o, r=rule: t - 1 + o + (target_with * (1 - t / 10) if r else 0.0)}))
+                    "top1": lambda t, o=o, r=rule: t - 1 + o - (target_with * (1 - t / 10) if r else 0.0)}))
     return load_runs(dirs)
 
 
-def test_the_diagnosis_reads_the_target_as_the_optimizer_check_does(tmp_path):
-    """An "end" claim's diagnosis used to judge the target at the end (gap 0: "tracks") beside a check that
-    lists it "between" over the run; both now read the check's state, over the run, with its interval."""
-    m = M.measure(K.POLYAK, _fading_target_runs(tmp_path, target_with=1.2))  # run gap 0.6, pair spread 0.4
+def test_the_gate_reads_the_target_over_the_run_for_a_claim_at_the_end(tmp_path):
+    """A drop of 1.2 fading to 0: 0.6 over the run, above the pair spread √0.18 = 0.42 for every seed."""
+    m = M.measure(K.POLYAK, _fading_target_runs(tmp_path, target_with=1.2))
     row = next(r for r in m["optimizer_check"]["rows"] if r["setting"] == "with" and r["kappa"] == 4.0)
-    assert row["state"] == "between" and row["gap"] == pytest.approx(0.6)
+    assert row["state"] == "strays" and row["effect"] == pytest.approx(0.6) and row["ci"] == pytest.approx((0.6, 0.6))
     c = next(c for c in m["claims"] if c["kind"] == "rule_needed" and c["kappa"] == 4.0
-             and c["statistic"] == M.STATISTIC["end"])
-    assert c["verdict"] == "contradicted"
-    assert "between 1× and 2× its spread (0.4)" in c["diagnosis"] and "tracks" not in c["diagnosis"]
-    assert not c["diagnosis"].startswith("noise:")  # a contradicted claim has measured past the noise
+             and c["statistic"] == "Δ at the end")
+    assert c["verdict"] == R.SET_ASIDE and c["verdict_if_applicable"] == R.CONTRADICTED
+    assert c["why"] == "with the rule at κ=4: top1 worse by +0.6 [+0.6, +0.6] against a spread of +0.424"
+    # half the drop: 0.3 over the run, inside ±1 spread: the target tracks and the claim is judged
+    m = M.measure(K.POLYAK, _fading_target_runs(tmp_path / "half", target_with=0.6))
+    row = next(r for r in m["optimizer_check"]["rows"] if r["setting"] == "with" and r["kappa"] == 4.0)
+    assert row["state"] == "tracks"
+    c = next(c for c in m["claims"] if c["kind"] == "rule_needed" and c["kappa"] == 4.0
+             and c["statistic"] == "Δ at the end")
+    assert c["verdict"] == R.CONTRADICTED and c["set_aside"] is None

@@ -1,17 +1,27 @@
 """The README's table of claims, written from a `make repro` root's verdict.json files."""
 
 import json
+import re
 
 import pytest
 
 from emarule.analysis.reproduce import claims as K
+from emarule.analysis.reproduce import measure as M
+from emarule.analysis.reproduce import report as RP
+from emarule.analysis.reproduce import rules as R
 from emarule.analysis.reproduce import table as T
 from emarule.errors import UserError
+from test_reproduce import polyak_runs
+
+NR = R.NOT_REPRODUCED
+NUM = r"[+−-](?:[\d.e+−-]+|∞)"
+EFFECT_CELL = re.compile(rf"{NUM} \[{NUM}, {NUM}\](?:, margin [±−][\d.e+−-]+)?")
 
 
-def _claim(c: K.Claim, verdict: str, kappa=None, why="") -> dict:
+def _claim(c: K.Claim, verdict: str, kappa=None, why="", effect=3.0, ci=(2.5, 3.5), mde=0.4) -> dict:
     return {"claim": c.text, "short": c.short, "paper": c.paper, "kind": c.kind, "metric": c.metric,
-            "kappa": c.kappa if kappa is None else kappa, "verdict": verdict, "why": why}
+            "kappa": c.kappa if kappa is None else kappa, "verdict": verdict, "why": why, "shape": "directional",
+            "effect": effect, "effect_ci": list(ci), "mde": mde, "spread": 0.42, "parts": []}
 
 
 def _write(root, name, claims, seeds, wall_s=600.0, runs=30, check="the target model's top1 strays first at κ=4"):
@@ -24,9 +34,8 @@ def _write(root, name, claims, seeds, wall_s=600.0, runs=30, check="the target m
 @pytest.fixture
 def root(tmp_path):
     c = K.POLYAK.claims
-    why = "gap with 1, without 1.1: without < 2× with"
-    _write(tmp_path, "polyak", [_claim(c[0], "reproduced"), _claim(c[1], "inconclusive", 2.0, why=why),
-                                _claim(c[1], "contradicted", 4.0)], [0, 1, 2, 3, 4])
+    _write(tmp_path, "polyak", [_claim(c[0], R.REPRODUCED), _claim(c[1], NR, 2.0, effect=0.2, ci=(-0.3, 0.7), mde=0.9),
+                                _claim(c[1], R.CONTRADICTED, 4.0, effect=-2.0, ci=(-2.5, -1.5))], [0, 1, 2, 3, 4])
     _write(tmp_path, "polyak-headline", [_claim(c[0], "contradicted")], [100, 101, 102, 103, 104], 300.0, 15)
     return tmp_path
 
@@ -34,13 +43,13 @@ def root(tmp_path):
 def test_one_row_per_judged_claim_with_its_headline_check(root):
     md = T.markdown(root, wall=5400)
     lines = md.splitlines()
-    assert lines[0] == ("| # | claim (paper) | κ | verdict, seeds 0–4 | measured | the headline claim on new seeds, "
-                        "100–104 | page |")
+    assert lines[0] == ("| # | claim (paper) | κ | verdict, seeds 0–4 | effect [95 % CI] | MDE | the headline claim on "
+                        "new seeds, 100–104 | page |")
     polyak = [line for line in lines if "polyak-r50.md" in line]
-    assert polyak[0] == (f"| 3 | {K.POLYAK.claims[0].short} | 2 | reproduced |  | **contradicted** "
-                         f"| [polyak-r50](emarule/experiments/polyak-r50.md) |")
-    assert "| 2 | inconclusive (without < 2× with) | gap with 1, without 1.1 | — |" in polyak[1]
-    assert "| 4 | **contradicted** |  | — |" in polyak[2]
+    assert polyak[0] == (f"| 3 | {K.POLYAK.claims[0].short} | 2 | reproduced | +3 [+2.5, +3.5] | 0.4 (spread 0.42) | "
+                         f"**contradicted** | [polyak-r50](emarule/experiments/polyak-r50.md) |")
+    assert f"| 2 | {NR} | +0.2 [-0.3, +0.7] | 0.9 (spread 0.42) | — |" in polyak[1]
+    assert "| 4 | **contradicted** | -2 [-2.5, -1.5] | 0.4 (spread 0.42) | — |" in polyak[2]
     # Families without a verdict.json say so rather than borrow a number.
     assert "not run: no " in lines[2] and lines[2].count("parabola") >= 1
     assert "| polyak | 30 | 10.0 min | 5.0 min (15 runs) | the target model's top1 strays first at κ=4 | — |" in md
@@ -113,12 +122,12 @@ def test_a_probe_verdict_where_the_data_bar_is_missed_says_so(root):
     assert "| reproduced (the probe misses the data bar) |" in md
     assert "trained 78.8, init 88.8, pixels 96.9: margin -18.1 (misses the 15-point bar) |" in md
     # The headline check on new seeds carries its own seeds' bar.
-    _write(root, "byol-headline", [_claim(c[0], "inconclusive", 4.0)], [100, 101, 102, 103, 104])
+    _write(root, "byol-headline", [_claim(c[0], NR, 4.0)], [100, 101, 102, 103, 104])
     head = json.loads((root / "byol-headline" / "verdict.json").read_text())
     head["probe_check"] = v["probe_check"]
     (root / "byol-headline" / "verdict.json").write_text(json.dumps(head))
     row = next(line for line in T.markdown(root).splitlines() if "byol-r18.md" in line)
-    assert row.endswith("| inconclusive (the probe misses the data bar) "
+    assert row.endswith(f"| {NR} (the probe misses the data bar) "
                         "| [byol-r18](emarule/experiments/byol-r18.md) |")
     v["probe_check"]["bar"] |= {"trained": 47.0, "margin": 15.8, "met": True}
     (root / "byol" / "verdict.json").write_text(json.dumps(v))
@@ -126,96 +135,71 @@ def test_a_probe_verdict_where_the_data_bar_is_missed_says_so(root):
     head["probe_check"] = v["probe_check"]
     (root / "byol-headline" / "verdict.json").write_text(json.dumps(head))
     row = next(line for line in T.markdown(root).splitlines() if "byol-r18.md" in line)
-    assert row.endswith("| inconclusive | [byol-r18](emarule/experiments/byol-r18.md) |")
+    assert row.endswith(f"| {NR} | [byol-r18](emarule/experiments/byol-r18.md) |")
 
 
 def test_the_tally_counts_claims_rows_and_agreeing_headlines(root):
     t = T.tally(root)
-    # claim 0 decided; claim 1 judged at two κ, one of them inconclusive, so not decided at every κ
-    assert t == {"rows": {"reproduced": 1, "contradicted": 1, "inconclusive": 1}, "set_aside": 0, "claims": 2,
-                 "decided": 1, "headlines": 1, "headlines_agree": 0}
-    assert ("Claims about neural networks: 1 of 2 decided at every κ where they apply; by row, 1 reproduced, "
-            "1 contradicted, 1 inconclusive. Headline claims with the same verdict on both seed sets: 0 of 1."
+    # claim 0 decided; claim 1 judged at two κ, one of them not reproduced, so not decided at every κ
+    assert t == {"rows": dict.fromkeys(R.ALL_VERDICTS, 0) | {R.REPRODUCED: 1, NR: 1, R.CONTRADICTED: 1},
+                 "claims": 2, "decided": 1, "headlines": 1, "headlines_agree": 0}
+    assert (f"Claims about neural networks: 1 of 2 decided at every κ where they apply; by row, 1 reproduced, 1 {NR}, "
+            f"1 contradicted. Headline claims with the same verdict on both seed sets: 0 of 1. {T.SCOPE}"
             ) in T.markdown(root)
+    assert "only an opposite effect" in T.SCOPE and "not testable" in T.SCOPE
     v = json.loads((root / "polyak-headline" / "verdict.json").read_text())
-    v["claims"][0]["verdict"] = "reproduced"
+    v["claims"][0]["verdict"] = R.REPRODUCED
     (root / "polyak-headline" / "verdict.json").write_text(json.dumps(v))
     assert T.tally(root)["headlines_agree"] == 1
 
 
 def test_a_claim_is_decided_at_the_kappas_where_it_applies(root):
     """A row set aside (the target strays under an EMA claim) does not count against its claim; a claim
-    whose every row is set aside applies nowhere and is not decided."""
+    whose every row is set aside applies nowhere and is not decided. A row not testable or not measured
+    leaves its claim undecided."""
     c = K.POLYAK.claims
-    aside = {"set_aside": "the target model strays", "verdict_if_target_tracked": "reproduced",
-             "why": "the target model strays (with the rule at κ=4: top1 gap 5.91): a claim about the EMA is not "
-                    "meaningful where the optimizer rule already fails. Measured: gap with 1: there is no drop"}
-    _write(root / "x", "polyak", [_claim(c[0], "reproduced"), _claim(c[1], "contradicted", 2.0),
-                                  _claim(c[1], "inconclusive", 4.0) | aside,
-                                  _claim(c[2], "inconclusive", 4.0) | {"set_aside": "no EMA gap to explain"}],
+    why = "with the rule at κ=4: top1 worse by +3 [+2.9, +3.1] against a spread of +0.424"
+    aside = {"verdict": R.SET_ASIDE, "set_aside": "the target model strays", "verdict_if_applicable": R.REPRODUCED,
+             "why": why}
+    _write(root / "x", "polyak", [_claim(c[0], R.REPRODUCED), _claim(c[1], R.CONTRADICTED, 2.0),
+                                  _claim(c[1], R.REPRODUCED, 4.0) | aside, _claim(c[2], R.REPRODUCED, 4.0) | aside,
+                                  _claim(c[3], R.NOT_TESTABLE, 1.0) | {"mechanism": {"name": "m", "what": "w 0.2"}}],
            [0, 1, 2, 3, 4])
     t = T.tally(root / "x")
-    assert t["claims"] == 3 and t["decided"] == 2 and t["set_aside"] == 2 and t["rows"]["inconclusive"] == 2
+    assert t["claims"] == 4 and t["decided"] == 2 and t["rows"][R.SET_ASIDE] == 2 and t["rows"][R.NOT_TESTABLE] == 1
     md = T.markdown(root / "x")
-    assert "| 4 | inconclusive (set aside: the target model strays) |" in md
-    assert "| 4 | inconclusive (set aside: no EMA gap to explain) |" in md
-    assert "2 of 3 decided at every κ where they apply" in md and "2 inconclusive (2 of them set aside)" in md
+    assert f"| 4 | set aside (the target model strays: {why}) |" in md
+    assert "| 1 | not testable at this preset (missing m: w 0.2) |" in md
+    assert "2 of 4 decided at every κ where they apply" in md and "2 set aside" in md
 
 
-# The shapes of `why` the checks write, with the numbers the "measured" cell must keep whole (README rows 4,
-# 7, 8, 9 and 13 once read "pre", "pre, D ∈ {1, 2, 16, 100}", "… κ=1024" and "… (the paper").
-WHYS = [
-    ("pre: ρ* BELOW ρ_B^κ at every κ ≥ 256 ((1−ρ*)/(1−ρ_B^κ) κ=256: 1.0225, κ=512: 1.0480, κ=1024: 1.1102); post: ρ* "
-     "above the rule at every κ ≥ 256",
-     "pre: ρ* BELOW ρ_B^κ at every κ ≥ 256 ((1−ρ*)/(1−ρ_B^κ) κ=256: 1.0225, κ=512: 1.0480, κ=1024: 1.1102)"),
-    ("pre: Err_rule larger for lower ρ_B (0.9999, 0.999, 0.99) at every κ; post: broken at κ = 64, 128",
-     "pre: Err_rule larger for lower ρ_B (0.9999, 0.999, 0.99) at every κ"),
-    ("pre, D ∈ {1, 2, 16, 100}: Err_rule differs from D=1 by ≤ 0.03%, 1 − ρ* by ≤ 0.00%",
-     "pre, D ∈ {1, 2, 16, 100}: Err_rule differs from D=1 by ≤ 0.03%, 1 − ρ* by ≤ 0.00%"),
-    ("pre: Err_no_rule / Err_rule ≥ 6.46 over every ρ_B and κ ≥ 2 (smallest at rho=0.99 κ=1024)",
-     "pre: Err_no_rule / Err_rule ≥ 6.46 over every ρ_B and κ ≥ 2 (smallest at rho=0.99 κ=1024)"),
-    ("`emarule limits --momentum 0.996 --batch-size 4096`: meaningful for batches 0.0609 … 1.77e+07 (κ up to 4323; "
-     "the paper: κ ≈ 4K, B ≈ 8M)",
-     "`emarule limits --momentum 0.996 --batch-size 4096`: meaningful for batches 0.0609 … 1.77e+07 (κ up to 4323; "
-     "the paper: κ ≈ 4K, B ≈ 8M)"),
-    ("Err (max |Δ E ζ|, pre, ρ_B=0.9999, D=1): gap with 8.08e-05, without 0.22, floor Err(ρ*) 4.62e-05: without ≥ "
-     "2× with, with ≤ 2× floor", "Err (max \\|Δ E ζ\\|, pre, ρ_B=0.9999, D=1): gap with 8.08e-05, without 0.22, floor "
-     "Err(ρ*) 4.62e-05"),
-    # a decision with a ": " of its own (`verdict.decide`'s "there is no drop")
-    ("gap with 3.54, without 3.05, baseline spread 2.21; paired difference without − with, 95 % CI [-1.18, +0.224]: "
-     "without the rule the curve stays within 2× spread, and the paired CI lies inside ±1× spread: there is no drop "
-     "for the rule to prevent",
-     "gap with 3.54, without 3.05, baseline spread 2.21; paired difference without − with, 95 % CI [-1.18, +0.224]"),
-    # numbers with labels of their own (`decide_target`, `decide_with_better`, `decide_ema_above`)
-    ("EMA metric: gap with 2.16, spread 3.7; target metric: gap with 6.51 (95 % CI [+5.41, +7.75]), spread 2.08: no "
-     "EMA gap with the rule to explain (≤ 2× spread)",
-     "EMA metric: gap with 2.16, spread 3.7; target metric: gap with 6.51 (95 % CI [+5.41, +7.75]), spread 2.08"),
-    ("with − without at the end κ=2: +0.65 [+0.31, +0.98], κ=4: +0.74 [+0.15, +1.34]; end spread 1.83: better at "
-     "every κ (every CI above 0)",
-     "with − without at the end κ=2: +0.65 [+0.31, +0.98], κ=4: +0.74 [+0.15, +1.34]; end spread 1.83"),
-    ("EMA − target at the end, per baseline seed: +0.0977, -0.0977, +0: mixed",
-     "EMA − target at the end, per baseline seed: +0.0977, -0.0977, +0"),
-    # numbers that end in a percentage or in a diverged run's inf
-    ("max over κ ≤ 256 of |(1 − ρ*)/(1 − ρ_B^κ) − 1| = 2.25%: within 5%",
-     "max over κ ≤ 256 of \\|(1 − ρ*)/(1 − ρ_B^κ) − 1\\| = 2.25%"),
-    ("gap with inf, without 3.05: the run with the rule diverged", "gap with inf, without 3.05"),
-]
-
-
-@pytest.mark.parametrize("why, measured", WHYS)
-def test_the_measured_cell_keeps_every_number_of_a_why(why, measured):
-    assert T._measured({"why": why}) == measured
-
-
-def test_the_measured_cell_is_a_studys_own_numbers_where_it_keeps_them_apart():
-    from emarule.analysis.reproduce import studies as S
-
-    r = S.precision_fp32_range()
-    assert r["numbers"].endswith("(κ up to 4323; the paper: κ ≈ 4K, B ≈ 8M)") and r["decision"] == ""
-    assert T._measured(r) == r["numbers"] == r["why"]
-    # an inconclusive row gives the decision as its reason, whatever ": " the numbers hold
-    c = {"verdict": "inconclusive", "why": "x: 1: a reason", "numbers": "x: 1: a reason", "decision": "the reason"}
-    assert T._measured(c) == "x: 1: a reason" and T._verdict(c) == "inconclusive (the reason)"
+def test_every_row_of_a_measured_family_has_one_interval_format_and_nothing_cut(tmp_path):
+    """verdict.json as `emarule reproduce polyak` writes it (the target strays with the rule: EMA claims set
+    aside; the bn-scale arm not run: not measured), through the README's table."""
+    m = M.measure(K.POLYAK, polyak_runs(tmp_path / "runs", ema_with=-3.0, ema_without=-6.0, target_with=-3.0))
+    claims = RP.clean(m["claims"])
+    assert {c["verdict"] for c in claims} >= {R.SET_ASIDE, R.REPRODUCED, R.NOT_MEASURED}
+    long_why = next(c["why"] for c in claims if c["verdict"] == R.SET_ASIDE)
+    assert len(long_why) > 60
+    _write(tmp_path / "root", "polyak", claims, [0, 1, 2])
+    md = T.markdown(tmp_path / "root")
+    rows = [line for line in md.splitlines() if "polyak-r50.md" in line]
+    assert len(rows) == len(claims)
+    for c, row in zip(claims, rows, strict=True):
+        cells = row.split(" | ")
+        assert not any(x.rstrip(" |").endswith("…") for x in cells), row
+        if c["effect"] is not None:
+            assert EFFECT_CELL.fullmatch(cells[4]), cells[4]
+            assert cells[5].endswith(f"(spread {c['spread']:.3g})")
+        else:
+            assert cells[4] == c["why"] and cells[5] == "—"
+        if c["verdict"] == R.SET_ASIDE:
+            assert c["why"] in cells[3]  # the target's numbers, whole
+        if c["verdict"] == R.CONTRADICTED:
+            assert cells[3].startswith("**contradicted**")
+    t = T.tally(tmp_path / "root")
+    assert sum(t["rows"].values()) == len(claims)
+    assert t["rows"][R.SET_ASIDE] == sum(c["verdict"] == R.SET_ASIDE for c in claims)
 
 
 def _ledger(folder, *lines):
@@ -225,14 +209,14 @@ def _ledger(folder, *lines):
 def test_a_family_whose_latest_invocation_did_not_finish_shows_none_of_the_earlier_verdict(root):
     """docs/reproduce.md: "A family that did not finish gets a row saying so; no number is carried over"."""
     before = T.markdown(root)
-    assert "gap with 1, without 1.1" in before
+    assert "+0.2 [-0.3, +0.7]" in before
     cmd = "emarule reproduce polyak --out x"
     _ledger(root / "polyak", {"command": cmd, "wall_s": 600.0, "runs": 30, "reused": 0},
             {"command": cmd, "wall_s": 12.0, "runs": 1, "reused": 0, "ended": "KeyboardInterrupt"})
     md = T.markdown(root)
     row = next(line for line in md.splitlines() if "polyak-r50.md" in line)
     assert "did not finish: its last invocation stopped (KeyboardInterrupt)" in row
-    assert "gap with 1" not in md and "| polyak | did not finish | — | — | — | — |" in md
+    assert "+0.2 [-0.3, +0.7]" not in md and "| polyak | did not finish | — | — | — | — |" in md
     assert "Claims about neural networks: 0 of 0 decided" in md
     # finished again: its verdict is shown
     _ledger(root / "polyak", {"command": cmd, "wall_s": 12.0, "runs": 1, "reused": 0, "ended": "KeyboardInterrupt"},
@@ -262,7 +246,7 @@ def test_rows_made_with_other_arguments_than_make_repros_say_so(root):
     real = T.markdown(root)
     assert "made with" not in real
     # the same arguments written otherwise are the same command
-    _command(root, "polyak", "emarule reproduce polyak --preset cpu --kappas 4,2,1 --seeds 0-4 --out elsewhere")
+    _command(root, "polyak", "emarule reproduce polyak --preset cpu --kappas 4,2,1,0.5 --seeds 0-4 --out elsewhere")
     assert T.markdown(root) == real
     _command(root, "polyak", "emarule reproduce polyak --preset tiny --seeds 1 --kappas 1,2 --out /tmp/x")
     md = T.markdown(root)

@@ -11,7 +11,9 @@ from test_reproduce import T, write_offline_probe, write_run
 from emarule.analysis.compare import load_runs
 from emarule.analysis.reproduce import claims as K
 from emarule.analysis.reproduce import measure as M
-from emarule.analysis.reproduce import verdict as V
+from emarule.analysis.reproduce import judge as J
+from emarule.analysis.reproduce import paired as P
+from emarule.analysis.reproduce import rules as R
 
 
 STEP = [{"start_epoch": 0.0, "end_epoch": 5.0, "kappa": 1.0}, {"start_epoch": 5.0, "end_epoch": 10.0, "kappa": 4.0}]
@@ -46,15 +48,18 @@ def test_the_headline_reads_the_same_statistic_with_or_without_the_arms(tmp_path
     full = M.measure(family, load_runs(standard + arms))
     head = M.measure(K.headline_only(family), load_runs(standard))
     a, b = full["claims"][0], head["claims"][0]
-    assert a["statistic"] == b["statistic"] == "mean |Δ| over the run from epoch 5"
-    for key in ("gap_with_rule", "gap_without_rule", "baseline_spread"):
-        assert a[key] == pytest.approx(b[key])
-    assert a["paired_difference"]["ci"] == pytest.approx(b["paired_difference"]["ci"])
-    assert a["gap_with_rule"] == pytest.approx(0.74)  # the step's offset over epochs 5–10 only
-    against_constant = [c for c in full["claims"] if c.get("settings", {}).get("B", "").startswith("arm")]
-    assert against_constant and all(c["statistic"].startswith("mean |Δ| over the run") and "from epoch" not in
-                                     c["statistic"] for c in against_constant if c["statistic"].startswith("mean"))
-    assert full["optimizer_check"]["statistic"].startswith("mean |Δ| over the run from epoch 5")
+    assert a["statistic"] == b["statistic"] == "mean Δ over the run from epoch 5"
+    for key in ("effect", "effect_ci", "mde", "spread", "verdict"):
+        assert a[key] == pytest.approx(b[key]) if key != "verdict" else a[key] == b[key]
+    for pa, pb in zip(a["parts"], b["parts"], strict=True):
+        assert pa["per_seed"] == pytest.approx(pb["per_seed"])
+    # the step's offsets over epochs 5–10 only: a loss 2 − 0.01 s above without the rule, 0.7 + 0.02 s with it
+    assert a["parts"][0]["per_seed"] == pytest.approx([2.0 - 0.01 * s for s in range(5)])
+    assert a["parts"][1]["effect"] == pytest.approx(0.74) and a["effect"] == pytest.approx(1.98)
+    against_constant = [c for c in full["claims"] if (c.get("settings") or {}).get("B", "").startswith("arm")]
+    assert len(against_constant) == 2
+    assert all(c["statistic"] == "mean |Δ| over the run" for c in against_constant)
+    assert full["optimizer_check"]["statistic"] == "mean Δ over the run from epoch 5"
 
 
 def with_total(d, total):
@@ -108,9 +113,10 @@ def test_a_run_that_stopped_has_an_infinite_gap_and_no_final_value(tmp_path):
         row = out["tables"][metric]["rows"][("with", 4.0)]
         assert math.isinf(row["gaps"]["per_seed_end"][0]) and row["finals"][0] is None, metric
     c = out["claims"][0]
-    assert c["metric"] == "offline_probe_top1"
-    assert c["a_minus_baseline"]["per_seed"] == pytest.approx([0.0, 0.0])  # seeds 1 and 2 only
-    assert c["verdict"] == "inconclusive" and "seed 0 stopped before its end" in c["why"]  # not hidden
+    assert c["metric"] == "offline_probe_top1" and c["kind"] == "matches_or_better"
+    # seed 0's run stopped: it has no final value, so no interval bounds the effect and no rule decides
+    assert c["parts"][0]["per_seed"][0] == math.inf and c["parts"][0]["per_seed"][1:] == pytest.approx([0.0, 0.0])
+    assert c["verdict"] == R.NOT_REPRODUCED and c["effect_ci"] == [-math.inf, math.inf] and math.isinf(c["mde"])
 
 
 def test_a_speech_run_is_finished_by_its_seconds_of_audio(tmp_path):
@@ -127,18 +133,22 @@ def test_a_speech_run_is_finished_by_its_seconds_of_audio(tmp_path):
     assert M.stopped_early(load_runs([d])[0]) is True  # 40.2 s
 
 
+def _part(values):
+    return J.Effects("a part", values, 0.3, "Δ at the end")
+
+
 def test_seeds_stopped_on_both_sides_give_no_bound_and_no_verdict():
-    d = V.differences([math.inf, 1.0, 1.0, 1.0, 1.0], [1.0, 4.0, 4.0, 4.0, math.inf])
+    d = P.differences([math.inf, 1.0, 1.0, 1.0, 1.0], [1.0, 4.0, 4.0, 4.0, math.inf])
     assert d[0] == -math.inf and d[-1] == math.inf
-    assert V.bootstrap_ci(d) == (-math.inf, math.inf)
-    assert V.decide("rule_needed", math.inf, math.inf, 0.3, (-math.inf, math.inf))[0] == "inconclusive"
-    assert V.decide("rule_closer", math.inf, math.inf, 0.3, None)[0] == "inconclusive"
+    for kind in ("rule_closer", "matches_or_better", "gap_remains"):
+        decision, (rec,) = J.decide_parts(kind, [_part(d)])
+        assert decision.verdict == R.NOT_REPRODUCED and rec["effect_ci"] == [-math.inf, math.inf]
+        assert math.isnan(rec["effect"]) and math.isinf(rec["mde"])
 
 
-def test_baselines_that_share_no_evaluation_point_give_no_spread():
-    assert V.pair_spread([([0.1025], [100.0]), ([0.1040], [98.0])], [False, False]) is None
-
-
-def test_matches_or_better_needs_an_interval_to_contradict():
-    assert V.decide_matches_or_better(-5.0, None, 1.0)[0] == "inconclusive"
-    assert V.decide_matches_or_better(-5.0, (-6.0, -4.0), 1.0)[0] == "contradicted"
+def test_one_seed_gives_no_interval_to_decide_on():
+    decision, (rec,) = J.decide_parts("matches_or_better", [_part([-5.0])])
+    assert decision.verdict == R.NOT_REPRODUCED and rec["n"] == 1 and rec["effect"] == pytest.approx(-5.0)
+    assert rec["effect_ci"] == [-math.inf, math.inf] and math.isinf(rec["mde"])
+    decision, _ = J.decide_parts("matches_or_better", [_part([-5.0, -5.1])])
+    assert decision.verdict == R.CONTRADICTED  # two seeds 17 spreads below: an interval, and a verdict

@@ -217,12 +217,14 @@ def decide_parts(kind: str, effects: list[Effects]) -> tuple[R.Decision, list[di
     decisions, records = [], []
     for i, e in enumerate(effects):
         part = shape_parts[min(i, len(shape_parts) - 1)]
-        if not e.scale or not math.isfinite(e.scale):
-            decisions.append(R.Decision(R.NOT_REPRODUCED, part.shape, math.nan, (-math.inf, math.inf), math.inf,
-                                        None, "no finite baseline spread to scale the effect by", len(e.values)))
+        if not e.scale or not math.isfinite(e.scale):  # the effect stays measured, in the metric's units
+            decisions.append(R.Decision(R.NOT_REPRODUCED, part.shape, R.summarize(list(e.values)).mean,
+                                        (-math.inf, math.inf), math.inf, None,
+                                        "no finite baseline spread to scale the effect by", len(e.values)))
+            d, sc = decisions[-1], 1.0
         else:
             decisions.append(R.decide(part, [v / e.scale for v in e.values]))
-        d, sc = decisions[-1], e.scale or math.nan
+            d, sc = decisions[-1], e.scale
         records.append({"label": e.label, "shape": d.shape, "statistic": e.statistic, "verdict": d.verdict,
                         "effect": d.effect * sc, "effect_ci": [d.effect_ci[0] * sc, d.effect_ci[1] * sc],
                         "mde": d.mde * sc, "margin": None if d.margin is None else d.margin * sc, "spread": e.scale,

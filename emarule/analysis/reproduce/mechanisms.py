@@ -81,7 +81,7 @@ def informative_pseudo_labels(claim, base: list, tables: dict) -> dict:
     if table is None or not table["baseline"][0]:
         return {"name": name, "value": None, "present": None, "what": "no pseudo-label WER was logged"}
     ys = table["baseline"][1]
-    value = sum(ys) / len(ys)
+    value = float(sum(ys) / len(ys))  # a numpy scalar's comparison is a numpy bool, which JSON cannot write
     return {"name": name, "value": value, "paper": None, "threshold": PL_THRESHOLD, "present": value < PL_THRESHOLD,
             "what": f"the baseline teacher's pseudo-label WER, mean over the run: {value:.3g} % (present below "
                     f"{PL_THRESHOLD:g} %)"}
