@@ -134,13 +134,15 @@ class Effects:
     values: list
     scale: float | None
     statistic: str
+    seeds: tuple = ()  # the seed of each value, where known
 
 
 def _worse(table, key, over, sigma, label) -> Effects | None:
     d = signed(table, key, over)
     if d is None:
         return None
-    return Effects(label, [-sigma * v for v in d.values()], scale(table, "signed", over), STATISTIC["signed", over])
+    return Effects(label, [-sigma * v for v in d.values()], scale(table, "signed", over), STATISTIC["signed", over],
+                   tuple(d))
 
 
 def part_effects(family: Family, claim: Claim, tables: dict, keys: tuple, kappas: list) -> list[Effects] | str:
@@ -167,7 +169,7 @@ def part_effects(family: Family, claim: Claim, tables: dict, keys: tuple, kappas
             vals = [0.0 if math.isinf(ga[s]) and math.isinf(gb[s]) else gb[s] - r * ga[s] for s in seeds]
             what = f"gap of {_label(*kb)} − {r:g} × gap of {_label(*ka)}" if r != 1 else \
                 f"gap of {_label(*kb)} − gap of {_label(*ka)}"
-            out = [Effects(what, vals, scale(table, "gap", over), STATISTIC["gap", over])]
+            out = [Effects(what, vals, scale(table, "gap", over), STATISTIC["gap", over], tuple(seeds))]
         else:
             out = [None]
     elif kind == "matches_or_better":
@@ -244,8 +246,9 @@ def judge(family: Family, claim: Claim, tables: dict, kappas: list, gate: dict |
     v = Verdict(claim=claim.text, short=claim.short, paper=claim.paper, where=claim.where, kind=claim.kind,
                 metric=claim.metric, kappa=kappa, verdict=R.NOT_MEASURED, note=claim.note,
                 shape=R.KINDS[claim.kind].shape)
-    if claim.settings != STANDARD:
-        v.settings = {"A": _label(*keys[0]), "B": _label(*keys[1])}
+    if claim.settings != STANDARD:  # the kinds that read one setting name only A
+        one = claim.kind in ("gap_remains", "matches_or_better")
+        v.settings = {"A": _label(*keys[0])} | ({} if one else {"B": _label(*keys[1])})
     if claim.kappa is not None and claim.stand_in_beyond and claim.kappa > claim.stand_in_beyond:
         v.stand_in = (f"κ={claim.kappa:g} lies beyond the paper's range (κ ≤ {claim.stand_in_beyond:g}); judged "
                       f"as a stand-in for it")
@@ -274,6 +277,11 @@ def judge(family: Family, claim: Claim, tables: dict, kappas: list, gate: dict |
     v.seeds_for_paper_effect = R.seeds_needed(part0.paper_effect, sd) if math.isfinite(sd) else None
     v.verdict = decision.verdict
     v.mechanism = mechanism
+    stopped = [f"seed {sd} of {e.label}" for e in effects for sd, x in zip(e.seeds, e.values, strict=False)
+               if not math.isfinite(x)]
+    if stopped:
+        v.why = (f"a run stopped before its end (it diverged): {'; '.join(stopped)}; its part has no interval, "
+                 f"so no rule decides on it")
     aside = _strays(family, claim, gate, [keys[0]] if claim.kind != "with_better"
                     else [("with", k) for k in gate_kappas or []])
     if aside:

@@ -60,7 +60,7 @@ def verdict(c: dict, bold: bool = True) -> str:
         text += f" (missing {mechanism(c.get('mechanism'))})"
     elif v == R.SET_ASIDE:
         text += f" ({c.get('set_aside')}: {c.get('why')})"
-    elif v == R.NOT_MEASURED:
+    elif v == R.NOT_MEASURED or (v == R.NOT_REPRODUCED and c.get("why") and not exact(c)):
         text += f" ({c.get('why')})"
     elif len(c.get("parts") or []) > 1:
         off = [p for p in c["parts"] if p["verdict"] != v]
