@@ -90,12 +90,12 @@ def test_the_table_gives_byols_headline_cell_and_the_bar_caveat_to_its_claim_at_
     bar = {"trained": 46.1, "init": 32.9, "pixels": 22.4, "margin": 13.2, "required": 15.0, "met": False}
     main = T.Root({"claims": claims, "timing": {}, "probe_check": {"bar": bar}})
     rows, _, _, _ = T.rows(tmp_path, [("byol", K.BYOL, main, T.Root(None))])
-    assert [r[5] for r in rows] == ["—", "not run: no byol-headline/verdict.json", "—", "—"]
+    assert [r[5] for r in rows] == ["not run: no byol-headline/verdict.json", "—", "—", "—"]
     assert [r[3] for r in rows] == ["-1 [-1.5, -0.5]"] * 4
     # an "up to κ" claim has a row per κ (--kappas 1,2,4): the cell goes on the headline claim's first row
     per_kappa = [c | {"kappa": k} for c in claims[:2] for k in (2.0, 4.0)] + claims[2:]
     rows, _, _, _ = T.rows(tmp_path, [("byol", K.BYOL, T.Root(main.verdict | {"claims": per_kappa}), T.Root(None))])
-    assert [r[5] != "—" for r in rows] == [False, False, True, False, False, False]
+    assert [r[5] != "—" for r in rows] == [True, False, False, False, False, False]
     # the data bar's caveat on every probe's verdict: the tracking probe's and the final teachers'
     assert all(r[2][0] == "**contradicted**" + T.BAR_MISSED for r in rows)
     assert T._caveat({"metric": "byol_loss"}, {"met": False}) == ""

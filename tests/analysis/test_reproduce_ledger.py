@@ -140,7 +140,8 @@ def test_an_interrupted_invocation_records_the_runs_it_trained(tmp_path, monkeyp
     ("emarule reproduce polyak --preset cpu --out /a", "emarule reproduce polyak --out /a", True),
     ("emarule reproduce polyak --seeds 5 --out /a", "emarule reproduce polyak --out /a", True),  # 0-4, the default
     ("emarule reproduce polyak --seeds 3,1 --out /a", "emarule reproduce polyak --seeds 1,3 --out /a", True),
-    ("emarule reproduce polyak --kappas 1,2,4 --out /a", "emarule reproduce polyak --out /a", True),
+    ("emarule reproduce polyak --kappas 0.5,1,2,4 --out /a", "emarule reproduce polyak --out /a", True),
+    ("emarule reproduce polyak --kappas 1,2,4 --out /a", "emarule reproduce polyak --out /a", False),
     ("emarule reproduce polyak --headline --out /a", "emarule reproduce polyak --headline --kappas 1,2 --out /a",
      True),  # the headline's κ: 1 and its claim's 2
     ("emarule reproduce precision --preset full --out /a", "emarule reproduce precision --out /a", True),
@@ -157,13 +158,13 @@ def test_invocations_are_the_same_command_by_their_resolved_arguments(tmp_path, 
 
 def test_old_lines_without_their_arguments_are_read_from_their_command(tmp_path):
     (tmp_path / L.LEDGER).write_text(
-        json.dumps({"command": "emarule reproduce polyak --kappas 4,2,1 --out /old", **_t(100.0)}) + "\n"
+        json.dumps({"command": "emarule reproduce polyak --kappas 4,2,1,0.5 --out /old", **_t(100.0)}) + "\n"
         + json.dumps({"command": "not a reproduce command", **_t(7.0)}) + "\n")
     got = L.record(tmp_path, "emarule reproduce polyak --out /new", _t(20.0, 30, 30), "verdict.json",
                    L.resolved("polyak"))
     assert got == {"invocations": 2, "wall_s_total": 120.0, "trained": 30}
     lines = [json.loads(s) for s in (tmp_path / L.LEDGER).read_text().splitlines()]
-    assert "args" not in lines[0] and lines[2]["args"]["kappas"] == [1.0, 2.0, 4.0]
+    assert "args" not in lines[0] and lines[2]["args"]["kappas"] == [0.5, 1.0, 2.0, 4.0]
     # an unparsed command is still its own text's command
     assert L.record(tmp_path, "not a reproduce command", _t(1.0), "verdict.json")["invocations"] == 2
 

@@ -338,7 +338,7 @@ def test_the_optimizer_check_names_the_first_kappa_where_the_target_strays(tmp_p
 
 
 def test_a_target_that_depends_on_the_ema_sets_nothing_aside(tmp_path):
-    family = dataclasses.replace(K.BYOL, arms=(), claims=(K.BYOL.claims[0],))
+    family = dataclasses.replace(K.BYOL, arms=(), claims=(K.BYOL.claims[1],))  # the tracking probe's
     base = {"probe_top1": lambda t: 30 + t, "byol_loss": lambda t: 5 - 0.3 * t}
     runs, _ = sweep(tmp_path, "byol-r18", base, {
         (4.0, "exponential", None): {"probe_top1": shifts(0.0), "byol_loss": shifts(9.0)},

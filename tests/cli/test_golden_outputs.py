@@ -1,6 +1,6 @@
 """`plan`, `table` and `limits` print exactly the bytes frozen in tests/data/golden/.
 
-The files were written by the code before the issue-19 restructure; a change of layout must not change a byte.
+The files were written before the package layout was last restructured; a change of layout must not change a byte.
 A deliberate change of output rewrites them: `python tests/cli/test_golden_outputs.py` (then review the diff).
 """
 

@@ -206,7 +206,8 @@ def markdown(data: dict, family) -> str:
         if c.get("verdict_if_applicable"):
             lines.append(f"- Where the claim applied, the rules would have said: {c['verdict_if_applicable']}.")
         if c.get("settings"):
-            lines.append(f"- Settings compared: A = {c['settings']['A']}, B = {c['settings']['B']}.")
+            b = f", B = {c['settings']['B']}" if "B" in c["settings"] else ""
+            lines.append(f"- Settings compared: A = {c['settings']['A']}{b}.")
         if c.get("numbers") and not exact(c):
             gaps = ", ".join(f"{k} {T.num(v)}" for k, v in c["numbers"].items())
             lines.append(f"- Mean gaps (|Δ|, {c.get('statistic') or ''}): {gaps}.")
