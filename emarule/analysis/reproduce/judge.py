@@ -213,12 +213,18 @@ def _label(name: str, kappa: float | None) -> str:
     return f"{what} at κ={kappa:g}" if kappa is not None else what
 
 
-def decide_parts(kind: str, effects: list[Effects]) -> tuple[R.Decision, list[dict]]:
-    """Each part through its rule (in spreads), joined; the parts as records in the metric's units."""
+def decide_parts(kind: str, effects: list[Effects], stated: float = 0.0) -> tuple[R.Decision, list[dict]]:
+    """Each part through its rule (in spreads), joined; the parts as records in the metric's units. `stated`:
+    the size a claim states (in the metric's units, 0 for none) is its first part's size, margin and
+    paper's effect in place of one spread."""
+    from dataclasses import replace
+
     shape_parts = R.KINDS[kind].parts
     decisions, records = [], []
     for i, e in enumerate(effects):
         part = shape_parts[min(i, len(shape_parts) - 1)]
+        if i == 0 and stated > 0 and e.scale and math.isfinite(e.scale):
+            part = replace(part, size=stated / e.scale, margin=stated / e.scale, paper_effect=stated / e.scale)
         if not e.scale or not math.isfinite(e.scale):  # the effect stays measured, in the metric's units
             decisions.append(R.Decision(R.NOT_REPRODUCED, part.shape, R.summarize(list(e.values)).mean,
                                         (-math.inf, math.inf), math.inf, None,
@@ -258,16 +264,19 @@ def judge(family: Family, claim: Claim, tables: dict, kappas: list, gate: dict |
         v.why = effects
         return v
     v.statistic = statistic_prefix or effects[0].statistic
+    if claim.kind == "target_explains":  # its effect is the target model's
+        v.statistic = f"{family.target_metric.name}: {v.statistic}"
     v.numbers = _numbers(tables[claim.metric], keys, claim.over)
     if claim.kind == "target_explains":  # the mechanism: an EMA gap with the rule for the target to explain
         sig = _sigma(tables[claim.metric]["metric"])
         pre = _worse(tables[claim.metric], keys[0], claim.over, sig, "the EMA with the rule departs")
         d, rec = decide_parts("rule_needed", [pre])
+        lo, hi = rec[0]["effect_ci"]
         mechanism = {"name": "an EMA gap with the rule, for the target model to explain", "value": rec[0]["effect"],
                      "value_ci": rec[0]["effect_ci"], "threshold": 0.0, "present": d.verdict == R.REPRODUCED,
-                     "what": f"{claim.metric}: −σ·Δ with the rule, {pre.statistic}; present when its CI95 lies "
-                             f"above 0"}
-    decision, parts = decide_parts(claim.kind, effects)
+                     "what": f"{claim.metric} worse than its baseline with the rule by {_f(rec[0]['effect'])} "
+                             f"[{_f(lo)}, {_f(hi)}] ({pre.statistic}); present when the interval lies above 0"}
+    decision, parts = decide_parts(claim.kind, effects, claim.stated)
     lead = parts[0]
     v.effect, v.effect_ci, v.mde, v.margin, v.spread = (lead["effect"], lead["effect_ci"], lead["mde"],
                                                         lead["margin"], lead["spread"])
