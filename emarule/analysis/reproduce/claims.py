@@ -173,6 +173,14 @@ class Family:
         raise KeyError(name)
 
 
+def setting_key(family: Family, name: str, kappa: float | None) -> tuple:
+    """A claim's setting name → its table row key: the standard ones at the claim's κ, an arm at its own."""
+    for a in family.arms:
+        if a.name == name:
+            return name, float(a.kappa)
+    return name, kappa
+
+
 def headline_only(family: Family) -> Family:
     """The family cut to its headline claim and the runs that claim reads: the κ=1 baseline, the claim's κ
     (for an "up to κ" claim every κ of the sweep up to the family's goal κ, where the optimizer rule still

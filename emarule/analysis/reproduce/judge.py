@@ -7,7 +7,7 @@ statistic; `paired.pair_spread`). Before any rule, in this order, a claim is
 
 - not measured, where a run it needs is missing or never logged the metric;
 - set aside, where it is about the EMA and the target model strays with the rule at its setting (the
-  optimizer rule already fails there: `measure.track_table`);
+  optimizer rule already fails there: the optimizer-rule check, `measure.track_table`);
 - not testable at this preset, where the preset lacks the mechanism the claim needs (`mechanisms`).
 
 What the rules would have said is kept beside those three (`verdict_if_applicable`). σ below is +1 for a
@@ -35,7 +35,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from emarule.analysis.reproduce import rules as R
-from emarule.analysis.reproduce.claims import STANDARD, Claim, Family
+from emarule.analysis.reproduce.claims import STANDARD, Claim, Family, setting_key
 
 STATISTIC = {("signed", "run"): "mean Δ over the run", ("signed", "end"): "Δ at the end",
              ("gap", "run"): "mean |Δ| over the run", ("gap", "end"): "|Δ| at the end"}
@@ -243,8 +243,6 @@ def decide_parts(kind: str, effects: list[Effects], stated: float = 0.0) -> tupl
 def judge(family: Family, claim: Claim, tables: dict, kappas: list, gate: dict | None,
           mechanism: dict | None, statistic_prefix: str = "") -> Verdict:
     """The claim's verdict on the measured tables (`measure.metric_table`, one per metric)."""
-    from emarule.analysis.reproduce.measure import setting_key
-
     keys = tuple(setting_key(family, n, claim.kappa) for n in claim.settings)
     kappa = keys[0][1] if keys[0][0] not in STANDARD else claim.kappa
     if claim.kind == "with_better" and kappas:

@@ -13,7 +13,7 @@ from emarule.analysis.reproduce import judge as J
 from emarule.analysis.reproduce import mechanisms
 from emarule.analysis.reproduce import paired as V
 from emarule.analysis.reproduce import rules as R
-from emarule.analysis.reproduce.claims import SHORTEST_ALSO, STANDARD, Claim, Family, Metric, for_spec
+from emarule.analysis.reproduce.claims import SHORTEST_ALSO, STANDARD, Claim, Family, Metric, for_spec, setting_key
 
 STATISTIC = {"run": "mean |Δ| over the run", "end": "|Δ| at the end"}
 
@@ -257,14 +257,6 @@ def _stopped_why(seeds: list) -> str:
     which = "a seed" if seeds == ["?"] else f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
     return (f"the κ=1 baseline of {which} stopped before its end (it diverged), so the baseline spread is unbounded "
             f"and judging the other seeds would hide the run that diverged")
-
-
-def setting_key(family: Family, name: str, kappa: float | None) -> tuple:
-    """A claim's setting name → its table row key: the standard ones at the claim's κ, an arm at its own."""
-    for a in family.arms:
-        if a.name == name:
-            return name, float(a.kappa)
-    return name, kappa
 
 
 def track_table(family: Family, tables: dict, base: list, settings: dict, since: float | None) -> dict | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from emarule.config.load import get
+from emarule.config.schema import value
 
 
 def _plan(run, key: str) -> float | None:
@@ -44,7 +44,7 @@ def horizon_vs_last_stage(claim, base: list, tables: dict) -> dict:
     run = base[0]
     rho, spe = _plan(run, "ema.momentum"), _steps_per_epoch(run)
     spec = run.hparams.get("spec") or {}
-    epochs, milestones = get(spec, "schedule.epochs"), get(spec, "schedule.milestones_epochs") or []
+    epochs, milestones = value(spec, "schedule.epochs"), value(spec, "schedule.milestones_epochs")
     name = "the EMA's horizon against the last lr stage"
     if rho is None or spe is None or epochs is None or not milestones or rho >= 1:
         return {"name": name, "value": None, "present": None, "what": "the run records no ρ_B, steps or milestones"}
