@@ -186,7 +186,7 @@ def test_polyak_claims_reproduced_when_the_rule_closes_the_gap(tmp_path):
     v = verdicts(m)
     assert v[("rule_needed", 2.0, RUN)] == R.REPRODUCED
     assert v[("rule_needed", 4.0, END)] == R.REPRODUCED
-    assert v[("target_explains", 4.0, RUN)] == R.NOT_TESTABLE  # no EMA gap to explain
+    assert v[("target_explains", 4.0, "top1: " + RUN)] == R.NOT_TESTABLE  # no EMA gap to explain
     assert v[("ema_above_target", 1.0, END)] == R.REPRODUCED
     row = m["tables"]["ema_top1"]["rows"][("baseline", 1.0)]
     # The pair spread: offsets −0.3, 0, 0.3, each seed against each other one: mean |Δ| (0.3 + 0.6 + 0.3) × 2 / 6,
@@ -215,10 +215,10 @@ def test_polyak_claims_contradicted_and_set_aside(tmp_path):
     assert [p["verdict"] for p in c["parts"]] == [R.REPRODUCED, R.CONTRADICTED]  # without drops; with drops more
     assert c["parts"][1]["rule"] == f"CI95 lies outside ±{1:g}"
     # the EMA strays with the rule, the target model does not: an absence shown, so contradicted
-    assert v[("target_explains", 4.0, RUN)] == R.CONTRADICTED
+    assert v[("target_explains", 4.0, "top1: " + RUN)] == R.CONTRADICTED
     # Now the target strays as well: the optimizer rule is to blame, and the EMA claims are set aside.
     m = M.measure(K.POLYAK, polyak_runs(tmp_path / "b", ema_with=-3.0, ema_without=-6.0, target_with=-3.0))
-    assert verdicts(m)[("target_explains", 4.0, RUN)] == R.REPRODUCED
+    assert verdicts(m)[("target_explains", 4.0, "top1: " + RUN)] == R.REPRODUCED
     c = next(c for c in m["claims"] if c["kind"] == "rule_needed" and c["kappa"] == 2.0)
     assert c["verdict"] == R.SET_ASIDE and c["verdict_if_applicable"] == R.CONTRADICTED
     assert c["why"] == "with the rule at κ=2: top1 worse by +3 [+3, +3] against a spread of +0.424"
