@@ -197,43 +197,42 @@ class Decision:
     parts: tuple = field(default=())  # the parts' own decisions, for a joined claim
 
 
-def _directional(s: Summary, p: Part) -> tuple[str, str]:
+def _above(s: Summary, p: Part, opposite: str) -> tuple[str, str] | None:
+    """The signed rules' first two outcomes: CI95 above the stated size, or below 0 (the `opposite`)."""
     lo, hi = s.ci95
     if lo > p.size:
         return REPRODUCED, f"CI95 lies above {p.size:g}"
     if hi < 0:
-        return CONTRADICTED, "CI95 lies below 0: the opposite effect"
-    absent = _absent(s, p)
-    if absent:
-        return CONTRADICTED, absent
+        return CONTRADICTED, f"CI95 lies below 0: the opposite {opposite}"
+    return None
+
+
+def _absent_or_open(s: Summary, p: Part) -> tuple[str, str]:
+    """Contradicted where an absence is shown with the power to see the paper's effect; open otherwise."""
+    l90, h90 = s.ci90
+    if -p.margin < l90 and h90 < p.margin and s.mde <= p.paper_effect:
+        return CONTRADICTED, (f"absence shown: CI90 inside ±{p.margin:g} with the MDE ≤ the "
+                              f"paper's effect {p.paper_effect:g}")
+    return _open(p)
+
+
+def _open(p: Part) -> tuple[str, str]:
     return NOT_REPRODUCED, f"CI95 reaches {p.size:g}: not decided at the seeds run"
 
 
-def _absent(s: Summary, p: Part) -> str | None:
-    l90, h90 = s.ci90
-    if -p.margin < l90 and h90 < p.margin and s.mde <= p.paper_effect:
-        return (f"absence shown: CI90 inside ±{p.margin:g} with the MDE ≤ the "
-                f"paper's effect {p.paper_effect:g}")
-    return None
+def _directional(s: Summary, p: Part) -> tuple[str, str]:
+    return _above(s, p, "effect") or _absent_or_open(s, p)
 
 
 def _departure(s: Summary, p: Part) -> tuple[str, str]:
     lo, hi = s.ci95
     if lo > p.size or hi < -p.size:
         return REPRODUCED, f"CI95 lies outside ±{p.size:g}"
-    absent = _absent(s, p)
-    if absent:
-        return CONTRADICTED, absent
-    return NOT_REPRODUCED, f"CI95 reaches {p.size:g}: not decided at the seeds run"
+    return _absent_or_open(s, p)
 
 
 def _comparative(s: Summary, p: Part) -> tuple[str, str]:
-    lo, hi = s.ci95
-    if lo > p.size:
-        return REPRODUCED, f"CI95 lies above {p.size:g}"
-    if hi < 0:
-        return CONTRADICTED, "CI95 lies below 0: the opposite ordering"
-    return NOT_REPRODUCED, f"CI95 reaches {p.size:g}: not decided at the seeds run"
+    return _above(s, p, "ordering") or _open(p)
 
 
 def _equivalence(s: Summary, p: Part) -> tuple[str, str]:
