@@ -32,8 +32,10 @@ metric where higher is better, −1 otherwise; Δ_X(s) = run X of seed s − bas
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
+from emarule.analysis.reproduce import paired as P
+from emarule.analysis.reproduce import render as T
 from emarule.analysis.reproduce import rules as R
 from emarule.analysis.reproduce.claims import STANDARD, Claim, Family, setting_key
 
@@ -82,6 +84,16 @@ class Verdict:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def of(cls, claim: Claim, **fields) -> Verdict:
+        """The claim's record: its words and place, "not measured" with its kind's shape until `fields` (or a
+        verdict) say otherwise."""
+        kind = R.KINDS.get(claim.kind)
+        base = {"claim": claim.text, "short": claim.short, "paper": claim.paper, "where": claim.where,
+                "kind": claim.kind, "metric": claim.metric, "kappa": claim.kappa, "verdict": R.NOT_MEASURED,
+                "note": claim.note, "shape": kind.shape if kind else ""}
+        return cls(**(base | fields))
 
 
 # --- per-seed effects ------------------------------------------------------------------------------
@@ -166,7 +178,7 @@ def part_effects(family: Family, claim: Claim, tables: dict, keys: tuple, kappas
         r = claim.ratio if kind == "rule_closer" else 1.0
         if ga is not None and gb is not None:
             seeds = _paired(ga, gb)
-            vals = [0.0 if math.isinf(ga[s]) and math.isinf(gb[s]) else gb[s] - r * ga[s] for s in seeds]
+            vals = P.differences([r * ga[s] for s in seeds], [gb[s] for s in seeds])
             what = f"gap of {_label(*kb)} − {r:g} × gap of {_label(*ka)}" if r != 1 else \
                 f"gap of {_label(*kb)} − gap of {_label(*ka)}"
             out = [Effects(what, vals, scale(table, "gap", over), STATISTIC["gap", over], tuple(seeds))]
@@ -176,16 +188,17 @@ def part_effects(family: Family, claim: Claim, tables: dict, keys: tuple, kappas
         d = signed(table, ka, "end")
         out = [None if d is None else Effects(f"{_label(*ka)} − the baseline, at the end",
                                               [sig * v for v in d.values()], scale(table, "signed", "end"),
-                                              STATISTIC["signed", "end"])]
+                                              STATISTIC["signed", "end"], tuple(d))]
     elif kind == "with_better":
         for k in kappas:
             w, o = signed(table, ("with", k), "end"), signed(table, ("without", k), "end")
             if w is None or o is None:
                 out.append(None)
                 continue
+            seeds = _paired(w, o)
             out.append(Effects(f"with − without the rule at κ={k:g}, at the end",
-                               [sig * (w[s] - o[s]) for s in _paired(w, o)], scale(table, "signed", "end"),
-                               STATISTIC["signed", "end"]))
+                               [sig * (w[s] - o[s]) for s in seeds], scale(table, "signed", "end"),
+                               STATISTIC["signed", "end"], tuple(seeds)))
     elif kind == "ema_above_target":
         ema, target = tables[family.ema_metric.name], tables[family.target_metric.name]
         e, t = ema["rows"][("baseline", 1.0)], target["rows"][("baseline", 1.0)]
@@ -217,8 +230,6 @@ def decide_parts(kind: str, effects: list[Effects], stated: float = 0.0) -> tupl
     """Each part through its rule (in spreads), joined; the parts as records in the metric's units. `stated`:
     the size a claim states (in the metric's units, 0 for none) is its first part's size, margin and
     paper's effect in place of one spread."""
-    from dataclasses import replace
-
     shape_parts = R.KINDS[kind].parts
     decisions, records = [], []
     for i, e in enumerate(effects):
@@ -241,15 +252,14 @@ def decide_parts(kind: str, effects: list[Effects], stated: float = 0.0) -> tupl
 
 
 def judge(family: Family, claim: Claim, tables: dict, kappas: list, gate: dict | None,
-          mechanism: dict | None, statistic_prefix: str = "") -> Verdict:
+          mechanism: dict | None) -> Verdict:
     """The claim's verdict on the measured tables (`measure.metric_table`, one per metric)."""
     keys = tuple(setting_key(family, n, claim.kappa) for n in claim.settings)
     kappa = keys[0][1] if keys[0][0] not in STANDARD else claim.kappa
     if claim.kind == "with_better" and kappas:
         kappa = kappas[-1]
-    v = Verdict(claim=claim.text, short=claim.short, paper=claim.paper, where=claim.where, kind=claim.kind,
-                metric=claim.metric, kappa=kappa, verdict=R.NOT_MEASURED, note=claim.note,
-                shape=R.KINDS[claim.kind].shape)
+    v = Verdict.of(claim)
+    v.kappa = kappa
     if claim.settings != STANDARD:  # the kinds that read one setting name only A
         one = claim.kind in ("gap_remains", "matches_or_better")
         v.settings = {"A": _label(*keys[0])} | ({} if one else {"B": _label(*keys[1])})
@@ -261,7 +271,7 @@ def judge(family: Family, claim: Claim, tables: dict, kappas: list, gate: dict |
     if isinstance(effects, str):
         v.why = effects
         return v
-    v.statistic = statistic_prefix or effects[0].statistic
+    v.statistic = effects[0].statistic
     if claim.kind == "target_explains":  # its effect is the target model's
         v.statistic = f"{family.target_metric.name}: {v.statistic}"
     v.numbers = _numbers(tables[claim.metric], keys, claim.over)
@@ -269,11 +279,11 @@ def judge(family: Family, claim: Claim, tables: dict, kappas: list, gate: dict |
         sig = _sigma(tables[claim.metric]["metric"])
         pre = _worse(tables[claim.metric], keys[0], claim.over, sig, "the EMA with the rule departs")
         d, rec = decide_parts("rule_needed", [pre])
-        lo, hi = rec[0]["effect_ci"]
         mechanism = {"name": "an EMA gap with the rule, for the target model to explain", "value": rec[0]["effect"],
                      "value_ci": rec[0]["effect_ci"], "threshold": 0.0, "present": d.verdict == R.REPRODUCED,
-                     "what": f"{claim.metric} worse than its baseline with the rule by {_f(rec[0]['effect'])} "
-                             f"[{_f(lo)}, {_f(hi)}] ({pre.statistic}); present when the interval lies above 0"}
+                     "what": f"{claim.metric} worse than its baseline with the rule by {T.num(rec[0]['effect'], True)} "
+                             f"{T.interval(rec[0]['effect_ci'])} ({pre.statistic}); present when the interval lies "
+                             f"above 0"}
     decision, parts = decide_parts(claim.kind, effects, claim.stated)
     lead = parts[0]
     v.effect, v.effect_ci, v.mde, v.margin, v.spread = (lead["effect"], lead["effect_ci"], lead["mde"],
@@ -284,7 +294,7 @@ def judge(family: Family, claim: Claim, tables: dict, kappas: list, gate: dict |
     v.seeds_for_paper_effect = R.seeds_needed(part0.paper_effect, sd) if math.isfinite(sd) else None
     v.verdict = decision.verdict
     v.mechanism = mechanism
-    stopped = [f"seed {sd} of {e.label}" for e in effects for sd, x in zip(e.seeds, e.values, strict=False)
+    stopped = [f"seed {seed} of {e.label}" for e in effects for seed, x in zip(e.seeds, e.values, strict=False)
                if not math.isfinite(x)]
     if stopped:
         v.why = (f"a run stopped before its end (it diverged): {'; '.join(stopped)}; its part has no interval, "
@@ -319,9 +329,5 @@ def _strays(family: Family, claim: Claim, gate: dict | None, keys: list) -> str:
     if not family.metric(claim.metric).depends_on_ema or (claim.until and claim.until == family.target_blind_until):
         return ""
     bad = [(key, gate["rows"][key]) for key in keys if (gate["rows"].get(key) or {}).get("state") == "strays"]
-    return "; ".join(f"{_label(*key)}: {r['metric']} worse by {_f(r['effect'])} [{_f(r['ci'][0])}, {_f(r['ci'][1])}]"
-                     f" against a spread of {_f(r['spread'])}" for key, r in bad)
-
-
-def _f(v: float | None) -> str:
-    return "—" if v is None else ("∞" if math.isinf(v) else f"{v:+.3g}")
+    return "; ".join(f"{_label(*key)}: {r['metric']} worse by {T.num(r['effect'], True)} {T.interval(r['ci'])}"
+                     f" against a spread of {T.num(r['spread'], True)}" for key, r in bad)

@@ -137,8 +137,7 @@ def measure(family: Family, runs: list, arms: dict | None = None) -> dict:
             span = f" from epoch {x:g}" + span
         broken = sorted({s for n in _metrics_read(family, c) if n in ts for s in stopped_baselines(ts[n])}, key=str)
         if broken:
-            v = J.Verdict(claim=c.text, short=c.short, paper=c.paper, where=c.where, kind=c.kind, metric=c.metric,
-                          kappa=c.kappa, verdict=R.NOT_MEASURED, note=c.note, why=_stopped_why(broken))
+            v = J.Verdict.of(c, why=_stopped_why(broken))
         else:
             v = J.judge(family, c, ts, kappas, gate, mechanisms.check(c, base, ts))
         if span and v.statistic:
@@ -188,7 +187,7 @@ def goal(family: Family, tables: dict, kappas: list) -> dict:
     out = {"kappa": k, "metric": family.ema_metric.name, "statistic": STATISTIC["run"]}
     if k not in kappas:
         return out | {"met": None, "why": f"not measured: κ={k:g} was not in --kappas"}
-    gw, gwo, s = _stat(table, "with", k, "run"), _stat(table, "without", k, "run"), _spread(table, "run")
+    gw, gwo, s = _stat(table, "with", k, "run"), _stat(table, "without", k, "run"), J.scale(table, "gap", "run")
     out |= {"gap_with_rule": gw, "gap_without_rule": gwo, "baseline_spread": s}
     if None in (gw, gwo):
         return out | {"met": None, "why": f"not measured: a run at κ={k:g} never logged {family.ema_metric.name}"}
@@ -230,18 +229,12 @@ def not_logged(c: Claim, family: Family) -> J.Verdict:
     why = ("the spec has no ema.also, so no further EMA is evaluated" if SHORTEST_ALSO in c.metric
            else f"a baseline run has no {file} (its final teacher was not probed)" if file
            else f"this preset does not log {c.metric}")
-    return J.Verdict(claim=c.text, short=c.short, paper=c.paper, where=c.where, kind=c.kind, metric=c.metric,
-                     kappa=c.kappa, verdict=R.NOT_MEASURED, note=c.note, why=why)
+    return J.Verdict.of(c, why=why)
 
 
 def _stat(table: dict, rule: str, kappa: float | None, over: str) -> float | None:
     row = table["rows"].get((rule, kappa))
     return None if row is None or row["gaps"] is None else row["gaps"][over]
-
-
-def _spread(table: dict, over: str) -> float | None:
-    g = table["rows"][("baseline", 1.0)]["gaps"]
-    return None if g is None else g[over]
 
 
 def stopped_baselines(table: dict) -> list:

@@ -439,10 +439,9 @@ def judge_check(family, claim, results) -> Verdict:
     """One study claim as a `Verdict` of shape "exact"."""
     check = CHECKS[claim.kind]
     res = check(results, claim.kappa) if claim.kappa is not None else check(results)
-    return Verdict(claim=claim.text, short=claim.short, paper=claim.paper, where=claim.where, kind=claim.kind,
-                   metric=MEASURES[claim.kind], kappa=claim.kappa, verdict=res.verdict, shape="exact",
-                   statistic=STATISTICS.get(claim.kind, family.name), rule=res.rule, why=res.why, note=claim.note,
-                   numbers=res.numbers)
+    return Verdict.of(claim, metric=MEASURES[claim.kind], verdict=res.verdict, shape="exact",
+                      statistic=STATISTICS.get(claim.kind, family.name), rule=res.rule, why=res.why,
+                      numbers=res.numbers)
 
 
 def judge_study(family, results) -> list[dict]:
