@@ -212,9 +212,6 @@ def final(curve: tuple[list, list]) -> float | None:
 
 
 NO_SPREAD = "the baseline spread is undefined (fewer than 2 baseline seeds)"
-# A κ=1 baseline that stopped early puts an infinite distance into the pair spread, so no claim is judged
-# against it: judging the other seeds alone would hide the run that diverged.
-STOPPED_BASELINE = "a κ=1 baseline stopped before its end (it diverged), so the baseline spread is unbounded"
 
 
 def unbounded(*spreads: float | None) -> bool:

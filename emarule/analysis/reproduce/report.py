@@ -36,7 +36,7 @@ def decision_rules() -> str:
 
 def settings_rows(measured: dict) -> list[dict]:
     """One row per metric and setting (the EMA metric's and the target's, every κ, rule and arm): final value
-    (mean ± std over seeds), the paired gaps with their bootstrap intervals and per-seed values, and the
+    (mean ± std over seeds), the paired gaps with their t intervals and per-seed values, and the
     unpaired gaps (against the baselines' mean) beside them. The baseline's row holds its pair spread."""
     rows = []
     for name, table in measured["tables"].items():
@@ -77,14 +77,6 @@ def payload(family, args: dict, claims: list, measured: dict | None, figures: li
     })
 
 
-def _g(v) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, float) and math.isinf(v):
-        return "∞"
-    return f"{v:.3g}"
-
-
 def _pm(st: dict | None) -> str:
     if not st or st.get("mean") is None:
         return "—"
@@ -96,8 +88,8 @@ def _kappa(v) -> str:
 
 
 def _gci(v, ci) -> str:
-    """A gap with its bootstrap interval: 1.2 [0.8, 1.6]."""
-    return _g(v) + (f" [{_g(ci[0])}, {_g(ci[1])}]" if ci and v is not None else "")
+    """A gap with its t interval, in the renderer's one interval format: 1.2 [+0.8, +1.6]."""
+    return T.num(v) + (f" {T.interval(ci)}" if ci and v is not None else "")
 
 
 def optimizer_lines(oc: dict) -> list[str]:
@@ -182,8 +174,8 @@ def markdown(data: dict, family) -> str:
         if g.get("met") is None:
             lines.append(f"Not judged: {g['why']}.")
         else:
-            lines.append(f"Gap with the rule {_g(g['gap_with_rule'])}, without {_g(g['gap_without_rule'])}, baseline "
-                         f"spread {_g(g['baseline_spread'])}: **{'met' if g['met'] else 'not met'}**"
+            lines.append(f"Gap with the rule {T.num(g['gap_with_rule'])}, without {T.num(g['gap_without_rule'])}, "
+                         f"baseline spread {T.num(g['baseline_spread'])}: **{'met' if g['met'] else 'not met'}**"
                          + (f" (without ≥ 2× with: {'yes' if g['without_at_least_2x_with'] else 'no'}; with ≤ "
                             f"spread: {'yes' if g['with_within_spread'] else 'no'})." if not g["met"] else "."))
     lines += ["", "## Claims", ""]
@@ -231,9 +223,10 @@ def markdown(data: dict, family) -> str:
                   "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in data["settings"]:
             lines.append(f"| {r['metric']} | {r['setting']} | {_kappa(r['kappa'])} | {r['seeds']} | "
-                         f"{_g(r['final_mean'])} | {_g(r['final_std'])} | {_gci(r['gap_run'], r.get('ci_run'))} | "
-                         f"{_gci(r['gap_end'], r.get('ci_end'))} | {_g(r.get('unpaired_gap_run'))} | "
-                         f"{_g(r.get('unpaired_gap_end'))} |")
+                         f"{T.num(r['final_mean'])} | {T.num(r['final_std'])} | "
+                         f"{_gci(r['gap_run'], r.get('ci_run'))} | {_gci(r['gap_end'], r.get('ci_end'))} | "
+                         f"{T.num(r.get('unpaired_gap_run'))} | "
+                         f"{T.num(r.get('unpaired_gap_end'))} |")
         lines.append("")
     if data.get("probe_check"):
         pc = data["probe_check"]
@@ -290,5 +283,5 @@ def print_verdicts(console, data: dict) -> None:
     g = data.get("goal")
     if g and g.get("met") is not None:
         console.print(f"tuning goal at κ={_kappa(g['kappa'])} ({g['metric']}, over the run): gap with the rule "
-                      f"{_g(g['gap_with_rule'])}, without {_g(g['gap_without_rule'])}, baseline spread "
-                      f"{_g(g['baseline_spread'])}: {'met' if g['met'] else 'not met'}", highlight=False)
+                      f"{T.num(g['gap_with_rule'])}, without {T.num(g['gap_without_rule'])}, baseline spread "
+                      f"{T.num(g['baseline_spread'])}: {'met' if g['met'] else 'not met'}", highlight=False)
