@@ -34,22 +34,21 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile
 
 # Every claim, judged at CPU scale: each family's `emarule reproduce` with its defaults (cpu presets, seeds
-# 0-4, every κ and arm) into runs/reproduce/<family>/, then each training family's headline claim again on
-# seeds 100-104 (`--headline`: only the runs that claim reads) into runs/reproduce/<family>-headline/; last,
+# 0-4, every κ and arm) into runs/reproduce/<family>/, each training family followed by its headline claim again
+# on seeds 100-104 (`--headline`: only the runs that claim reads) into runs/reproduce/<family>-headline/; last,
 # the README's table of claims, each family page's results block and the README's figures (docs/figures/) are
 # rewritten from their verdict.json files and figures, with the wall time of it all.
-# Finished runs are kept: stopped, the same command resumes. Not part of CI: the reproductions behind the
-# README's table took 136 minutes on a 2-core Intel Xeon, summed (its closing line; docs/speed.md).
+# A stopped root thus holds whole families. Finished runs are kept: stopped, the same command resumes. Not part of CI; the wall times are under the README's table.
 REPRO_OUT := runs/reproduce
 REPRO_SEEDS_NEW := 100-104
 
 repro: $(STAMP)
 	@start=$$(date +%s); \
-	families=$$($(BIN)/python -c 'from emarule.analysis.reproduce.claims import FAMILIES; print(*FAMILIES)'); \
-	training=$$($(BIN)/python -c 'from emarule.analysis.reproduce.claims import FAMILIES; print(*(n for n, f in FAMILIES.items() if f.kind == "sweep"))'); \
-	for f in $$families; do $(BIN)/emarule reproduce $$f --out $(REPRO_OUT)/$$f || echo "make repro: $$f did not complete"; done; \
-	for f in $$training; do $(BIN)/emarule reproduce $$f --headline --seeds $(REPRO_SEEDS_NEW) --out $(REPRO_OUT)/$$f-headline \
-	  || echo "make repro: $$f --headline did not complete"; done; \
+	families=$$($(BIN)/python -c 'from emarule.analysis.reproduce.claims import FAMILIES; print(*(f"{n}:{f.kind}" for n, f in FAMILIES.items()))'); \
+	for fk in $$families; do f=$${fk%%:*}; \
+	  $(BIN)/emarule reproduce $$f --out $(REPRO_OUT)/$$f || echo "make repro: $$f did not complete"; \
+	  if [ "$${fk#*:}" = sweep ]; then $(BIN)/emarule reproduce $$f --headline --seeds $(REPRO_SEEDS_NEW) \
+	    --out $(REPRO_OUT)/$$f-headline || echo "make repro: $$f --headline did not complete"; fi; done; \
 	$(BIN)/python -m emarule.analysis.reproduce.table $(REPRO_OUT) --readme README.md --pages emarule/experiments \
 	  --figures docs/figures --wall-s $$(( $$(date +%s) - start )) \
 	  && echo "make repro: README.md's table of claims, the family pages' results and docs/figures rewritten from $(REPRO_OUT)"
