@@ -1,7 +1,7 @@
 """`emarule probe`: the offline linear probe of finished self-supervised runs, and the data bar over them.
 
 For each run: the converged probe of its final teacher, of the same teacher at initialization, and of the
-raw pixels (`emarule.analysis.reproduce.probe_check`, cached in the run directory), and the margin the
+raw pixels (`emarule.analysis.offline_probe`, cached in the run directory), and the margin the
 trained teacher holds over the better of the two references. Over all the runs given: the means, and
 whether they meet the 15-point bar that `emarule reproduce` asks of a family's κ=1 baselines (runs of more
 than one experiment get no mean and no bar).
@@ -51,7 +51,7 @@ def readable(checkpoint: Path, hparams: dict) -> None:
     and its weights would not fit the model the probes build from them."""
     import torch
 
-    from emarule.analysis.reproduce.probe_check import teacher_step
+    from emarule.analysis.offline_probe import teacher_step
 
     try:
         ck = torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)
@@ -81,8 +81,8 @@ def same_run(checkpoint: Path, saved, recorded) -> None:
 
 
 def measure(runs: list[tuple[Path, dict]], jobs: int = 1) -> dict:
-    """Per-run probe readings and, over them, the means and the bar (`probe_check.bar`)."""
-    from emarule.analysis.reproduce import probe_check as P
+    """Per-run probe readings and, over them, the means and the bar (`offline_probe.bar`)."""
+    from emarule.analysis import offline_probe as P
 
     if jobs > 1:  # every run's fits, side by side in single-threaded workers
         P.warm_caches([SimpleNamespace(path=p, is_baseline=True) for p, _ in runs], jobs)

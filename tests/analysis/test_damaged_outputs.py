@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from cli_util import invoke, one_line_error, snapshot
-from emarule.analysis.reproduce import probe_check as PC
+from emarule.analysis import offline_probe as PC
 
 STUDY = Path("parabola") / "tiny-k1-rule-s0"  # where `reproduce parabola --preset tiny` runs its study
 

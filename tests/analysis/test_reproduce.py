@@ -23,7 +23,7 @@ from emarule.analysis.reproduce import claims as K
 from emarule.analysis.reproduce import judge as J
 from emarule.analysis.reproduce import measure as M
 from emarule.analysis.reproduce import paired as P
-from emarule.analysis.reproduce import probe_check as PC
+from emarule.analysis import offline_probe as PC
 from emarule.analysis.reproduce import rules as R
 from emarule.analysis.reproduce import studies as S
 

@@ -16,28 +16,24 @@ def _t(wall, runs=30, reused=0):
 
 
 def test_invocations_of_one_command_add_up_and_others_do_not(tmp_path):
-    assert L.record(tmp_path, CMD, _t(100.0), "verdict.json") == {"invocations": 1, "wall_s_total": 100.0,
-                                                                  "trained": 30}
-    L.record(tmp_path, "emarule reproduce polyak --seeds 7 --out /a/polyak", _t(50.0, 6), "verdict.json")
+    polyak = L.resolved("polyak")
+    assert L.record(tmp_path, CMD, _t(100.0), polyak) == {"invocations": 1, "wall_s_total": 100.0, "trained": 30}
+    L.record(tmp_path, "emarule reproduce polyak --seeds 7 --out /a/polyak", _t(50.0, 6), L.resolved("polyak", seeds=[7]))
     # The same command with the root moved elsewhere counts; its reused runs are not counted as trained.
-    got = L.record(tmp_path, "emarule reproduce polyak --out /b/polyak", _t(20.0, 30, 25), "verdict.json")
+    got = L.record(tmp_path, "emarule reproduce polyak --out /b/polyak", _t(20.0, 30, 25), polyak)
     assert got == {"invocations": 2, "wall_s_total": 120.0, "trained": 35}
-    # A root whose path has a space is quoted in the command; it is still the same command.
-    assert L.record(tmp_path, "emarule reproduce polyak --out '/c d/polyak'", _t(5.0, 30, 30),
-                    "verdict.json")["invocations"] == 3
-    assert len((tmp_path / L.LEDGER).read_text().splitlines()) == 4
+    assert len((tmp_path / L.LEDGER).read_text().splitlines()) == 3
 
 
-def test_an_earlier_verdict_without_a_ledger_is_its_first_line(tmp_path):
-    (tmp_path / "verdict.json").write_text(json.dumps({"command": "emarule reproduce polyak --out x",
-                                                       "timing": _t(1200.0)}))
-    got = L.record(tmp_path, CMD, _t(30.0, 30, 30), "verdict.json")
-    assert got == {"invocations": 2, "wall_s_total": 1230.0, "trained": 30}
+def test_a_line_without_its_arguments_is_its_command_texts(tmp_path):
+    assert L.record(tmp_path, "not a reproduce command", _t(7.0))["invocations"] == 1
+    assert L.record(tmp_path, "not a reproduce command", _t(1.0))["invocations"] == 2
+    assert L.record(tmp_path, CMD, _t(1.0), L.resolved("polyak"))["invocations"] == 1
 
 
 def test_a_damaged_ledger_line_is_skipped_not_fatal(tmp_path):
     (tmp_path / L.LEDGER).write_text(json.dumps({"command": CMD, **_t(10.0)}) + "\n{\"command\": \"emar\n")
-    assert L.record(tmp_path, CMD, _t(5.0, 30, 30), "verdict.json")["wall_s_total"] == 15.0
+    assert L.record(tmp_path, CMD, _t(5.0, 30, 30))["wall_s_total"] == 15.0
 
 
 def _precision_resolver():
@@ -136,37 +132,24 @@ def test_an_interrupted_invocation_records_the_runs_it_trained(tmp_path, monkeyp
 
 
 @pytest.mark.parametrize("a, b, same", [
-    ("emarule reproduce polyak --kappas 2,1 --out /a", "emarule reproduce polyak --kappas 1,2 --out /b", True),
-    ("emarule reproduce polyak --preset cpu --out /a", "emarule reproduce polyak --out /a", True),
-    ("emarule reproduce polyak --seeds 5 --out /a", "emarule reproduce polyak --out /a", True),  # 0-4, the default
-    ("emarule reproduce polyak --seeds 3,1 --out /a", "emarule reproduce polyak --seeds 1,3 --out /a", True),
-    ("emarule reproduce polyak --kappas 0.5,1,2,4 --out /a", "emarule reproduce polyak --out /a", True),
-    ("emarule reproduce polyak --kappas 1,2,4 --out /a", "emarule reproduce polyak --out /a", False),
-    ("emarule reproduce polyak --headline --out /a", "emarule reproduce polyak --headline --kappas 1,2 --out /a",
+    ({"name": "polyak", "kappas": [2, 1]}, {"name": "polyak", "kappas": [1, 2]}, True),
+    ({"name": "polyak", "preset": "cpu"}, {"name": "polyak"}, True),
+    ({"name": "polyak", "seeds": [0, 1, 2, 3, 4]}, {"name": "polyak"}, True),  # 0-4, the default
+    ({"name": "polyak", "seeds": [3, 1]}, {"name": "polyak", "seeds": [1, 3]}, True),
+    ({"name": "polyak", "kappas": [0.5, 1, 2, 4]}, {"name": "polyak"}, True),
+    ({"name": "polyak", "kappas": [1, 2, 4]}, {"name": "polyak"}, False),
+    ({"name": "polyak", "headline": True}, {"name": "polyak", "headline": True, "kappas": [1, 2]},
      True),  # the headline's κ: 1 and its claim's 2
-    ("emarule reproduce precision --preset full --out /a", "emarule reproduce precision --out /a", True),
-    ("emarule reproduce polyak --preset tiny --out /a", "emarule reproduce polyak --out /a", False),
-    ("emarule reproduce polyak --seeds 100-104 --out /a", "emarule reproduce polyak --out /a", False),
-    ("emarule reproduce polyak --headline --out /a", "emarule reproduce polyak --out /a", False),
-    ("emarule reproduce polyak --data /d --out /a", "emarule reproduce polyak --out /a", False),
-    ("emarule reproduce byol --out /a", "emarule reproduce polyak --out /a", False),
+    ({"name": "precision", "preset": "full"}, {"name": "precision"}, True),
+    ({"name": "polyak", "preset": "tiny"}, {"name": "polyak"}, False),
+    ({"name": "polyak", "seeds": range(100, 105)}, {"name": "polyak"}, False),
+    ({"name": "polyak", "headline": True}, {"name": "polyak"}, False),
+    ({"name": "polyak", "data": "/d"}, {"name": "polyak"}, False),
+    ({"name": "byol"}, {"name": "polyak"}, False),
 ])
 def test_invocations_are_the_same_command_by_their_resolved_arguments(tmp_path, a, b, same):
-    L.record(tmp_path, a, _t(100.0), "verdict.json")
-    assert L.record(tmp_path, b, _t(20.0), "verdict.json")["invocations"] == (2 if same else 1)
-
-
-def test_old_lines_without_their_arguments_are_read_from_their_command(tmp_path):
-    (tmp_path / L.LEDGER).write_text(
-        json.dumps({"command": "emarule reproduce polyak --kappas 4,2,1,0.5 --out /old", **_t(100.0)}) + "\n"
-        + json.dumps({"command": "not a reproduce command", **_t(7.0)}) + "\n")
-    got = L.record(tmp_path, "emarule reproduce polyak --out /new", _t(20.0, 30, 30), "verdict.json",
-                   L.resolved("polyak"))
-    assert got == {"invocations": 2, "wall_s_total": 120.0, "trained": 30}
-    lines = [json.loads(s) for s in (tmp_path / L.LEDGER).read_text().splitlines()]
-    assert "args" not in lines[0] and lines[2]["args"]["kappas"] == [0.5, 1.0, 2.0, 4.0]
-    # an unparsed command is still its own text's command
-    assert L.record(tmp_path, "not a reproduce command", _t(1.0), "verdict.json")["invocations"] == 2
+    L.record(tmp_path, CMD, _t(100.0), L.resolved(**a))
+    assert L.record(tmp_path, CMD, _t(20.0), L.resolved(**b))["invocations"] == (2 if same else 1)
 
 
 def test_a_resumed_runs_training_time_is_the_sum_of_its_stretches(tmp_path):
@@ -192,24 +175,24 @@ def test_the_report_never_says_more_runs_were_trained_than_there_are():
 
 
 def test_a_killed_invocations_heartbeat_line_counts_its_time_and_runs(tmp_path):
-    beat = L.Heartbeat(tmp_path, CMD, None, time.monotonic() - 40.0, lambda: 2, "verdict.json")
+    beat = L.Heartbeat(tmp_path, CMD, L.resolved("polyak"), time.monotonic() - 40.0, lambda: 2)
     beat.beat()
     beat.beat()  # each beat rewrites its own line, never adds one
     (line,) = [json.loads(s) for s in (tmp_path / L.LEDGER).read_text().splitlines()]
     assert line["ended"] == L.KILLED and line["runs"] == 2 and line["reused"] == 0
     assert 40.0 <= line["wall_s"] < 60.0 and line["token"] == beat.token
     # The invocation that resumes it reuses those 2 runs and trains the other 28.
-    got = L.record(tmp_path, "emarule reproduce polyak --out /b/polyak", _t(10.0, 30, 2), "verdict.json")
+    got = L.record(tmp_path, "emarule reproduce polyak --out /b/polyak", _t(10.0, 30, 2), L.resolved("polyak"))
     assert got["invocations"] == 2 and got["trained"] == 30
     assert got["wall_s_total"] == pytest.approx(line["wall_s"] + 10.0)
 
 
 def test_an_invocations_own_line_replaces_its_heartbeat_line(tmp_path):
-    L.record(tmp_path, CMD, _t(100.0), "verdict.json")  # an earlier invocation's line stays
-    beat = L.Heartbeat(tmp_path, CMD, None, time.monotonic(), lambda: 0, "verdict.json")
+    L.record(tmp_path, CMD, _t(100.0))  # an earlier invocation's line stays
+    beat = L.Heartbeat(tmp_path, CMD, None, time.monotonic(), lambda: 0)
     beat.beat()
     assert len((tmp_path / L.LEDGER).read_text().splitlines()) == 2
-    got = L.record(tmp_path, CMD, _t(5.0, 30, 30), "verdict.json", replaces=beat.token)
+    got = L.record(tmp_path, CMD, _t(5.0, 30, 30), replaces=beat.token)
     lines = [json.loads(s) for s in (tmp_path / L.LEDGER).read_text().splitlines()]
     assert [e["wall_s"] for e in lines] == [100.0, 5.0] and not any("ended" in e or "token" in e for e in lines)
     assert got["invocations"] == 2 and got["wall_s_total"] == 105.0
@@ -217,7 +200,7 @@ def test_an_invocations_own_line_replaces_its_heartbeat_line(tmp_path):
 
 def test_the_heartbeat_rewrites_until_stopped(tmp_path):
     path = tmp_path / L.LEDGER
-    with L.Heartbeat(tmp_path, CMD, None, time.monotonic(), lambda: 1, "verdict.json", interval=0.01):
+    with L.Heartbeat(tmp_path, CMD, None, time.monotonic(), lambda: 1, interval=0.01):
         deadline = time.monotonic() + 10.0
         while not path.exists() and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -234,28 +234,26 @@ def test_a_family_whose_latest_invocation_did_not_finish_shows_none_of_the_earli
     assert "| polyak | 30 | 10.0 min | did not finish |" in md and "**contradicted** |" not in row
 
 
-def _command(root, name, command):
+def _made(root, name, **fields):
     v = json.loads((root / name / "verdict.json").read_text())
-    v["command"] = command
+    v.update(fields)
     (root / name / "verdict.json").write_text(json.dumps(v))
 
 
 def test_rows_made_with_other_arguments_than_make_repros_say_so(root):
-    _command(root, "polyak", "emarule reproduce polyak --out runs/reproduce/polyak")
-    _command(root, "polyak-headline", "emarule reproduce polyak --headline --seeds 100-104 --out r/polyak-headline")
     real = T.markdown(root)
     assert "made with" not in real
-    # the same arguments written otherwise are the same command
-    _command(root, "polyak", "emarule reproduce polyak --preset cpu --kappas 4,2,1,0.5 --seeds 0-4 --out elsewhere")
+    # the same arguments written otherwise are the same
+    _made(root, "polyak", preset="cpu", kappas=[4, 2, 1, 0.5])
     assert T.markdown(root) == real
-    _command(root, "polyak", "emarule reproduce polyak --preset tiny --seeds 1 --kappas 1,2 --out /tmp/x")
+    _made(root, "polyak", preset="tiny", seeds=[1], kappas=[1, 2])
     md = T.markdown(root)
-    mark = "(made with `--preset tiny --seeds 1 --kappas 1,2`, not `make repro`'s arguments)"
+    mark = "(made with preset tiny, κ 1, 2, not `make repro`'s)"
     rows = [line for line in md.splitlines() if "polyak-r50.md" in line]
     assert all(mark in r.split(" | ")[3] for r in rows) and f"| polyak {mark} | 30 |" in md
     assert "**contradicted** |" in rows[0]  # the headline check's cell: make repro's
-    _command(root, "polyak-headline", "emarule reproduce polyak --headline --out r/polyak-headline")
-    assert "**contradicted** (made with `--headline`, not `make repro`'s arguments)" in T.markdown(root)
+    _made(root, "polyak-headline", kappas=[1, 4])
+    assert "**contradicted** (made with κ 1, 4, not `make repro`'s)" in T.markdown(root)
 
 
 @pytest.mark.parametrize("content, says", [

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from cli_util import one_line_error
 
-from emarule.analysis.reproduce import probe_check as PC
+from emarule.analysis import offline_probe as PC
 from emarule.cli.main import app
 
 

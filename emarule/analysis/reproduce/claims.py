@@ -271,7 +271,7 @@ PRECISION = Family(
 
 
 PROBE = Metric("probe_top1", "tracking-probe top-1 (%) on the teacher", True, True)
-# The final teacher probed to convergence (probe_check.offline_probe, cached in the run directory): what
+# The final teacher probed to convergence (offline_probe.offline_probe, cached in the run directory): what
 # the teacher learned, without the tracking probe's lag behind a teacher that moves at another pace at κ > 1.
 OFFLINE_PROBE = Metric("offline_probe_top1", "final teacher, converged probe top-1 (%)", True, True,
                        file="offline_probe.json")

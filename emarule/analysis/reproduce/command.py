@@ -181,7 +181,7 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
         from emarule.engine import distributed
 
         # The line a kill would leave (the ledger's docstring); only the main process writes the ledger.
-        beat = ledger.Heartbeat(root, text, same_as, t0, lambda: _trained_since(root, logs), R.VERDICT)
+        beat = ledger.Heartbeat(root, text, same_as, t0, lambda: _trained_since(root, logs))
         try:
             with beat if distributed.is_main() else nullcontext():
                 if family.kind == "sweep":
@@ -204,7 +204,7 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
         claims, measured, figures, timing = result
         timing |= {"wall_s": time.monotonic() - t0, "load_start": load0, "load_end": os.getloadavg()[0],
                    "cpus": os.cpu_count(), "omp_threads": os.environ.get("OMP_NUM_THREADS", "unset (torch's default)")}
-        timing |= ledger.record(root, text, timing, R.VERDICT, same_as, replaces=beat.token)
+        timing |= ledger.record(root, text, timing, same_as, replaces=beat.token)
         data_out = R.payload(family, args, claims, measured, figures, timing)
         if earlier is not None:
             keep_earlier(console, root, earlier)
@@ -248,7 +248,7 @@ def _record_unfinished(root: Path, text: str, wall_s: float, error: BaseExceptio
         return
     try:
         ledger.record(root, text, {"wall_s": wall_s, "cpus": os.cpu_count(), "ended": type(error).__name__,
-                                   "runs": int(trained), "reused": 0}, R.VERDICT, same_as, replaces=replaces)
+                                   "runs": int(trained), "reused": 0}, same_as, replaces=replaces)
     except OSError:  # a full disk, say: the error being raised is the one to report
         pass
 
@@ -272,7 +272,7 @@ def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, r
     # evaluation (a teacher's `pl_wer` exists only once pseudo-labeling starts, at κ=4 sometimes never).
     probes = family.ema_metric.name == "probe_top1"  # does the tracking probe measure the teacher?
     finals = any(m.file for m in family.metrics)  # a claim on the final teachers: the arms' are probed too
-    from emarule.analysis.reproduce import probe_check as P
+    from emarule.analysis import offline_probe as P
 
     drawn: list = []  # the comparison figures the sweep wrote, this time
     done = sweep.execute(console, runs, resolve_run, root, tasks, data=data, metric=family.target_metric.name,

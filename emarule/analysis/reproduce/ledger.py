@@ -6,8 +6,7 @@ own wall time covers only the runs it trained. Each invocation therefore appends
 OUT/invocations.jsonl, and the report gives the sum over the lines of the same command. "The same
 command" is the same resolved arguments (`resolved`: the family, the preset, the seeds and κ as sets,
 --headline and --data; the --out path aside, so a root that was moved keeps its history): `--kappas 2,1`
-is `--kappas 1,2`, and `--preset cpu` is polyak's default. Each line keeps them as `args`; a line without
-them is read from its command text, resolved with the current defaults.
+is `--kappas 1,2`, and `--preset cpu` is polyak's default. Each line keeps them as `args`.
 
 An invocation that raised before its verdict (Ctrl-C, a failed run) writes a line with its wall time,
 `ended` (the exception's name) and the runs it trained, found by their logs' changes (`runs`, with
@@ -23,14 +22,12 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Callable
 
-from emarule.engine.rundir import read_json
 
 LEDGER = "invocations.jsonl"
 KEPT = ("wall_s", "runs", "reused", "load_start", "load_end", "cpus", "ended")
@@ -57,57 +54,10 @@ def resolved(name: str, *, preset: str | None = None, seeds=None, kappas=None, h
             "headline": bool(headline), "data": None if data is None else str(data)}
 
 
-def parse_command(command: str) -> dict | None:
-    """`resolved` for an `emarule reproduce ...` command text as `command.command_text` writes it; None if it
-    is not one (or names what cannot be parsed)."""
-    from emarule.request.seeds import parse_seeds
-    from emarule.errors import UserError
-
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        return None
-    if words[:2] != ["emarule", "reproduce"] or len(words) < 3:
-        return None
-    opts: dict = {}
-    rest = words[3:]
-    try:
-        while rest:
-            w = rest.pop(0)
-            if w == "--headline":
-                opts["headline"] = True
-            elif w in ("--preset", "--seeds", "--kappas", "--data", "--out") and rest:
-                v = rest.pop(0)
-                if w == "--seeds":
-                    opts["seeds"] = parse_seeds(v)
-                elif w == "--kappas":
-                    opts["kappas"] = [float(k) for k in v.split(",")]
-                elif w != "--out":
-                    opts[w[2:]] = v
-            else:
-                return None
-    except (UserError, ValueError):
-        return None
-    return resolved(words[2], **opts)
-
-
-def text_key(command: str) -> str:
-    """The command without its --out argument (its last two words, as `command.command_text` joins them)."""
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        return command
-    return shlex.join(words[:-2]) if len(words) > 2 and words[-2] == "--out" else command
-
-
 def key(entry: dict) -> str:
-    """What identifies an entry's command: its `args`, else its command text resolved, else that text."""
+    """What identifies an entry's command: its `args`, else its command text."""
     args = entry.get("args")
-    if not isinstance(args, dict):
-        args = parse_command(str(entry.get("command", "")))
-    if args is None:
-        return "text:" + text_key(str(entry.get("command", "")))
-    return json.dumps(args, sort_keys=True)
+    return json.dumps(args, sort_keys=True) if isinstance(args, dict) else "text:" + str(entry.get("command", ""))
 
 
 def entries(path: Path) -> list[dict]:
@@ -126,35 +76,19 @@ def entries(path: Path) -> list[dict]:
 
 
 def families(root: Path) -> set[str]:
-    """The families whose reproductions ROOT's ledger records (`emarule reproduce FAMILY ...`)."""
-    out = set()
-    for e in entries(Path(root) / LEDGER):
-        try:
-            words = shlex.split(str(e.get("command", "")))
-        except ValueError:
-            continue
-        if words[:2] == ["emarule", "reproduce"] and len(words) > 2:
-            out.add(words[2])
-    return out
+    """The families whose reproductions ROOT's ledger records."""
+    return {e["args"]["family"] for e in entries(Path(root) / LEDGER)
+            if isinstance(e.get("args"), dict) and isinstance(e["args"].get("family"), str)}
 
 
-def _earlier_verdict(root: Path, verdict_name: str) -> list[dict]:
-    """An invocation recorded only in an earlier verdict.json (written before the ledger existed)."""
-    old = read_json(root / verdict_name)
-    t = old.get("timing") if isinstance(old, dict) else None
-    if not isinstance(t, dict) or not isinstance(t.get("wall_s"), (int, float)) or not old.get("command"):
-        return []
-    return [{"command": old["command"], **{k: t[k] for k in KEPT if k in t}}]
-
-
-def record(root: Path, command: str, timing: dict, verdict_name: str, args: dict | None = None,
-           replaces: str | None = None, token: str | None = None) -> dict:
+def record(root: Path, command: str, timing: dict, args: dict | None = None, replaces: str | None = None,
+           token: str | None = None) -> dict:
     """Appends this invocation to ROOT's ledger (rewritten under a temporary name, then renamed) and
     returns the totals over the invocations of the same command (`key`): `invocations`, `wall_s_total`
     and `trained` (runs trained, not reused, summed). `args`: the invocation's `resolved` arguments.
     `replaces`: the token of this invocation's `Heartbeat` line, dropped first; `token`: the new line's."""
     path = Path(root) / LEDGER
-    old = _without(entries(path) or _earlier_verdict(Path(root), verdict_name), replaces)
+    old = _without(entries(path), replaces)
     line = {"command": command, **({"args": args} if args is not None else {}),
             **{k: timing[k] for k in KEPT if k in timing}, **({"token": token} if token is not None else {})}
     _write(path, [*old, line])
@@ -199,9 +133,8 @@ class Heartbeat:
     rewrite that fails (a full disk) is skipped: the next one tries again."""
 
     def __init__(self, root: Path, command: str, args: dict | None, start: float, trained: Callable[[], int],
-                 verdict_name: str, interval: float | None = None):
-        self.root, self.command, self.args, self.start = Path(root), command, args, start
-        self.trained, self.verdict_name = trained, verdict_name
+                 interval: float | None = None):
+        self.root, self.command, self.args, self.start, self.trained = Path(root), command, args, start, trained
         self.interval = HEARTBEAT_S if interval is None else interval
         self.token = uuid.uuid4().hex
         self._stop = threading.Event()
@@ -228,8 +161,7 @@ class Heartbeat:
                 return
             timing = {"wall_s": time.monotonic() - self.start, "runs": int(self.trained()), "reused": 0,
                       "cpus": os.cpu_count(), "ended": KILLED}
-            record(self.root, self.command, timing, self.verdict_name, self.args, replaces=self.token,
-                   token=self.token)
+            record(self.root, self.command, timing, self.args, replaces=self.token, token=self.token)
 
     def poke(self) -> None:
         """A run ended: the line now, unless the disk refuses it."""

@@ -233,7 +233,7 @@ def markdown(data: dict, family) -> str:
         lines += ["## Does the tracking probe measure the teacher?", "",
                   "Each run's final teacher (the EMA in its checkpoint), probed offline: multinomial logistic "
                   "regression on its standardized train-split features, fitted to convergence, scored on the test "
-                  "split (`emarule/analysis/reproduce/probe_check.py`); the baseline seeds' teachers at "
+                  "split (`emarule/analysis/offline_probe.py`); the baseline seeds' teachers at "
                   "initialization as the reference.", "",
                   "| setting | tracking probe (last reading) | offline probe, final teacher | offline probe, "
                   "teacher at init |", "|---|---:|---:|---:|"]

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,21 +97,17 @@ def _repro_args(family: Family, headline: bool) -> dict | None:
 
 
 def _other_args(family: Family, verdict: dict, headline: bool) -> str:
-    """The options of the verdict's command (its --out aside) where they resolve to other arguments than
-    `make repro`'s; "" where they are the same."""
-    command = str(verdict.get("command") or "")
-    if not command:  # nothing to tell it by
+    """The preset and κ the verdict was made with, where they differ from `make repro`'s (its seeds are named in
+    the verdict's cell)."""
+    made = ledger.resolved(family.name, preset=verdict.get("preset"), kappas=verdict.get("kappas") or None,
+                           headline=headline)
+    wanted = _repro_args(family, headline)
+    if made is None or wanted is None:
         return ""
-    args = ledger.parse_command(command)
-    if args is None:
-        return f"`{command}`"
-    # verdict.json's own lists are exact where the command text rounds κ to 6 digits
-    if isinstance(verdict.get("kappas"), list) and verdict["kappas"]:
-        args["kappas"] = sorted(float(k) for k in verdict["kappas"])
-    if args == _repro_args(family, headline):
-        return ""
-    words = shlex.split(ledger.text_key(command))[3:]
-    return f"`{shlex.join(words)}`" if words else "`the defaults of another version`"
+    differ = [f"preset {made['preset']}"] if made["preset"] != wanted["preset"] else []
+    if made["kappas"] != wanted["kappas"]:
+        differ.append("κ " + ", ".join(f"{k:g}" for k in made["kappas"]))
+    return ", ".join(differ)
 
 
 def _root(folder: Path, family: Family, headline: bool = False) -> Root:
@@ -156,7 +151,7 @@ def reproductions(root: Path) -> list[tuple[str, Family, Root, Root | None]]:
 
 def _made_with(r: Root) -> str:
     """What a row adds where its reproduction ran with other arguments than `make repro`'s."""
-    return f" (made with {r.other_args}, not `make repro`'s arguments)" if r.other_args else ""
+    return f" (made with {r.other_args}, not `make repro`'s)" if r.other_args else ""
 
 
 def rows(root: Path, loaded: list | None = None) -> tuple[list[list[str]], list[list[str]], set, set]:
@@ -225,7 +220,7 @@ def _headline_time(family, r_new: Root | None) -> str:
 
 # A verdict on a probe (the tracking one, or the final teachers' converged one) where the data bar is missed
 # (the baselines' trained teachers, probed to convergence, must beat the better of the teachers at
-# initialization and the raw pixels by the bar's points, probe_check.BAR): the probe does not read enough of
+# initialization and the raw pixels by the bar's points, offline_probe.BAR): the probe does not read enough of
 # what the teacher learned there, so the verdict is shown with that caveat.
 BAR_MISSED = " (the probe misses the data bar)"
 

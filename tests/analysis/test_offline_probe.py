@@ -1,4 +1,4 @@
-"""The probe check's references (emarule/analysis/reproduce/probe_check.py): raw pixels beside the teacher at init."""
+"""The probe check's references (emarule/analysis/offline_probe.py): raw pixels beside the teacher at init."""
 
 import json
 from pathlib import Path
@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from emarule.cli.main import app
-from emarule.analysis.reproduce import probe_check as PC
+from emarule.analysis import offline_probe as PC
 
 
 def stats(v):
