@@ -18,7 +18,7 @@ def _t(wall, runs=30, reused=0):
 def test_invocations_of_one_command_add_up_and_others_do_not(tmp_path):
     polyak = L.resolved("polyak")
     assert L.record(tmp_path, CMD, _t(100.0), polyak) == {"invocations": 1, "wall_s_total": 100.0, "trained": 30}
-    L.record(tmp_path, "emarule reproduce polyak --seeds 7 --out /a/polyak", _t(50.0, 6), L.resolved("polyak", seeds=[7]))
+    L.record(tmp_path, "emarule reproduce polyak --seeds 7 --out /a", _t(50.0, 6), L.resolved("polyak", seeds=[7]))
     # The same command with the root moved elsewhere counts; its reused runs are not counted as trained.
     got = L.record(tmp_path, "emarule reproduce polyak --out /b/polyak", _t(20.0, 30, 25), polyak)
     assert got == {"invocations": 2, "wall_s_total": 120.0, "trained": 35}
