@@ -467,9 +467,10 @@ def test_parabola_post_convention_is_judged_beside_pre():
     assert same["numbers"]["post"]["verdict"] == "reproduced" and "post" not in same["why"]
     differs = judged("parabola_match", with_post(parabola_records(), err_no_rule=1e-4), 8)
     assert differs["verdict"] == "reproduced" and differs["numbers"]["post"]["verdict"] == "contradicted"
-    assert differs["why"].endswith("; post: contradicted")
+    assert differs["why"].endswith("; the post-update convention reads contradicted")
     higher = judged("parabola_rho_star_higher", parabola_records(1.05))  # post's ratio is 0.9 from κ=256
-    assert higher["verdict"] == "contradicted" and higher["why"].endswith("; post: reproduced")
+    assert higher["verdict"] == "contradicted"
+    assert higher["why"].endswith("; the post-update convention reads reproduced")
 
 
 def test_every_study_check_gives_its_numbers_apart_from_its_decision():
@@ -486,7 +487,8 @@ def test_every_study_check_gives_its_numbers_apart_from_its_decision():
         judged("precision_fp32_stable", q()), judged("precision_fp32_range", q())]
     assert {r["verdict"] for r in recs} == set(STUDY_VERDICTS)
     for r in recs:
-        assert not any(w in r["why"].split("; post:")[0] for w in ("reproduced", "contradicted")), r["why"]
+        pre = r["why"].split("; the post-update convention reads")[0]
+        assert not any(w in pre for w in ("reproduced", "contradicted")), r["why"]
         assert r["why"] not in r["rule"]
         if r["verdict"] != "not measured":
             assert r["numbers"], r

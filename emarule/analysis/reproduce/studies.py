@@ -29,6 +29,7 @@ INFLECTION_RISE = 0.02  # the log–log slope rises by this much after its minim
 DIM_TOLERANCE = 0.10  # "no significant differences" across D
 GROWTH = 2.0  # a spread "grows" as ρ → its largest: the largest there, and more than 2× the smallest ρ's
 
+POST_READS = "the post-update convention reads"  # `why`'s words where the post convention's verdict differs
 PRE = ("; judged under the paper's EMA Definition (pre: ζ from θ_k); the post convention (ζ from θ_{k+1}) is judged "
        "by the same rule and reported beside")
 
@@ -74,7 +75,7 @@ def _with_post(rule: str, pre: tuple, post: tuple | None) -> Check:
         pv, _, pnum = post
         numbers["post"] = {"verdict": pv} | pnum
         if pv != verdict:
-            why += f"; post: {pv}"
+            why += f"; {POST_READS} {pv}"
     return Check(verdict, rule + PRE, why, numbers)
 
 
