@@ -98,13 +98,8 @@ def earlier_verdict(root: Path, family: Family, preset: str | None, seeds: tuple
     old = read_json(root / R.VERDICT)
     if not isinstance(old, dict) or old.get("family") != family.name:
         return None
-    sweep = family.kind == "sweep"
-    new = {"preset": preset if preset is not None else family.preset,
-           "seeds": list(seeds if seeds is not None else family.seeds) if sweep else None,
-           "kappas": [float(k) for k in (kappas if kappas is not None else family.kappas)]}
-    was = {"preset": old.get("preset"), "seeds": old.get("seeds"),
-           "kappas": [float(k) for k in old.get("kappas") or [] if isinstance(k, (int, float))]}
-    same = new == was and headline == ("--headline" in str(old.get("command", "")).split())
+    was = ledger.of_verdict(family.name, old, "--headline" in str(old.get("command", "")).split())
+    same = was == ledger.resolved(family.name, preset=preset, seeds=seeds, kappas=kappas, headline=headline)
     return None if same else str(old.get("command") or "an earlier reproduction")
 
 

@@ -54,6 +54,16 @@ def resolved(name: str, *, preset: str | None = None, seeds=None, kappas=None, h
             "headline": bool(headline), "data": None if data is None else str(data)}
 
 
+def of_verdict(name: str, verdict: dict, headline: bool) -> dict | None:
+    """`resolved` for the arguments a verdict.json records (its preset, seeds and κ; `headline` from where it is);
+    None where they are not numbers (a damaged file)."""
+    try:
+        return resolved(name, preset=verdict.get("preset"), seeds=verdict.get("seeds") or None,
+                        kappas=verdict.get("kappas") or None, headline=headline)
+    except (TypeError, ValueError):
+        return None
+
+
 def key(entry: dict) -> str:
     """What identifies an entry's command: its `args`, else its command text."""
     args = entry.get("args")

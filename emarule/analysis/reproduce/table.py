@@ -99,8 +99,7 @@ def _repro_args(family: Family, headline: bool) -> dict | None:
 def _other_args(family: Family, verdict: dict, headline: bool) -> str:
     """The preset and κ the verdict was made with, where they differ from `make repro`'s (its seeds are named in
     the verdict's cell)."""
-    made = ledger.resolved(family.name, preset=verdict.get("preset"), kappas=verdict.get("kappas") or None,
-                           headline=headline)
+    made = ledger.of_verdict(family.name, verdict, headline)
     wanted = _repro_args(family, headline)
     if made is None or wanted is None:
         return ""
