@@ -40,6 +40,23 @@ def root(tmp_path):
     return tmp_path
 
 
+def test_the_family_row_gives_the_range_of_its_measured_noise(root):
+    """The sd of each part's per-seed effects over that part's spread: 1 and 0.5 here; parts without per-seed
+    values (a part whose run stopped), or without a spread, do not count."""
+    c = K.POLYAK.claims
+    part = {"label": "a part", "shape": "directional", "verdict": R.REPRODUCED, "effect": 2.0, "effect_ci": [1, 3],
+            "mde": 1.0, "margin": None, "rule": "CI95 lies above 0", "n": 3}
+    parts = [part | {"per_seed": [1.0, 3.0, 2.0], "spread": 1.0}, part | {"per_seed": [0.0, 1.0, 0.5], "spread": 1.0},
+             part | {"per_seed": [5.0], "spread": 1.0}, part | {"per_seed": [1.0, 9.0], "spread": None}]
+    import shutil
+
+    shutil.rmtree(root / "polyak")
+    _write(root, "polyak", [_claim(c[0], R.REPRODUCED) | {"parts": parts}], [0, 1, 2])
+    assert T.noise(json.loads((root / "polyak" / "verdict.json").read_text())) == "0.5–1"
+    assert "| the target model's top1 strays first at κ=4 | — | 0.5–1 |" in T.markdown(root)
+    assert "over the claims' parts: 0.5–1 baseline pair spreads." in T.page_block(root, "polyak")
+
+
 def test_one_row_per_judged_claim_with_its_headline_check(root):
     md = T.markdown(root, wall=5400)
     lines = md.splitlines()
@@ -52,7 +69,7 @@ def test_one_row_per_judged_claim_with_its_headline_check(root):
     assert "| 4 | **contradicted** | -2 [-2.5, -1.5] | 0.4 (spread 0.42) | — |" in polyak[2]
     # Families without a verdict.json say so rather than borrow a number.
     assert "not run: no " in lines[2] and lines[2].count("parabola") >= 1
-    assert "| polyak | 30 | 10.0 min | 5.0 min (15 runs) | the target model's top1 strays first at κ=4 | — |" in md
+    assert "| polyak | 30 | 10.0 min | 5.0 min (15 runs) | the target model's top1 strays first at κ=4 | — | — |" in md
     assert md.rstrip().endswith("The reproductions took 15 min of wall time in all, each summed over every invocation "
                                 "of its command (the family rows give the count where it was more than one). "
                                 "The `make repro` that wrote this table took 90 min.")

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,7 +165,7 @@ def rows(root: Path, loaded: list | None = None) -> tuple[list[list[str]], list[
             why = (f"did not finish: {r_main.unfinished}; no verdict of an earlier invocation is shown"
                    if r_main.unfinished else f"not run: no {name}/verdict.json")
             claims.append([f"{family.section}: every claim of the family", "—", why, "—", "—", "—", _page(family)])
-            runs.append([name, "did not finish" if r_main.unfinished else "—", "—", "—", "—", "—"])
+            runs.append([name, "did not finish" if r_main.unfinished else "—", "—", "—", "—", "—", "—"])
             continue
         bar, bar_new = _bar(main), _bar(new or {})
         # the headline's row, its check not run: the first row of the headline claim (an "up to κ" claim has one
@@ -193,8 +195,21 @@ def rows(root: Path, loaded: list | None = None) -> tuple[list[list[str]], list[
         n_reused = _reused(t)
         reused = f" ({n_reused} reused)" if n_reused else ""
         runs.append([name + _made_with(r_main), f"{t.get('runs', '—')}{reused}", _wall(t),
-                     _headline_time(family, r_new), check, bar["text"]])
+                     _headline_time(family, r_new), check, bar["text"], noise(main)])
     return claims, runs, seen, seen_new
+
+
+def noise(verdict: dict) -> str:
+    """The range, over every part of every claim, of the sd of a per-seed effect in baseline pair spreads: the
+    noise the rules' error rates must hold at (`emarule power --noise`; docs/reproduce.md)."""
+    out = []
+    for c in verdict.get("claims") or []:
+        for p in c.get("parts") or []:
+            v = [x for x in p.get("per_seed") or [] if isinstance(x, (int, float)) and math.isfinite(x)]
+            spread = p.get("spread")
+            if len(v) > 1 and isinstance(spread, (int, float)) and spread > 0:
+                out.append(statistics.stdev(v) / spread)
+    return f"{min(out):.2g}–{max(out):.2g}" if out else "—"
 
 
 def _reused(timing: dict) -> int:
@@ -318,8 +333,8 @@ def markdown(root: Path, wall: float | None = None) -> str:
            "|---:|---|---|---|---|---|---|---|"]
     out += [f"| {i} | {r[0]} | {r[1]} | {cell(r[2], one)} | {r[3]} | {r[4]} | {cell(r[5], one_new)} | {r[6]} |"
             for i, r in enumerate(claims, 1)]
-    out += ["", "| family | runs | wall time | headline check | the optimizer-rule check | the probe's data bar |",
-            "|---|---:|---:|---:|---|---|"]
+    out += ["", "| family | runs | wall time | headline check | the optimizer-rule check | the probe's data bar | "
+            "noise (spreads) |", "|---|---:|---:|---:|---|---|---:|"]
     out += ["| " + " | ".join(r) + " |" for r in runs]
     out += ["", tally_line(tally(root, loaded))]
     out += ["", f"The reproductions took {total_wall_s(loaded) / 60:.0f} min of wall time in all, each summed over "
@@ -348,6 +363,8 @@ def page_block(root: Path, name: str, loaded: list | None = None) -> str:
     out += ["", f"Runs: {run[1]}; wall time {run[2]}; the headline check {run[3]}. The optimizer-rule check: {run[4]}."]
     if run[5] != "—":
         out.append(f"The probe's data bar: {run[5]}.")
+    if run[6] != "—":
+        out.append(f"The sd of a per-seed effect, over the claims' parts: {run[6]} baseline pair spreads.")
     return "\n".join(out) + "\n"
 
 
