@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from emarule.analysis.reproduce import render as T
 from emarule.analysis.reproduce.claims import OFFLINE_PROBE
 from emarule.engine.cache import sha256
 from emarule.engine.rundir import CHECKPOINT, HPARAMS, atomic_write_text, read_json
@@ -385,11 +386,11 @@ def bar(base: dict) -> dict:
 def summary(check: dict) -> str:
     s = check["settings"]
     base = s["baseline"]
-    parts = [f"a converged linear probe of the final teachers reads {_pm(base['offline'])} (baseline)"]
-    parts += [f"{_pm(v['offline'])} ({k})" for k, v in s.items() if k != "baseline"]
-    text = ", ".join(parts) + (f"; the teachers at initialization read {_pm(base['init'])}, the raw pixels "
-                               f"{_pm(base['pixels'])}; the tracking probe read ")
-    text += ", ".join(f"{_pm(v['tracking'])} ({k})" for k, v in s.items())
+    parts = [f"a converged linear probe of the final teachers reads {T.mean_sd(base['offline'])} (baseline)"]
+    parts += [f"{T.mean_sd(v['offline'])} ({k})" for k, v in s.items() if k != "baseline"]
+    text = ", ".join(parts) + (f"; the teachers at initialization read {T.mean_sd(base['init'])}, the raw pixels "
+                               f"{T.mean_sd(base['pixels'])}; the tracking probe read ")
+    text += ", ".join(f"{T.mean_sd(v['tracking'])} ({k})" for k, v in s.items())
     b = check["bar"]
     notes = [f"the trained teachers beat the better of initialization and pixels by {b['margin']:.1f} points "
              f"({'meets' if b['met'] else 'misses'} the {b['required']:g}-point bar)"]
@@ -404,9 +405,3 @@ def summary(check: dict) -> str:
             notes.append(f"by the converged probe {', '.join(close)} end within 2× the baseline seeds' spread "
                          f"({spread:.3g}) of the baseline")
     return text + ("; " + "; ".join(notes) if notes else "")
-
-
-def _pm(st: dict) -> str:
-    if st.get("mean") is None:
-        return "—"
-    return f"{st['mean']:.1f}" + (f" ± {st['std']:.1f}" if st.get("std") is not None else "")

@@ -24,6 +24,17 @@ def interval(ci) -> str:
     return f"[{num(ci[0], True)}, {num(ci[1], True)}]"
 
 
+def kappa(v) -> str:
+    return "—" if v is None else f"{float(v):g}"
+
+
+def mean_sd(st: dict | None) -> str:
+    """A mean over seeds with its sd, to one decimal: 46.1 ± 2.3."""
+    if not st or st.get("mean") is None:
+        return "—"
+    return f"{st['mean']:.1f}" + (f" ± {st['std']:.1f}" if st.get("std") is not None else "")
+
+
 def exact(c: dict) -> bool:
     return c.get("shape") == "exact"
 

@@ -77,16 +77,6 @@ def payload(family, args: dict, claims: list, measured: dict | None, figures: li
     })
 
 
-def _pm(st: dict | None) -> str:
-    if not st or st.get("mean") is None:
-        return "—"
-    return f"{st['mean']:.1f}" + (f" ± {st['std']:.1f}" if st.get("std") is not None else "")
-
-
-def _kappa(v) -> str:
-    return "—" if v is None else f"{v:g}"
-
-
 def _gci(v, ci) -> str:
     """A gap with its t interval, in the renderer's one interval format: 1.2 [+0.8, +1.6]."""
     return T.num(v) + (f" {T.interval(ci)}" if ci and v is not None else "")
@@ -101,13 +91,9 @@ def optimizer_lines(oc: dict) -> list[str]:
              "| setting | κ | effect [95 % CI] | × spread | target |", "|---|---:|---|---:|---|"]
     for r in oc["rows"]:
         times = (r["effect"] / oc["spread"]) if r["effect"] is not None and oc["spread"] else None
-        lines.append(f"| {r['setting']} | {_kappa(r['kappa'])} | {T.num(r['effect'], True)} {T.interval(r['ci'])} | "
+        lines.append(f"| {r['setting']} | {T.kappa(r['kappa'])} | {T.num(r['effect'], True)} {T.interval(r['ci'])} | "
                      f"{T.num(times, True)} | {r['state'] or '—'} |")
     return lines + ["", f"**{oc['summary'][0].upper() + oc['summary'][1:]}.**", ""]
-
-
-def exact(c: dict) -> bool:
-    return T.exact(c)
 
 
 def _total(t: dict) -> str:
@@ -155,7 +141,7 @@ def markdown(data: dict, family) -> str:
                   "|---:|---|---|---|---:|---|---|---|---|---|"]
         for i, c in enumerate(data["claims"], 1):
             lines.append(f"| {i} | {T.cell(c.get('short') or c['claim'])} | {c['paper']} | {c['metric']} | "
-                         f"{_kappa(c['kappa'])} | {c.get('shape') or '—'} | {T.cell(c.get('statistic') or '—')} | "
+                         f"{T.kappa(c['kappa'])} | {c.get('shape') or '—'} | {T.cell(c.get('statistic') or '—')} | "
                          f"{T.cell(T.effect(c))} | {T.cell(T.mde(c))} | {T.cell(T.verdict(c))} |")
     if data.get("optimizer_check"):
         lines += [""] + optimizer_lines(data["optimizer_check"])
@@ -163,13 +149,13 @@ def markdown(data: dict, family) -> str:
         lines += ["## Arms: extra settings run beside the sweep", "", "| arm | κ | EMA rule | --set | --progressive | "
                   "what |", "|---|---:|---|---|---|---|"]
         for a in data["arms"]:
-            lines.append(f"| {a['name']} | {_kappa(a['kappa'])} | {a['rule']} | {', '.join(a['set']) or '—'} | "
+            lines.append(f"| {a['name']} | {T.kappa(a['kappa'])} | {a['rule']} | {', '.join(a['set']) or '—'} | "
                          f"{T.cell(a['progressive'] or 'the spec’s own')} | {T.cell(a['what'])} |")
         lines.append("")
     g = data.get("goal")
     if g:
         lines += ["", "## The separation goal", "",
-                  f"At κ={_kappa(g['kappa'])}, {g['metric']}, {g['statistic']}: the no-rule gap at least twice the "
+                  f"At κ={T.kappa(g['kappa'])}, {g['metric']}, {g['statistic']}: the no-rule gap at least twice the "
                   f"with-rule gap, and the with-rule gap within the baseline's seed spread (1×)."]
         if g.get("met") is None:
             lines.append(f"Not judged: {g['why']}.")
@@ -184,7 +170,7 @@ def markdown(data: dict, family) -> str:
                   f"> {c['claim']}", "", f"- **Verdict: {T.verdict(c, bold=False)}.**"]
         if c.get("rule"):
             lines.append(f"- Rule applied: {c['rule']}.")
-        if exact(c):
+        if T.exact(c):
             lines.append(f"- Measured: {c.get('why') or '—'}.")
         for p in c.get("parts") or []:
             lines.append(f"- Part: {T.part_line(p)}. Per seed: {', '.join(T.num(x, True) for x in p['per_seed'])}.")
@@ -200,12 +186,12 @@ def markdown(data: dict, family) -> str:
         if c.get("settings"):
             b = f", B = {c['settings']['B']}" if "B" in c["settings"] else ""
             lines.append(f"- Settings compared: A = {c['settings']['A']}{b}.")
-        if c.get("numbers") and not exact(c):
+        if c.get("numbers") and not T.exact(c):
             gaps = ", ".join(f"{k} {T.num(v)}" for k, v in c["numbers"].items())
             lines.append(f"- Mean gaps (|Δ|, {c.get('statistic') or ''}): {gaps}.")
         if c.get("probe_check"):
             lines.append(f"- Does the tracking probe measure the teacher? {c['probe_check']}.")
-        if c.get("numbers") and exact(c):
+        if c.get("numbers") and T.exact(c):
             lines.append(f"- Numbers: `{json.dumps(c['numbers'], ensure_ascii=False)}`")
         if c.get("note"):
             lines.append(f"- Our reading: {c['note']}.")
@@ -222,7 +208,7 @@ def markdown(data: dict, family) -> str:
                   "\\|Δ\\| at the end [CI] | unpaired, run | unpaired, end |",
                   "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in data["settings"]:
-            lines.append(f"| {r['metric']} | {r['setting']} | {_kappa(r['kappa'])} | {r['seeds']} | "
+            lines.append(f"| {r['metric']} | {r['setting']} | {T.kappa(r['kappa'])} | {r['seeds']} | "
                          f"{T.num(r['final_mean'])} | {T.num(r['final_std'])} | "
                          f"{_gci(r['gap_run'], r.get('ci_run'))} | {_gci(r['gap_end'], r.get('ci_end'))} | "
                          f"{T.num(r.get('unpaired_gap_run'))} | "
@@ -238,7 +224,8 @@ def markdown(data: dict, family) -> str:
                   "| setting | tracking probe (last reading) | offline probe, final teacher | offline probe, "
                   "teacher at init |", "|---|---:|---:|---:|"]
         for k, v in pc["settings"].items():
-            lines.append(f"| {k} | {_pm(v.get('tracking'))} | {_pm(v.get('offline'))} | {_pm(v.get('init'))} |")
+            cells = " | ".join(T.mean_sd(v.get(name)) for name in ("tracking", "offline", "init"))
+            lines.append(f"| {k} | {cells} |")
         lines += ["", f"{pc['summary']}.", ""]
     lines += ["## How a verdict is reached", "", data["decision_rule"], ""]
     if data["not_judged_here"]:
@@ -272,16 +259,16 @@ def print_verdicts(console, data: dict) -> None:
         if study:
             t.add_row(str(i), label, escape(T.effect(c)), verdict)
         else:
-            t.add_row(str(i), label, _kappa(c["kappa"]), escape(T.effect(c)), escape(T.mde(c)), verdict)
+            t.add_row(str(i), label, T.kappa(c["kappa"]), escape(T.effect(c)), escape(T.mde(c)), verdict)
     console.print(t)
     oc = data.get("optimizer_check")
     if oc:
-        rows = ", ".join(f"κ={_kappa(r['kappa'])} {r['setting']} {T.num(r['effect'], True)} {T.interval(r['ci'])}"
+        rows = ", ".join(f"κ={T.kappa(r['kappa'])} {r['setting']} {T.num(r['effect'], True)} {T.interval(r['ci'])}"
                          for r in oc["rows"])
         console.print(f"optimizer-rule check ({oc['metric']}, spread {T.num(oc['spread'])}): {rows}; {oc['summary']}",
                       highlight=False, markup=False)
     g = data.get("goal")
     if g and g.get("met") is not None:
-        console.print(f"tuning goal at κ={_kappa(g['kappa'])} ({g['metric']}, over the run): gap with the rule "
+        console.print(f"tuning goal at κ={T.kappa(g['kappa'])} ({g['metric']}, over the run): gap with the rule "
                       f"{T.num(g['gap_with_rule'])}, without {T.num(g['gap_without_rule'])}, baseline spread "
                       f"{T.num(g['baseline_spread'])}: {'met' if g['met'] else 'not met'}", highlight=False)

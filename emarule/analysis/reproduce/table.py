@@ -126,11 +126,6 @@ def _seeds(seeds) -> str:
     return seeds_label(tuple(seeds)) if seeds else "—"
 
 
-def _kappa(c: dict) -> str:
-    k = c.get("kappa")
-    return "—" if k is None else f"{float(k):g}"
-
-
 def _verdict(c: dict) -> str:
     return T.cell(T.verdict(c))
 
@@ -188,8 +183,8 @@ def rows(root: Path, loaded: list | None = None) -> tuple[list[list[str]], list[
                 seen.add(_seeds(main["seeds"]))
             label = c.get("short") or c["claim"]
             verdict = _verdict(c) + _caveat(c, bar) + _made_with(r_main)
-            claims.append([T.cell(label), _kappa(c), (verdict, _seeds(main.get("seeds"))), T.cell(T.effect(c)),
-                           T.cell(T.mde(c)), head, _page(family)])
+            claims.append([T.cell(label), T.kappa(c.get("kappa")), (verdict, _seeds(main.get("seeds"))),
+                           T.cell(T.effect(c)), T.cell(T.mde(c)), head, _page(family)])
         t = main.get("timing") or {}
         check = (main.get("optimizer_check") or {}).get("summary", "—")
         n_reused = _reused(t)
