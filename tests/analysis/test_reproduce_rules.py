@@ -134,6 +134,27 @@ def test_error_rates_of_every_kind(kind, seeds):
         assert r.simulate(k, -2.0, seeds, trials=2000)["verdicts"][r.REPRODUCED] <= 0.05
 
 
+@pytest.mark.parametrize("noise", [0.5, 1.0])
+@pytest.mark.parametrize("kind", [k for k, v in r.KINDS.items() if v.shape in ("directional", "departure")])
+def test_error_rates_hold_with_a_spread_estimated_from_the_baselines(kind, noise):
+    """The margins are in a pair spread that `judge` estimates from the same 5 baselines (its relative error is
+    about a third); the two rates must hold with that error too. A departure's 5 % is two-sided by design."""
+    k, n = r.KINDS[kind], 1500
+    tolerance = 3 * (0.05 * 0.95 / n) ** 0.5 if k.shape == "departure" else 0.0
+    none = r.simulate(k, 0.0, 5, trials=n, noise=noise, estimated_spread=True)["verdicts"]
+    some = r.simulate(k, 1.0, 5, trials=n, noise=noise, estimated_spread=True)["verdicts"]
+    assert none[r.REPRODUCED] <= 0.05 + tolerance and some[r.CONTRADICTED] <= 0.05
+
+
+def test_the_simulated_spread_estimates_a_true_spread_of_one():
+    """The square of a pair spread is an unbiased estimate of twice the baselines' variance, 1 here."""
+    import random
+
+    rng = random.Random(1)
+    squares = [r._estimated_spread(rng, 5) ** 2 for _ in range(4000)]
+    assert abs(sum(squares) / len(squares) - 1.0) < 0.05  # 4.5 standard errors of the mean
+
+
 def test_power_grows_with_seeds_and_effect():
     k = r.KINDS["rule_closer"]
     rep = {(e, n): r.simulate(k, e, n, trials=1000)["verdicts"][r.REPRODUCED] for e in (0.5, 2.0) for n in (5, 10)}

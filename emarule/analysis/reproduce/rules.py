@@ -326,14 +326,18 @@ KINDS = {k.name: k for k in (
 
 
 def simulate(kind: Kind, effect: float, seeds: int, trials: int = 2000, noise: float = 1.0,
-             rng_seed: int = 0) -> dict:
+             rng_seed: int = 0, estimated_spread: bool = False) -> dict:
     """Each verdict's frequency over `trials` simulated reproductions of `kind`, with `seeds` paired seeds
     whose per-seed effect is normal, of mean `effect` and sd `noise` (both in spreads).
 
     The first part carries `effect`: for a directional or non-inferiority part, the true effect in the paper's
     direction; for an equivalence part, the true distance between the two settings. Further parts of a
     joined kind hold the paper's other statement exactly (effect 0), so the frequencies are those of the
-    first part as the joined claim sees it."""
+    first part as the joined claim sees it.
+
+    `estimated_spread`: the effects are divided, as `judge` divides them, by a pair spread estimated from
+    `seeds` simulated baselines (the root mean square of their pairwise differences; its true value 1)
+    rather than by the true spread, so the frequencies include the spread's own sampling error."""
     if seeds < 2:
         raise ValueError(f"--seeds must be at least 2 for an interval, got {seeds}")
     if trials < 1:
@@ -343,14 +347,21 @@ def simulate(kind: Kind, effect: float, seeds: int, trials: int = 2000, noise: f
     rng = random.Random(rng_seed)
     counts = dict.fromkeys(VERDICTS, 0)
     for _ in range(trials):
+        scale = _estimated_spread(rng, seeds) if estimated_spread else 1.0
         decisions = []
         for i, part in enumerate(kind.parts):
             mu = effect if i == 0 else 0.0
-            decisions.append(decide(part, [rng.gauss(mu, noise) for _ in range(seeds)]))
+            decisions.append(decide(part, [rng.gauss(mu, noise) / scale for _ in range(seeds)]))
         counts[join(decisions).verdict] += 1
     return {"kind": kind.name, "shape": kind.shape, "effect": effect, "seeds": seeds, "trials": trials,
             "noise": noise, "verdicts": {v: c / trials for v, c in counts.items()},
             "mde": mde(noise, seeds), "seeds_for_effect": seeds_needed(abs(effect), noise)}
+
+
+def _estimated_spread(rng: random.Random, seeds: int) -> float:
+    """The pair spread of `seeds` simulated baselines whose true pair spread is 1 (`paired.pair_spread`)."""
+    b = [rng.gauss(0.0, math.sqrt(0.5)) for _ in range(seeds)]
+    return math.sqrt(sum((x - y) ** 2 for x in b for y in b) / (seeds * (seeds - 1)))
 
 
 def coverage(seeds: int, trials: int = 4000, level: float = 0.95, rng_seed: int = 0) -> float:
