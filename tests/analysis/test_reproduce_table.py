@@ -36,7 +36,8 @@ def root(tmp_path):
     c = K.POLYAK.claims
     _write(tmp_path, "polyak", [_claim(c[0], R.REPRODUCED), _claim(c[1], NR, 2.0, effect=0.2, ci=(-0.3, 0.7), mde=0.9),
                                 _claim(c[1], R.CONTRADICTED, 4.0, effect=-2.0, ci=(-2.5, -1.5))], [0, 1, 2, 3, 4])
-    _write(tmp_path, "polyak-headline", [_claim(c[0], "contradicted")], [100, 101, 102, 103, 104], 300.0, 15)
+    _write(tmp_path, "polyak-headline", [_claim(c[0], "contradicted", effect=-2.0, ci=(-2.5, -1.5))],
+           [100, 101, 102, 103, 104], 300.0, 15)
     return tmp_path
 
 
@@ -64,9 +65,9 @@ def test_one_row_per_judged_claim_with_its_headline_check(root):
                         "new seeds, 100–104 | page |")
     polyak = [line for line in lines if "polyak-r50.md" in line]
     assert polyak[0] == (f"| 3 | {K.POLYAK.claims[0].short} | 2 | reproduced | +3 [+2.5, +3.5] | 0.4 (spread 0.42) | "
-                         f"**contradicted** | [polyak-r50](emarule/experiments/polyak-r50.md) |")
+                         f"**contradicted** (the opposite effect) | [polyak-r50](emarule/experiments/polyak-r50.md) |")
     assert f"| 2 | {NR} | +0.2 [-0.3, +0.7] | 0.9 (spread 0.42) | — |" in polyak[1]
-    assert "| 4 | **contradicted** | -2 [-2.5, -1.5] | 0.4 (spread 0.42) | — |" in polyak[2]
+    assert "| 4 | **contradicted** (the opposite effect) | -2 [-2.5, -1.5] | 0.4 (spread 0.42) | — |" in polyak[2]
     # Families without a verdict.json say so rather than borrow a number.
     assert "not run: no " in lines[2] and lines[2].count("parabola") >= 1
     assert "| polyak | 30 | 10.0 min | 5.0 min (15 runs) | the target model's top1 strays first at κ=4 | — | — |" in md
@@ -248,7 +249,7 @@ def test_a_family_whose_latest_invocation_did_not_finish_shows_none_of_the_earli
     md = T.markdown(root)
     row = next(line for line in md.splitlines() if "polyak-r50.md" in line)
     assert "| did not finish: polyak-headline: its last invocation stopped (RuntimeError) |" in row
-    assert "| polyak | 30 | 10.0 min | did not finish |" in md and "**contradicted** |" not in row
+    assert "| polyak | 30 | 10.0 min | did not finish |" in md and "**contradicted** (the opposite effect) |" not in row
 
 
 def _made(root, name, **fields):
@@ -268,9 +269,9 @@ def test_rows_made_with_other_arguments_than_make_repros_say_so(root):
     mark = "(made with preset tiny, κ 1, 2, not `make repro`'s)"
     rows = [line for line in md.splitlines() if "polyak-r50.md" in line]
     assert all(mark in r.split(" | ")[3] for r in rows) and f"| polyak {mark} | 30 |" in md
-    assert "**contradicted** |" in rows[0]  # the headline check's cell: make repro's
+    assert "**contradicted** (the opposite effect) |" in rows[0]  # the headline check's cell: make repro's
     _made(root, "polyak-headline", kappas=[1, 4])
-    assert "**contradicted** (made with κ 1, 4, not `make repro`'s)" in T.markdown(root)
+    assert "**contradicted** (the opposite effect) (made with κ 1, 4, not `make repro`'s)" in T.markdown(root)
 
 
 @pytest.mark.parametrize("content, says", [

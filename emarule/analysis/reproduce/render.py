@@ -77,9 +77,29 @@ def verdict(c: dict, bold: bool = True) -> str:
         off = [p for p in c["parts"] if p["verdict"] != v]
         if off:
             text += "; " + "; ".join(f"the part “{p['label']}” is {p['verdict']}" for p in off)
+    if v == R.CONTRADICTED:
+        why = [w for w in map(_contradicted_by, c.get("parts") or [c]) if w]
+        text += f" ({'; '.join(why)})" if why else ""
     if c.get("stand_in"):
         text += f"; a stand-in: {c['stand_in']}"
     return text
+
+
+def _contradicted_by(p: dict) -> str:
+    """How a directional or departure part came to read contradicted, from its numbers: the opposite effect, or an
+    absence shown, which a reader should see beside the sign the seeds measured."""
+    shape = p.get("shape")
+    if p.get("verdict") != R.CONTRADICTED or shape not in ("directional", "departure", "comparative"):
+        return ""
+    hi, e = (p.get("effect_ci") or [None, None])[1], p.get("effect")
+    if shape == "comparative":
+        said = "the opposite ordering"
+    elif shape == "directional" and hi is not None and hi < 0:
+        said = "the opposite effect"
+    else:
+        side = "on the paper's side" if shape == "directional" and e is not None and e > 0 else "measured"
+        said = f"an effect beyond ±{num(p.get('margin'))} shown absent, {num(e, True)} {side}"
+    return f"{p['label']}: {said}" if p.get("label") else said
 
 
 def part_line(p: dict) -> str:
