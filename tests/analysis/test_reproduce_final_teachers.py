@@ -97,7 +97,7 @@ def test_the_table_gives_byols_headline_cell_and_the_bar_caveat_to_its_claim_at_
     rows, _, _, _ = T.rows(tmp_path, [("byol", K.BYOL, T.Root(main.verdict | {"claims": per_kappa}), T.Root(None))])
     assert [r[5] != "—" for r in rows] == [True, False, False, False, False, False]
     # the data bar's caveat on every probe's verdict: the tracking probe's and the final teachers'
-    assert all(r[2][0] == "**contradicted**" + T.BAR_MISSED for r in rows)
+    assert all(r[2][0] == "**contradicted** (the opposite effect)" + T.BAR_MISSED for r in rows)
     assert T._caveat({"metric": "byol_loss"}, {"met": False}) == ""
 
 
