@@ -38,7 +38,8 @@ test: $(STAMP)
 # on seeds 100-104 (`--headline`: only the runs that claim reads) into runs/reproduce/<family>-headline/; last,
 # the README's table of claims, each family page's results block and the README's figures (docs/figures/) are
 # rewritten from their verdict.json files and figures, with the wall time of it all.
-# A stopped root thus holds whole families. Finished runs are kept: stopped, the same command resumes. Not part of CI; the wall times are under the README's table.
+# A stopped root thus holds whole families. Finished runs are kept: stopped, the same command resumes.
+# Not part of CI; the wall times are under the README's table.
 REPRO_OUT := runs/reproduce
 REPRO_SEEDS_NEW := 100-104
 

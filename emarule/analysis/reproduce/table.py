@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,7 +202,7 @@ def noise(verdict: dict) -> str:
             v = [x for x in p.get("per_seed") or [] if isinstance(x, (int, float)) and math.isfinite(x)]
             spread = p.get("spread")
             if len(v) > 1 and isinstance(spread, (int, float)) and spread > 0:
-                out.append(statistics.stdev(v) / spread)
+                out.append(R.summarize(v).sd / spread)
     return f"{min(out):.2g}–{max(out):.2g}" if out else "—"
 
 
