@@ -213,7 +213,7 @@ def print_power_kinds(console: Console, kinds: dict, fmt_: str) -> None:
     for c in ("kind", "shape", "margin", "what"):
         t.add_column(c, overflow="fold")
     for r in rows:
-        t.add_row(r["name"], r["shape"], f"±{r['margin']:g}", r["what"])
+        t.add_row(r["name"], r["shape"], "—" if r['margin'] is None else f"±{r['margin']:g}", r["what"])
     console.print(t)
 
 

@@ -214,8 +214,11 @@ def test_polyak_claims_contradicted_and_set_aside(tmp_path):
     c = next(c for c in m["claims"] if c["kind"] == "rule_needed" and c["kappa"] == 2.0)
     assert [p["verdict"] for p in c["parts"]] == [R.REPRODUCED, R.CONTRADICTED]  # without drops; with drops more
     assert c["parts"][1]["rule"] == f"CI95 lies outside ±{1:g}"
-    # the EMA strays with the rule, the target model does not: an absence shown, so contradicted
-    assert v[("target_explains", 4.0, "top1: " + RUN)] == R.CONTRADICTED
+    # the EMA strays with the rule, the target model does not: the claim states only a sign, so no absence
+    # contradicts it; an opposite effect (the target better than its baseline) does
+    assert v[("target_explains", 4.0, "top1: " + RUN)] == R.NOT_REPRODUCED
+    m = M.measure(K.POLYAK, polyak_runs(tmp_path / "up", ema_with=-3.0, ema_without=-1.0, target_with=2.0))
+    assert verdicts(m)[("target_explains", 4.0, "top1: " + RUN)] == R.CONTRADICTED
     # Now the target strays as well: the optimizer rule is to blame, and the EMA claims are set aside.
     m = M.measure(K.POLYAK, polyak_runs(tmp_path / "b", ema_with=-3.0, ema_without=-6.0, target_with=-3.0))
     assert verdicts(m)[("target_explains", 4.0, "top1: " + RUN)] == R.REPRODUCED
@@ -345,7 +348,8 @@ def test_a_run_that_never_logged_the_metric_leaves_its_claims_unmeasured(tmp_pat
     # Pre-training only (50 base steps of 10 = epoch 5): with the rule the student is the baseline's.
     pre = next(c for c in m["claims"] if c["kind"] == "optimizer_strays")
     assert "up to epoch 5 " in pre["statistic"] and pre["spread"] == pytest.approx(math.sqrt(0.5))  # RMS of Δ
-    assert pre["effect"] == pytest.approx(0) and pre["verdict"] == R.CONTRADICTED  # paired: each seed is its baseline
+    # paired: each seed is its baseline; a departure that states no size is never contradicted by its absence
+    assert pre["effect"] == pytest.approx(0) and pre["verdict"] == R.NOT_REPRODUCED
 
 
 def test_progressive_runs_are_compared_from_their_transition(tmp_path):

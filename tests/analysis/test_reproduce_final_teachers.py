@@ -60,11 +60,16 @@ def test_the_end_claim_is_judged_on_the_final_teachers_paired_per_seed(tmp_path)
     assert [p["effect"] for p in run_claim["parts"]] == pytest.approx([0.0, 0.0])
 
 
-def test_final_teachers_that_match_either_way_contradict_it(tmp_path):
-    m = M.measure(K.BYOL, byol_runs(tmp_path, {0: 0.4, 1: -0.6, 2: 0.2}, {0: -0.3, 1: 0.5, 2: -0.2}))
+def test_final_teachers_that_match_either_way_leave_it_open_and_a_rise_contradicts_it(tmp_path):
+    # No drop without the rule: the claim states only its sign, so a small effect does not oppose it.
+    m = M.measure(K.BYOL, byol_runs(tmp_path / "a", {0: 0.4, 1: -0.6, 2: 0.2}, {0: -0.3, 1: 0.5, 2: -0.2}))
     c = _end_claim(m)
-    assert c["verdict"] == R.CONTRADICTED and c["parts"][0]["verdict"] == R.CONTRADICTED  # no drop, with power
-    assert c["parts"][0]["mde"] <= c["spread"] and "absence shown" in c["parts"][0]["rule"]
+    assert c["verdict"] == R.NOT_REPRODUCED and c["parts"][0]["verdict"] == R.NOT_REPRODUCED
+    assert c["parts"][0]["margin"] is None and c["parts"][0]["mde"] <= c["spread"]
+    # Without the rule every final teacher ends 8 points above its own seed's: the opposite effect.
+    m = M.measure(K.BYOL, byol_runs(tmp_path / "b", {0: 0.4, 1: -0.6, 2: 0.2}, {0: 8.0, 1: 7.5, 2: 8.5}))
+    c = _end_claim(m)
+    assert c["verdict"] == R.CONTRADICTED and c["parts"][0]["rule"] == "CI95 lies below 0: the opposite effect"
 
 
 def test_runs_never_probed_leave_the_claim_unmeasured(tmp_path):

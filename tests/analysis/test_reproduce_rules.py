@@ -53,8 +53,11 @@ CASES = [
     ("directional", 0, 1, 1, [0.9, 1.1, 1.0, 0.95, 1.05], r.REPRODUCED),
     ("directional", 2, 1, 1, [0.9, 1.1, 1.0, 0.95, 1.05], r.NOT_REPRODUCED),  # above 0, below the stated size
     ("directional", 0, 1, 1, [-0.9, -1.1, -1.0, -0.95, -1.05], r.CONTRADICTED),  # the opposite effect
-    ("directional", 0, 0.5, 1, [0.01, -0.01, 0.02, -0.02, 0.0], r.CONTRADICTED),  # absence shown, with power
-    ("directional", 0, 0.5, 0.01, [0.01, -0.01, 0.02, -0.02, 0.0], r.NOT_REPRODUCED),  # absence, no power
+    ("directional", 0.5, 0.5, 1, [0.01, -0.01, 0.02, -0.02, 0.0], r.CONTRADICTED),  # absence shown, with power
+    ("directional", 0.5, 0.5, 0.01, [0.01, -0.01, 0.02, -0.02, 0.0], r.NOT_REPRODUCED),  # absence, no power
+    ("directional", 0, 0.5, 1, [0.01, -0.01, 0.02, -0.02, 0.0], r.NOT_REPRODUCED),  # a sign alone: no absence
+    ("departure", 0.5, 0.5, 1, [0.01, -0.01, 0.02, -0.02, 0.0], r.CONTRADICTED),
+    ("departure", 0, 0.5, 1, [0.01, -0.01, 0.02, -0.02, 0.0], r.NOT_REPRODUCED),
     ("directional", 0, 1, 1, [2.0, -1.0, 0.5, -0.5, 1.0], r.NOT_REPRODUCED),
     ("equivalence", 0, 1, 1, [0.1, -0.1, 0.05, 0.0, -0.05], r.REPRODUCED),
     ("equivalence", 0, 1, 1, [3.0, 3.1, 2.9, 3.05, 2.95], r.CONTRADICTED),
@@ -72,7 +75,7 @@ def test_each_rule_as_written(shape, size, margin, paper, effects, verdict):
     assert d.verdict == verdict, d.rule
     assert d.effect == pytest.approx(sum(effects) / len(effects))
     assert d.effect_ci[0] < d.effect < d.effect_ci[1]
-    assert d.margin == (None if shape == "directional" and verdict != r.CONTRADICTED else margin)
+    assert d.margin == (None if shape in ("directional", "departure") and verdict != r.CONTRADICTED else margin)
 
 
 def test_a_joined_claim_needs_every_part_and_falls_to_any_contradiction():
@@ -178,3 +181,13 @@ def test_docs_print_the_power_grid_the_code_gives():
     table = r.grid_markdown(r.power_grid())
     assert table in doc
     assert len(table.splitlines()) == 2 + len(r.KINDS) * len(r.GRID_SEEDS)
+
+
+@pytest.mark.parametrize("seeds", [5, 10])
+def test_a_stated_size_is_contradicted_by_an_absence_at_most_five_percent_at_that_size(seeds):
+    """A claim that states a size can be contradicted by an absence shown inside ±size; with the effect
+    exactly at the size the two one-sided tests sit at their boundary, 5 % (3 standard errors allowed)."""
+    stated = r.Kind("stated", (r.Part("directional", size=1.0, margin=1.0, paper_effect=1.0),), "a stated size")
+    got = r.simulate(stated, 1.0, seeds, trials=2000)["verdicts"]
+    assert got[r.CONTRADICTED] <= 0.05 + 3 * (0.05 * 0.95 / 2000) ** 0.5
+    assert r.simulate(stated, 0.0, seeds, trials=500, noise=0.2)["verdicts"][r.CONTRADICTED] > 0.9  # power: shown

@@ -168,8 +168,9 @@ class Part:
     """One tested statement of a claim: its shape and the sizes fixed in advance, in spreads.
 
     `size`: the smallest effect a directional claim states (0: only a sign). `margin`: the equivalence or
-    non-inferiority margin; for a directional claim, the margin inside which its absence counts as shown.
-    `paper_effect`: the effect the paper reports, which a shown absence must have had the power to see."""
+    non-inferiority margin; for a directional claim that states a size, the margin inside which its absence
+    counts as shown. `paper_effect`: the effect the paper reports, which a shown absence must have had the
+    power to see. A claim of a sign alone has no size to be absent: only the opposite effect contradicts it."""
 
     shape: str
     size: float = 0.0
@@ -208,9 +209,11 @@ def _above(s: Summary, p: Part, opposite: str) -> tuple[str, str] | None:
 
 
 def _absent_or_open(s: Summary, p: Part) -> tuple[str, str]:
-    """Contradicted where an absence is shown with the power to see the paper's effect; open otherwise."""
+    """Contradicted where the claim states a size and an absence is shown with the power to see the paper's
+    effect; open otherwise. An effect smaller than a spread but of the paper's sign does not oppose a claim
+    that states only the sign."""
     l90, h90 = s.ci90
-    if -p.margin < l90 and h90 < p.margin and s.mde <= p.paper_effect:
+    if p.size > 0 and -p.margin < l90 and h90 < p.margin and s.mde <= p.paper_effect:
         return CONTRADICTED, (f"absence shown: CI90 inside ±{p.margin:g} with the MDE ≤ the "
                               f"paper's effect {p.paper_effect:g}")
     return _open(p)
@@ -298,9 +301,10 @@ class Kind:
         return self.parts[0].shape
 
     @property
-    def margin(self) -> float:
-        """The first part's margin: for a directional part, the band inside which an absence counts as shown."""
-        return self.parts[0].margin
+    def margin(self) -> float | None:
+        """The first part's margin; None for a signed part that states no size (no absence can be shown)."""
+        p = self.parts[0]
+        return p.margin if p.shape in ("equivalence", "noninferior") or p.size > 0 else None
 
 
 # Margins are in baseline pair spreads and fixed here, before any reproduction is judged by them.
@@ -411,6 +415,7 @@ def grid_markdown(rows: list[dict]) -> str:
             f"{v[REPRODUCED]:.2f} / {v[NOT_REPRODUCED]:.2f} / {v[CONTRADICTED]:.2f}")
     for (name, n), by_effect in cells.items():
         k = KINDS[name]
-        row = [f"`{name}`", k.shape, f"±{k.margin:g}", str(n)] + [by_effect[e] for e in effects]
+        margin = "—" if k.margin is None else f"±{k.margin:g}"
+        row = [f"`{name}`", k.shape, margin, str(n)] + [by_effect[e] for e in effects]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
