@@ -26,14 +26,16 @@ def _steps_per_epoch(run) -> float | None:
 
 
 def _total_steps(run) -> float | None:
+    """The baseline's steps: from its layout's epochs, or, where a batch is counted in seconds of audio and an
+    epoch has no fixed step count, from the plan's step-counted `schedule.total_steps` at the base batch."""
     layout = run.hparams.get("layout") or []
     total = 0.0
     for st in layout:
         spe, a, b = st.get("steps_per_epoch"), st.get("start_epoch"), st.get("end_epoch")
         if None in (spe, a, b):
-            return None
+            return _plan(run, "schedule.total_steps")
         total += float(spe) * (float(b) - float(a))
-    return total or None
+    return total or _plan(run, "schedule.total_steps")
 
 
 def horizon_vs_last_stage(claim, base: list, tables: dict) -> dict:

@@ -1,0 +1,39 @@
+"""Preset fidelity: each mechanism measured from a baseline run's records, in both layouts a run can have."""
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+
+from emarule.analysis.reproduce import claims as K
+from emarule.analysis.reproduce import mechanisms as X
+
+
+def run(rho: float, layout: list, total_steps: float | None = None):
+    plan = {"ema.momentum": {"base": rho, "scaled": rho}}
+    if total_steps is not None:
+        plan["schedule.total_steps"] = {"base": total_steps, "scaled": total_steps}
+    return SimpleNamespace(hparams={"hyperparameters": plan, "layout": layout})
+
+
+ASR = next(c for c in K.CTC_POLYAK.claims if c.mechanism == "training_vs_horizon")
+
+
+@pytest.mark.parametrize("rho,present", [(0.98, True), (0.995, False)])
+def test_training_length_is_read_from_the_plan_where_an_epoch_has_no_step_count(rho, present):
+    """A ctc run counts its batch in seconds of audio, so its layout has no steps per epoch: the plan's 900 base
+    steps are 225 steps at κ=4; at ρ_B = 0.98 (a 50-step horizon) that is 4.5 horizons against the paper's
+    20/4 = 5 (present from 2.5); at 0.995 (200 steps) 1.125, absent."""
+    layout = [{"start_epoch": 0.0, "end_epoch": 11.46, "steps_per_epoch": None}]
+    m = X.training_vs_horizon(dataclasses.replace(ASR, kappa=4.0), [run(rho, layout, 900)], {})
+    assert m["value"] == pytest.approx(225 * (1 - rho)) and m["paper"] == 5.0 and m["threshold"] == 2.5
+    assert m["present"] is present and "225 steps at κ=4" in m["what"]
+
+
+def test_training_length_from_the_layout_and_unmeasured_without_either():
+    layout = [{"start_epoch": 0.0, "end_epoch": 10.0, "steps_per_epoch": 30}]
+    m = X.training_vs_horizon(ASR, [run(0.99, layout)], {})
+    k = ASR.kappa or 1.0
+    assert m["value"] == pytest.approx(300 / k * 0.01)
+    none = X.training_vs_horizon(ASR, [run(0.99, [{"start_epoch": 0.0, "end_epoch": 1.0}])], {})
+    assert none["present"] is None and none["value"] is None
