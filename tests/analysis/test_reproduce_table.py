@@ -83,6 +83,7 @@ def test_a_reproduction_built_over_several_invocations_counts_all_their_time(roo
     md = T.markdown(root)
     assert "| polyak | 30 | 25.0 min (2 invocations) | 5.0 min (15 runs) |" in md
     assert "The reproductions took 30 min of wall time in all" in md and "The `make repro`" not in md
+    assert T._wall({"wall_s_total": 600.0, "invocations": 2}, "15 runs") == "10.0 min (15 runs, 2 invocations)"
 
 
 @pytest.mark.parametrize("trained, last_reused, shown", [

@@ -223,7 +223,7 @@ def _headline_time(family, r_new: Root | None) -> str:
             return "did not finish"
         return "not run" if family.kind == "sweep" else "—"
     t = r_new.verdict.get("timing") or {}
-    return _wall(t) + (f" ({t.get('runs')} runs)" if t else "") + _made_with(r_new)
+    return _wall(t, f"{t.get('runs')} runs" if t else "") + _made_with(r_new)
 
 
 # A verdict on a probe (the tracking one, or the final teachers' converged one) where the data bar is missed
@@ -258,9 +258,11 @@ def wall_s(timing: dict) -> float | None:
     return timing.get("wall_s_total", timing.get("wall_s"))
 
 
-def _wall(timing: dict) -> str:
+def _wall(timing: dict, runs: str = "") -> str:
+    """Minutes, with `runs` and the invocations' count in one parenthesis where there are any."""
     n = timing.get("invocations") or 1
-    return _minutes(wall_s(timing)) + (f" ({n} invocations)" if n > 1 else "")
+    said = ", ".join(x for x in (runs, f"{n} invocations" if n > 1 else "") if x)
+    return _minutes(wall_s(timing)) + (f" ({said})" if said else "")
 
 
 def total_wall_s(loaded: list) -> float:
