@@ -158,19 +158,30 @@ def write_offline_probe(run_dir: Path, top1: float) -> None:
     (run_dir / "offline_probe.json").write_text(json.dumps({"offline_probe_top1": top1, "step": 9}))
 
 
+# Records from which polyak's "at the end" mechanism is measured, and present: at 10 steps an epoch and ρ_B = 0.99
+# the EMA's horizon is 10 epochs against a last lr stage of 5 (2.0, present from 0.4).
+POLYAK_SPEC = {"schedule": {"epochs": 10, "milestones_epochs": [5]}}
+
+
+def polyak_layout(kappa: float) -> list:
+    return [{"start_epoch": 0.0, "end_epoch": 10.0, "kappa": kappa, "steps_per_epoch": 10}]
+
+
 def polyak_runs(root, ema_with, ema_without, target_with, noise=0.3):
     """Baseline seeds ±noise around t (EMA) and t − 1 (target); κ=2 and κ=4 settings offset as given."""
     dirs = []
     for s, o in enumerate((-noise, 0.0, noise)):
         dirs.append(write_run(root, f"k1-s{s}", 1.0, "exponential", s,
-                              {"ema_top1": lambda t, o=o: t + o, "top1": lambda t, o=o: t - 1 + o}))
+                              {"ema_top1": lambda t, o=o: t + o, "top1": lambda t, o=o: t - 1 + o},
+                              layout=polyak_layout(1.0), spec=POLYAK_SPEC))
         for k in (2.0, 4.0):
             dirs.append(write_run(root, f"k{k:g}-rule-s{s}", k, "exponential", s,
                                   {"ema_top1": lambda t, o=o: t + o + ema_with, "top1": lambda t, o=o: t - 1 + o
-                                   + target_with}))
+                                   + target_with}, layout=polyak_layout(k), spec=POLYAK_SPEC))
             dirs.append(write_run(root, f"k{k:g}-norule-s{s}", k, None, s,
                                   {"ema_top1": lambda t, o=o: t + o + ema_without,
-                                   "top1": lambda t, o=o: t - 1 + o + target_with}))
+                                   "top1": lambda t, o=o: t - 1 + o + target_with},
+                                  layout=polyak_layout(k), spec=POLYAK_SPEC))
     return load_runs(dirs)
 
 

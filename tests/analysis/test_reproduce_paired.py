@@ -392,6 +392,20 @@ def test_a_claim_whose_mechanism_is_absent_is_not_testable(tmp_path, rho, value,
         assert c["verdict_if_applicable"] is None
 
 
+def test_a_claim_whose_mechanism_cannot_be_measured_is_not_testable(tmp_path):
+    """Runs that record no lr milestones give the horizon-against-last-stage mechanism nothing to measure: the
+    claim is not testable ("not measured", with what is missing), never judged as if it were present."""
+    family = dataclasses.replace(K.POLYAK, claims=(K.POLYAK.claims[1],))
+    runs, _ = sweep(tmp_path, "polyak-r50", POLYAK_BASE, std(2.0, shifts(0.0), shifts(-3.0)),
+                    spec={"schedule": {"epochs": 10}},
+                    layout=lambda k: [{"start_epoch": 0.0, "end_epoch": 10.0, "kappa": k, "steps_per_epoch": 10}])
+    (c,) = M.measure(family, runs)["claims"]
+    assert c["mechanism"]["present"] is None and c["verdict"] == R.NOT_TESTABLE
+    assert c["verdict_if_applicable"] == R.REPRODUCED
+    assert D.verdict(c) == (f"{R.NOT_TESTABLE} (the EMA's horizon against the last lr stage not measured: "
+                            f"the run records no ρ_B, steps or milestones)")
+
+
 # --- stand-ins beyond the paper's range ---------------------------------------------------------
 
 

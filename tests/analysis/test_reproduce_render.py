@@ -59,7 +59,7 @@ def test_the_verdict_carries_its_qualifiers_whole():
     assert D.verdict(_record(verdict=R.NOT_MEASURED, why=long_why)) == f"{R.NOT_MEASURED} ({long_why})"
     aside = D.verdict(_record(verdict=R.SET_ASIDE, set_aside="the target model strays", why=long_why))
     assert aside == f"{R.SET_ASIDE} (the target model strays: {long_why})"
-    mech = {"name": "the EMA's horizon against the last lr stage", "what": "horizon 1 epochs: 0.2"}
+    mech = {"name": "the EMA's horizon against the last lr stage", "what": "horizon 1 epochs: 0.2", "present": False}
     assert D.verdict(_record(verdict=R.NOT_TESTABLE, mechanism=mech)) == \
         f"{R.NOT_TESTABLE} (missing the EMA's horizon against the last lr stage: horizon 1 epochs: 0.2)"
     parts = [{"label": "without departs", "verdict": R.REPRODUCED},

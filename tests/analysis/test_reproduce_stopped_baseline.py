@@ -12,7 +12,7 @@ from emarule.analysis.reproduce import measure as M
 from emarule.analysis.reproduce import paired as P
 from emarule.analysis.reproduce import render as D
 from emarule.analysis.reproduce import rules as R
-from test_reproduce import T, polyak_runs, write_run
+from test_reproduce import POLYAK_SPEC, T, polyak_layout, polyak_runs, write_run
 
 
 def test_a_stopped_baseline_makes_the_spread_unbounded():
@@ -57,12 +57,14 @@ def _fading_target_runs(root, target_with: float) -> list:
     dirs = []
     for s, o in enumerate((-0.3, 0.0, 0.3)):
         dirs.append(write_run(root, f"k1-s{s}", 1.0, "exponential", s,
-                              {"ema_top1": lambda t, o=o: t + o, "top1": lambda t, o=o: t - 1 + o}))
+                              {"ema_top1": lambda t, o=o: t + o, "top1": lambda t, o=o: t - 1 + o},
+                              layout=polyak_layout(1.0), spec=POLYAK_SPEC))
         for k in (2.0, 4.0):
             for rule, name, ema in (("exponential", "rule", -3.0), (None, "norule", -1.0)):
                 dirs.append(write_run(root, f"k{k:g}-{name}-s{s}", k, rule, s, {
                     "ema_top1": lambda t, o=o, e=ema: t + o + e,
-                    "top1": lambda t, o=o, r=rule: t - 1 + o - (target_with * (1 - t / 10) if r else 0.0)}))
+                    "top1": lambda t, o=o, r=rule: t - 1 + o - (target_with * (1 - t / 10) if r else 0.0)},
+                    layout=polyak_layout(k), spec=POLYAK_SPEC))
     return load_runs(dirs)
 
 

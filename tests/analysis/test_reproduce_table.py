@@ -180,9 +180,10 @@ def test_a_claim_is_decided_at_the_kappas_where_it_applies(root):
     why = "with the rule at κ=4: top1 worse by +3 [+2.9, +3.1] against a spread of +0.424"
     aside = {"verdict": R.SET_ASIDE, "set_aside": "the target model strays", "verdict_if_applicable": R.REPRODUCED,
              "why": why}
+    absent = {"mechanism": {"name": "m", "what": "w 0.2", "present": False}}
     _write(root / "x", "polyak", [_claim(c[0], R.REPRODUCED), _claim(c[1], R.CONTRADICTED, 2.0),
                                   _claim(c[1], R.REPRODUCED, 4.0) | aside, _claim(c[2], R.REPRODUCED, 4.0) | aside,
-                                  _claim(c[3], R.NOT_TESTABLE, 1.0) | {"mechanism": {"name": "m", "what": "w 0.2"}}],
+                                  _claim(c[3], R.NOT_TESTABLE, 1.0) | absent],
            [0, 1, 2, 3, 4])
     t = T.tally(root / "x")
     assert t["claims"] == 4 and t["decided"] == 2 and t["rows"][R.SET_ASIDE] == 2 and t["rows"][R.NOT_TESTABLE] == 1

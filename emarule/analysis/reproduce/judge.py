@@ -303,7 +303,7 @@ def judge(family: Family, claim: Claim, tables: dict, kappas: list, gate: dict |
                     else [("with", k) for k in gate_kappas or []])
     if aside:
         v.verdict_if_applicable, v.verdict, v.set_aside, v.why = v.verdict, R.SET_ASIDE, ASIDE_STRAYS, aside
-    elif mechanism is not None and mechanism.get("present") is False:
+    elif mechanism is not None and mechanism.get("present") is not True:  # absent, or its records unreadable
         v.verdict_if_applicable, v.verdict = v.verdict, R.NOT_TESTABLE
     return v
 

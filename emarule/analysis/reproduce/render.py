@@ -68,7 +68,9 @@ def verdict(c: dict, bold: bool = True) -> str:
     v = c.get("verdict") or "—"
     text = f"**{v}**" if bold and v == R.CONTRADICTED else v
     if v == R.NOT_TESTABLE:
-        text += f" (missing {mechanism(c.get('mechanism'))})"
+        m = c.get("mechanism") or {}
+        text += (f" ({m.get('name')} not measured: {m.get('what')})" if m and m.get("present") is None
+                 else f" (missing {mechanism(m)})")
     elif v == R.SET_ASIDE:
         text += f" ({c.get('set_aside')}: {c.get('why')})"
     elif v == R.NOT_MEASURED or (v == R.NOT_REPRODUCED and c.get("why") and not exact(c)):
