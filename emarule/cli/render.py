@@ -212,8 +212,8 @@ def print_power_kinds(console: Console, kinds: dict, fmt_: str) -> None:
     t = Table(title="claim kinds (margins in baseline pair spreads)", title_justify="left")
     for c in ("kind", "shape", "margin", "what"):
         t.add_column(c, overflow="fold")
-    for r in rows:
-        t.add_row(r["name"], r["shape"], "—" if r['margin'] is None else f"±{r['margin']:g}", r["what"])
+    for k in kinds.values():
+        t.add_row(k.name, k.shape, k.margin_text, k.what)
     console.print(t)
 
 

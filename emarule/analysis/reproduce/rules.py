@@ -306,6 +306,11 @@ class Kind:
         p = self.parts[0]
         return p.margin if p.shape in ("equivalence", "noninferior") or p.size > 0 else None
 
+    @property
+    def margin_text(self) -> str:
+        """The margin as the docs' grid and `emarule power --list` print it: ±m, or — where there is none."""
+        return "—" if self.margin is None else f"±{self.margin:g}"
+
 
 # Margins are in baseline pair spreads and fixed here, before any reproduction is judged by them.
 KINDS = {k.name: k for k in (
@@ -415,7 +420,6 @@ def grid_markdown(rows: list[dict]) -> str:
             f"{v[REPRODUCED]:.2f} / {v[NOT_REPRODUCED]:.2f} / {v[CONTRADICTED]:.2f}")
     for (name, n), by_effect in cells.items():
         k = KINDS[name]
-        margin = "—" if k.margin is None else f"±{k.margin:g}"
-        row = [f"`{name}`", k.shape, margin, str(n)] + [by_effect[e] for e in effects]
+        row = [f"`{name}`", k.shape, k.margin_text, str(n)] + [by_effect[e] for e in effects]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
