@@ -90,7 +90,8 @@ def test_the_table_gives_byols_headline_cell_and_the_bar_caveat_to_its_claim_at_
     from emarule.analysis.reproduce import table as T
 
     claims = [{"claim": c.text, "short": c.short, "kappa": c.kappa, "metric": c.metric, "verdict": R.CONTRADICTED,
-               "shape": "directional", "effect": -1.0, "effect_ci": [-1.5, -0.5], "mde": 0.3, "spread": 1.0}
+               "shape": "directional", "effect": -1.0, "effect_ci": [-1.5, -0.5], "mde": 0.3, "spread": 1.0,
+               "route": R.OPPOSITE}
               for c in K.BYOL.claims]
     bar = {"trained": 46.1, "init": 32.9, "pixels": 22.4, "margin": 13.2, "required": 15.0, "met": False}
     main = T.Root({"claims": claims, "timing": {}, "probe_check": {"bar": bar}})

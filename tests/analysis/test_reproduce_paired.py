@@ -145,8 +145,11 @@ def check(c: dict, verdict: str, sign: int, parts: int):
     assert lo <= c["effect"] <= hi and lo < hi  # per-seed noise: an interval of non-zero width
     assert c["mde"] > 0 and c["spread"] == pytest.approx(c["parts"][0]["spread"]) and c["n"] == len(OFFSETS)
     for p in c["parts"]:
-        assert (p["margin"] is not None) == (p["shape"] in ("equivalence", "noninferior") or p["verdict"] ==
-                                             R.CONTRADICTED)
+        # a margin where one is tested: equivalence, non-inferiority, and a stated size shown absent
+        assert (p["margin"] is not None) == (p["shape"] in ("equivalence", "noninferior") or p["route"] == R.ABSENT)
+        assert p["route"] in (R.ABOVE, R.OUTSIDE, R.INSIDE, R.OPPOSITE, R.ABSENT, R.BELOW, R.OPEN)
+        assert (p["verdict"] == R.CONTRADICTED) == (p["route"] in (R.OPPOSITE, R.ABSENT, R.BELOW) or
+                                                    (p["route"] == R.OUTSIDE and p["shape"] == "equivalence"))
         assert p["effect_ci"][0] <= p["effect"] <= p["effect_ci"][1]
 
 

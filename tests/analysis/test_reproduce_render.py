@@ -51,10 +51,10 @@ def test_the_effect_cell_gives_the_margin_of_equivalence_and_noninferiority():
 
 
 def test_the_verdict_carries_its_qualifiers_whole():
-    opposite = _record(verdict=R.CONTRADICTED, effect=-3.0, effect_ci=[-3.5, -2.5])
+    opposite = _record(verdict=R.CONTRADICTED, effect=-3.0, effect_ci=[-3.5, -2.5], route=R.OPPOSITE)
     assert D.verdict(opposite) == "**contradicted** (the opposite effect)"
     assert D.verdict(opposite, bold=False) == "contradicted (the opposite effect)"
-    assert D.verdict(_record(verdict=R.CONTRADICTED, shape="equivalence")) == "**contradicted**"
+    assert D.verdict(_record(verdict=R.CONTRADICTED, shape="equivalence", route=R.OUTSIDE)) == "**contradicted**"
     long_why = "seed 3's baseline " + "and a long reason " * 30 + "ends here"
     assert D.verdict(_record(verdict=R.NOT_MEASURED, why=long_why)) == f"{R.NOT_MEASURED} ({long_why})"
     aside = D.verdict(_record(verdict=R.SET_ASIDE, set_aside="the target model strays", why=long_why))
@@ -71,14 +71,15 @@ def test_the_verdict_carries_its_qualifiers_whole():
 
 def test_a_contradiction_says_whether_it_is_an_opposite_effect_or_an_absence():
     """An absence shown is a contradiction by the rules, but its sign may be the paper's: the cell says so."""
-    absent = _record(verdict=R.CONTRADICTED, effect=0.1, effect_ci=[-0.2, 0.4], margin=0.42)
+    absent = _record(verdict=R.CONTRADICTED, effect=0.1, effect_ci=[-0.2, 0.4], margin=0.42, route=R.ABSENT)
     assert D.verdict(absent) == "**contradicted** (an effect beyond ±0.42 shown absent, +0.1 on the paper's side)"
-    away = _record(verdict=R.CONTRADICTED, shape="departure", effect=-0.1, effect_ci=[-0.4, 0.2], margin=0.42)
+    away = _record(verdict=R.CONTRADICTED, shape="departure", effect=-0.1, effect_ci=[-0.4, 0.2], margin=0.42,
+                   route=R.ABSENT)
     assert D.verdict(away) == "**contradicted** (an effect beyond ±0.42 shown absent, -0.1 measured)"
     parts = [{"label": "without departs", "shape": "directional", "verdict": R.CONTRADICTED, "effect": -2.0,
-              "effect_ci": [-3.0, -1.0], "margin": None},
+              "effect_ci": [-3.0, -1.0], "margin": None, "route": R.OPPOSITE},
              {"label": "A closer than B", "shape": "comparative", "verdict": R.CONTRADICTED, "effect": -1.0,
-              "effect_ci": [-2.0, -0.5], "margin": None},
+              "effect_ci": [-2.0, -0.5], "margin": None, "route": R.OPPOSITE},
              {"label": "with matches", "shape": "equivalence", "verdict": R.REPRODUCED}]
     assert D.verdict(_record(verdict=R.CONTRADICTED, parts=parts)) == (
         "**contradicted**; the part “with matches” is reproduced (without departs: the opposite effect; "

@@ -48,34 +48,35 @@ def test_no_interval_from_one_seed_or_a_diverged_run_and_no_verdict_either(effec
         assert r.decide(r.Part(shape), effects).verdict == r.NOT_REPRODUCED
 
 
-# (shape, size, margin, paper_effect, effects, verdict): each branch of each rule, once.
+# (shape, size, margin, paper_effect, effects, verdict, route): each branch of each rule, once.
 CASES = [
-    ("directional", 0, 1, 1, [0.9, 1.1, 1.0, 0.95, 1.05], r.REPRODUCED),
-    ("directional", 2, 1, 1, [0.9, 1.1, 1.0, 0.95, 1.05], r.NOT_REPRODUCED),  # above 0, below the stated size
-    ("directional", 0, 1, 1, [-0.9, -1.1, -1.0, -0.95, -1.05], r.CONTRADICTED),  # the opposite effect
-    ("directional", 0.5, 0.5, 1, [0.01, -0.01, 0.02, -0.02, 0.0], r.CONTRADICTED),  # absence shown, with power
-    ("directional", 0.5, 0.5, 0.01, [0.01, -0.01, 0.02, -0.02, 0.0], r.NOT_REPRODUCED),  # absence, no power
-    ("directional", 0, 0.5, 1, [0.01, -0.01, 0.02, -0.02, 0.0], r.NOT_REPRODUCED),  # a sign alone: no absence
-    ("departure", 0.5, 0.5, 1, [0.01, -0.01, 0.02, -0.02, 0.0], r.CONTRADICTED),
-    ("departure", 0, 0.5, 1, [0.01, -0.01, 0.02, -0.02, 0.0], r.NOT_REPRODUCED),
-    ("directional", 0, 1, 1, [2.0, -1.0, 0.5, -0.5, 1.0], r.NOT_REPRODUCED),
-    ("equivalence", 0, 1, 1, [0.1, -0.1, 0.05, 0.0, -0.05], r.REPRODUCED),
-    ("equivalence", 0, 1, 1, [3.0, 3.1, 2.9, 3.05, 2.95], r.CONTRADICTED),
-    ("equivalence", 0, 1, 1, [-3.0, -3.1, -2.9, -3.05, -2.95], r.CONTRADICTED),
-    ("equivalence", 0, 1, 1, [0.9, 1.1, 0.8, 1.2, 1.0], r.NOT_REPRODUCED),
-    ("noninferior", 0, 1, 1, [-0.5, -0.4, -0.6, -0.45, -0.55], r.REPRODUCED),
-    ("noninferior", 0, 1, 1, [-3.0, -3.1, -2.9, -3.05, -2.95], r.CONTRADICTED),
-    ("noninferior", 0, 1, 1, [-1.0, -0.5, -1.5, -0.8, -1.2], r.NOT_REPRODUCED),
+    ("directional", 0, 1, 1, [0.9, 1.1, 1.0, 0.95, 1.05], r.REPRODUCED, r.ABOVE),
+    ("directional", 2, 1, 1, [0.9, 1.1, 1.0, 0.95, 1.05], r.NOT_REPRODUCED, r.OPEN),  # above 0, below the stated size
+    ("directional", 0, 1, 1, [-0.9, -1.1, -1.0, -0.95, -1.05], r.CONTRADICTED, r.OPPOSITE),  # the opposite effect
+    ("directional", 0.5, 0.5, 1, [0.01, -0.01, 0.02, -0.02, 0.0], r.CONTRADICTED, r.ABSENT),  # absence, with power
+    ("directional", 0.5, 0.5, 0.01, [0.01, -0.01, 0.02, -0.02, 0.0], r.NOT_REPRODUCED, r.OPEN),  # absence, no power
+    ("directional", 0, 0.5, 1, [0.01, -0.01, 0.02, -0.02, 0.0], r.NOT_REPRODUCED, r.OPEN),  # a sign alone: no absence
+    ("departure", 0.5, 0.5, 1, [0.01, -0.01, 0.02, -0.02, 0.0], r.CONTRADICTED, r.ABSENT),
+    ("departure", 0, 0.5, 1, [0.01, -0.01, 0.02, -0.02, 0.0], r.NOT_REPRODUCED, r.OPEN),
+    ("directional", 0, 1, 1, [2.0, -1.0, 0.5, -0.5, 1.0], r.NOT_REPRODUCED, r.OPEN),
+    ("equivalence", 0, 1, 1, [0.1, -0.1, 0.05, 0.0, -0.05], r.REPRODUCED, r.INSIDE),
+    ("equivalence", 0, 1, 1, [3.0, 3.1, 2.9, 3.05, 2.95], r.CONTRADICTED, r.OUTSIDE),
+    ("equivalence", 0, 1, 1, [-3.0, -3.1, -2.9, -3.05, -2.95], r.CONTRADICTED, r.OUTSIDE),
+    ("equivalence", 0, 1, 1, [0.9, 1.1, 0.8, 1.2, 1.0], r.NOT_REPRODUCED, r.OPEN),
+    ("noninferior", 0, 1, 1, [-0.5, -0.4, -0.6, -0.45, -0.55], r.REPRODUCED, r.ABOVE),
+    ("noninferior", 0, 1, 1, [-3.0, -3.1, -2.9, -3.05, -2.95], r.CONTRADICTED, r.BELOW),
+    ("noninferior", 0, 1, 1, [-1.0, -0.5, -1.5, -0.8, -1.2], r.NOT_REPRODUCED, r.OPEN),
 ]
 
 
-@pytest.mark.parametrize("shape, size, margin, paper, effects, verdict", CASES)
-def test_each_rule_as_written(shape, size, margin, paper, effects, verdict):
+@pytest.mark.parametrize("shape, size, margin, paper, effects, verdict, route", CASES)
+def test_each_rule_as_written(shape, size, margin, paper, effects, verdict, route):
     d = r.decide(r.Part(shape, size=size, margin=margin, paper_effect=paper), effects)
-    assert d.verdict == verdict, d.rule
+    assert (d.verdict, d.route) == (verdict, route), d.rule
     assert d.effect == pytest.approx(sum(effects) / len(effects))
     assert d.effect_ci[0] < d.effect < d.effect_ci[1]
-    assert d.margin == (None if shape in ("directional", "departure") and verdict != r.CONTRADICTED else margin)
+    # the margin where one was tested: equivalence, non-inferiority, a stated size shown absent
+    assert d.margin == (None if shape in ("directional", "departure") and route != r.ABSENT else margin)
 
 
 def test_a_joined_claim_needs_every_part_and_falls_to_any_contradiction():

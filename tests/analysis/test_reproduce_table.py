@@ -21,7 +21,8 @@ EFFECT_CELL = re.compile(rf"{NUM} \[{NUM}, {NUM}\](?:, margin [±−][\d.e+−-]
 def _claim(c: K.Claim, verdict: str, kappa=None, why="", effect=3.0, ci=(2.5, 3.5), mde=0.4) -> dict:
     return {"claim": c.text, "short": c.short, "paper": c.paper, "kind": c.kind, "metric": c.metric,
             "kappa": c.kappa if kappa is None else kappa, "verdict": verdict, "why": why, "shape": "directional",
-            "effect": effect, "effect_ci": list(ci), "mde": mde, "spread": 0.42, "parts": []}
+            "effect": effect, "effect_ci": list(ci), "mde": mde, "spread": 0.42, "parts": [],
+            "route": R.OPPOSITE if verdict == R.CONTRADICTED and ci[1] < 0 else ""}
 
 
 def _write(root, name, claims, seeds, wall_s=600.0, runs=30, check="the target model's top1 strays first at κ=4"):

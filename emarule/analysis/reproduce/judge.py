@@ -239,7 +239,8 @@ def decide_parts(kind: str, effects: list[Effects], stated: float = 0.0) -> tupl
         if not e.scale or not math.isfinite(e.scale):  # the effect stays measured, in the metric's units
             decisions.append(R.Decision(R.NOT_REPRODUCED, part.shape, R.summarize(list(e.values)).mean,
                                         (-math.inf, math.inf), math.inf, None,
-                                        "no finite baseline spread to scale the effect by", len(e.values)))
+                                        "no finite baseline spread to scale the effect by", len(e.values),
+                                        route=R.OPEN))
             d, sc = decisions[-1], 1.0
         else:
             decisions.append(R.decide(part, [v / e.scale for v in e.values]))
@@ -247,7 +248,7 @@ def decide_parts(kind: str, effects: list[Effects], stated: float = 0.0) -> tupl
         records.append({"label": e.label, "shape": d.shape, "statistic": e.statistic, "verdict": d.verdict,
                         "effect": d.effect * sc, "effect_ci": [d.effect_ci[0] * sc, d.effect_ci[1] * sc],
                         "mde": d.mde * sc, "margin": None if d.margin is None else d.margin * sc, "spread": e.scale,
-                        "rule": d.rule, "n": d.n, "per_seed": list(e.values)})
+                        "rule": d.rule, "route": d.route, "n": d.n, "per_seed": list(e.values)})
     return R.join(decisions), records
 
 

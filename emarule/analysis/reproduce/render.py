@@ -88,18 +88,16 @@ def verdict(c: dict, bold: bool = True) -> str:
 
 
 def _contradicted_by(p: dict) -> str:
-    """How a directional or departure part came to read contradicted, from its numbers: the opposite effect, or an
-    absence shown, which a reader should see beside the sign the seeds measured."""
-    shape = p.get("shape")
-    if p.get("verdict") != R.CONTRADICTED or shape not in ("directional", "departure", "comparative"):
+    """How a signed part came to read contradicted (its `route`): the opposite effect, or an absence shown, which a
+    reader should see beside the sign the seeds measured."""
+    route = p.get("route")
+    if p.get("verdict") != R.CONTRADICTED or route not in (R.OPPOSITE, R.ABSENT):
         return ""
-    hi, e = (p.get("effect_ci") or [None, None])[1], p.get("effect")
-    if shape == "comparative":
-        said = "the opposite ordering"
-    elif shape == "directional" and hi is not None and hi < 0:
-        said = "the opposite effect"
+    if route == R.OPPOSITE:
+        said = "the opposite ordering" if p.get("shape") == "comparative" else "the opposite effect"
     else:
-        side = "on the paper's side" if shape == "directional" and e is not None and e > 0 else "measured"
+        e = p.get("effect")
+        side = "on the paper's side" if p.get("shape") == "directional" and e is not None and e > 0 else "measured"
         said = f"an effect beyond ±{num(p.get('margin'))} shown absent, {num(e, True)} {side}"
     return f"{p['label']}: {said}" if p.get("label") else said
 

@@ -53,6 +53,14 @@ NOT_TESTABLE = "not testable at this preset"  # the preset lacks the mechanism t
 SET_ASIDE = "set aside"  # the optimizer rule itself strays where the claim is about the EMA
 NOT_MEASURED = "not measured"  # a run the claim needs is missing, or never logged the metric
 ALL_VERDICTS = (REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE, CONTRADICTED, SET_ASIDE, NOT_MEASURED)
+# Which test of its rule decided a part (`Decision.route`), so that no reader re-derives it from the numbers:
+ABOVE = "above"  # CI95 above the stated size (directional, comparative) or above −margin (noninferior)
+OUTSIDE = "outside"  # CI95 outside ±size (departure, reproduced) or outside ±margin (equivalence, contradicted)
+INSIDE = "inside"  # TOST: CI90 inside ±margin (equivalence)
+OPPOSITE = "opposite"  # CI95 below 0: the opposite effect or ordering
+ABSENT = "absent"  # TOST shows the stated size absent, with the power to see the paper's effect
+BELOW = "below"  # CI95 below −margin (noninferior)
+OPEN = "open"  # not decided at the seeds run
 POWER = 0.8  # the power the minimum detectable effect is quoted at
 MAX_SEEDS = 1000  # seeds_needed's search ends here
 
@@ -196,65 +204,66 @@ class Decision:
     rule: str  # the words of the rule that gave the verdict
     n: int
     parts: tuple = field(default=())  # the parts' own decisions, for a joined claim
+    route: str = ""  # which test of its rule decided a part (ABOVE … OPEN); "" for a joined claim
 
 
-def _above(s: Summary, p: Part, opposite: str) -> tuple[str, str] | None:
+def _above(s: Summary, p: Part, opposite: str) -> tuple[str, str, str] | None:
     """The signed rules' first two outcomes: CI95 above the stated size, or below 0 (the `opposite`)."""
     lo, hi = s.ci95
     if lo > p.size:
-        return REPRODUCED, f"CI95 lies above {p.size:g}"
+        return REPRODUCED, ABOVE, f"CI95 lies above {p.size:g}"
     if hi < 0:
-        return CONTRADICTED, f"CI95 lies below 0: the opposite {opposite}"
+        return CONTRADICTED, OPPOSITE, f"CI95 lies below 0: the opposite {opposite}"
     return None
 
 
-def _absent_or_open(s: Summary, p: Part) -> tuple[str, str]:
+def _absent_or_open(s: Summary, p: Part) -> tuple[str, str, str]:
     """Contradicted where the claim states a size and an absence is shown with the power to see the paper's
     effect; open otherwise. An effect smaller than a spread but of the paper's sign does not oppose a claim
     that states only the sign."""
     l90, h90 = s.ci90
     if p.size > 0 and -p.margin < l90 and h90 < p.margin and s.mde <= p.paper_effect:
-        return CONTRADICTED, (f"absence shown: CI90 inside ±{p.margin:g} with the MDE ≤ the "
-                              f"paper's effect {p.paper_effect:g}")
+        return CONTRADICTED, ABSENT, (f"absence shown: CI90 inside ±{p.margin:g} with the MDE ≤ the "
+                                      f"paper's effect {p.paper_effect:g}")
     return _open(p)
 
 
-def _open(p: Part) -> tuple[str, str]:
-    return NOT_REPRODUCED, f"CI95 reaches {p.size:g}: not decided at the seeds run"
+def _open(p: Part) -> tuple[str, str, str]:
+    return NOT_REPRODUCED, OPEN, f"CI95 reaches {p.size:g}: not decided at the seeds run"
 
 
-def _directional(s: Summary, p: Part) -> tuple[str, str]:
+def _directional(s: Summary, p: Part) -> tuple[str, str, str]:
     return _above(s, p, "effect") or _absent_or_open(s, p)
 
 
-def _departure(s: Summary, p: Part) -> tuple[str, str]:
+def _departure(s: Summary, p: Part) -> tuple[str, str, str]:
     lo, hi = s.ci95
     if lo > p.size or hi < -p.size:
-        return REPRODUCED, f"CI95 lies outside ±{p.size:g}"
+        return REPRODUCED, OUTSIDE, f"CI95 lies outside ±{p.size:g}"
     return _absent_or_open(s, p)
 
 
-def _comparative(s: Summary, p: Part) -> tuple[str, str]:
+def _comparative(s: Summary, p: Part) -> tuple[str, str, str]:
     return _above(s, p, "ordering") or _open(p)
 
 
-def _equivalence(s: Summary, p: Part) -> tuple[str, str]:
+def _equivalence(s: Summary, p: Part) -> tuple[str, str, str]:
     l90, h90 = s.ci90
     if -p.margin < l90 and h90 < p.margin:
-        return REPRODUCED, f"TOST: CI90 inside ±{p.margin:g}"
+        return REPRODUCED, INSIDE, f"TOST: CI90 inside ±{p.margin:g}"
     lo, hi = s.ci95
     if lo > p.margin or hi < -p.margin:
-        return CONTRADICTED, f"CI95 lies outside ±{p.margin:g}"
-    return NOT_REPRODUCED, f"CI90 reaches ±{p.margin:g}: not decided at the seeds run"
+        return CONTRADICTED, OUTSIDE, f"CI95 lies outside ±{p.margin:g}"
+    return NOT_REPRODUCED, OPEN, f"CI90 reaches ±{p.margin:g}: not decided at the seeds run"
 
 
-def _noninferior(s: Summary, p: Part) -> tuple[str, str]:
+def _noninferior(s: Summary, p: Part) -> tuple[str, str, str]:
     lo, hi = s.ci95
     if lo > -p.margin:
-        return REPRODUCED, f"CI95 lies above −{p.margin:g}"
+        return REPRODUCED, ABOVE, f"CI95 lies above −{p.margin:g}"
     if hi < -p.margin:
-        return CONTRADICTED, f"CI95 lies below −{p.margin:g}"
-    return NOT_REPRODUCED, f"CI95 reaches −{p.margin:g}: not decided at the seeds run"
+        return CONTRADICTED, BELOW, f"CI95 lies below −{p.margin:g}"
+    return NOT_REPRODUCED, OPEN, f"CI95 reaches −{p.margin:g}: not decided at the seeds run"
 
 
 _RULES = {"directional": _directional, "departure": _departure, "comparative": _comparative,
@@ -264,9 +273,9 @@ _RULES = {"directional": _directional, "departure": _departure, "comparative": _
 def decide(part: Part, effects: list[float]) -> Decision:
     """The verdict on one part from its per-seed signed effects (in spreads)."""
     s = summarize(effects)
-    verdict, rule = _RULES[part.shape](s, part)
-    margin = part.margin if part.shape in ("equivalence", "noninferior") or verdict == CONTRADICTED else None
-    return Decision(verdict, part.shape, s.mean, s.ci95, s.mde, margin, rule, s.n)
+    verdict, route, rule = _RULES[part.shape](s, part)
+    margin = part.margin if part.shape in ("equivalence", "noninferior") or route == ABSENT else None
+    return Decision(verdict, part.shape, s.mean, s.ci95, s.mde, margin, rule, s.n, route=route)
 
 
 def join(decisions: list[Decision], lead: int = 0) -> Decision:
