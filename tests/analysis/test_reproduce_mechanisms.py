@@ -37,3 +37,15 @@ def test_training_length_from_the_layout_and_unmeasured_without_either():
     assert m["value"] == pytest.approx(300 / k * 0.01)
     none = X.training_vs_horizon(ASR, [run(0.99, [{"start_epoch": 0.0, "end_epoch": 1.0}])], {})
     assert none["present"] is None and none["value"] is None
+
+
+def test_every_claim_on_the_pseudo_labels_needs_labels_that_carry_information():
+    """The pseudo-label mechanism is §3.3's, and App. G's claim on the same teacher's pseudo-label WER is about
+    the same pseudo-labeling: each claim on pl_wer or on the student's WER after pseudo-labeling names it."""
+    for c in K.CTC_PL.claims:
+        if c.metric == "pl_wer" or (c.metric == "wer" and c.until is None):
+            assert c.mechanism == "informative_pseudo_labels", c.short
+    pl = {"pl_wer": {"baseline": ([10.0, 20.0], [72.0, 66.0])}}
+    m = X.informative_pseudo_labels(K.CTC_PL.claims[-1], [], pl)
+    assert m["value"] == pytest.approx(69.0) and m["present"] is False and "69 %" in m["what"]
+    assert X.informative_pseudo_labels(K.CTC_PL.claims[-1], [], {})["present"] is None

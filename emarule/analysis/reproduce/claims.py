@@ -510,6 +510,7 @@ CTC_PL = Family(
         Claim("… if the Adam Scaling Rule does not hold perfectly … the EMA Scaling Rule also gives discrepancies with "
               "the reference trajectory, however they are negligible compared to the models without the EMA Scaling "
               "Rule", "App. G", "rule_closer", "pl_wer", 4.0, "run", "L2344–2346", ratio=2.0, gated=False,
+              mechanism="informative_pseudo_labels",
               note="judged where the Adam rule strays (κ=4), as the paper makes it; \"negligible\" read as less "
                    "than half: the paired effect is gap without − 2 × gap with",
               short="App. G: where the Adam rule strays, the rule's discrepancy is small against no rule's"),
