@@ -39,6 +39,7 @@ test: $(STAMP)
 # the README's table of claims, each family page's results block and the README's figures (docs/figures/) are
 # rewritten from their verdict.json files and figures, with the wall time of it all.
 # A stopped root thus holds whole families. Finished runs are kept: stopped, the same command resumes.
+# Before each family a line says where it is: `make repro: [3/9] polyak, 2 min in`.
 # Not part of CI; the wall times are under the README's table.
 REPRO_OUT := runs/reproduce
 REPRO_SEEDS_NEW := 100-104
@@ -46,7 +47,9 @@ REPRO_SEEDS_NEW := 100-104
 repro: $(STAMP)
 	@start=$$(date +%s); \
 	families=$$($(BIN)/python -c 'from emarule.analysis.reproduce.claims import FAMILIES; print(*(f"{n}:{f.kind}" for n, f in FAMILIES.items()))'); \
-	for fk in $$families; do f=$${fk%%:*}; \
+	n=$$(echo $$families | wc -w); i=0; \
+	for fk in $$families; do f=$${fk%%:*}; i=$$((i + 1)); \
+	  echo "make repro: [$$i/$$n] $$f, $$(( ($$(date +%s) - start) / 60 )) min in"; \
 	  $(BIN)/emarule reproduce $$f --out $(REPRO_OUT)/$$f || echo "make repro: $$f did not complete"; \
 	  if [ "$${fk#*:}" = sweep ]; then $(BIN)/emarule reproduce $$f --headline --seeds $(REPRO_SEEDS_NEW) \
 	    --out $(REPRO_OUT)/$$f-headline || echo "make repro: $$f --headline did not complete"; fi; done; \
