@@ -48,7 +48,6 @@ def test_a_diverged_baseline_leaves_every_claim_not_measured_and_names_its_seed(
     check = m["optimizer_check"]
     assert all(r["state"] is None for r in check["rows"]) and check["first_strays_kappa"] is None
     assert "not judged" in check["summary"] and "seed 2" in check["summary"]
-    assert m["goal"]["met"] is None and "seed 2" in m["goal"]["why"]
 
 
 def _fading_target_runs(root, target_with: float) -> list:

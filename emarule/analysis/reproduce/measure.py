@@ -15,9 +15,6 @@ from emarule.analysis.reproduce import paired as V
 from emarule.analysis.reproduce import rules as R
 from emarule.analysis.reproduce.claims import SHORTEST_ALSO, STANDARD, Claim, Family, Metric, for_spec, setting_key
 
-STATISTIC = {"run": "mean |Δ| over the run", "end": "|Δ| at the end"}
-
-
 def groups(runs: list, arms: dict | None = None) -> tuple[list, dict]:
     """(baseline runs, {(κ, "with"|"without"|"linear"|ARM): runs}), each list sorted by seed. `arms` maps a
     run directory to the name of the arm it belongs to (`emarule.analysis.sweep.execute`'s record of it); a run not
@@ -143,12 +140,9 @@ def measure(family: Family, runs: list, arms: dict | None = None) -> dict:
         if span and v.statistic:
             v.statistic += span
         claims.append(v.as_dict())
-    out = {"tables": tables, "claims": claims, "kappas": kappas, "baseline_seeds": len(base),
-           "seeds": [r.seed for r in base], "goal": goal(family, tables, kappas), "since_epoch": since,
-           "optimizer_check": optimizer_check(family, gate, kappas)}
-    if since:
-        out["goal"]["statistic"] = f"{STATISTIC['run']} from epoch {since:g}"
-    return out
+    return {"tables": tables, "claims": claims, "kappas": kappas, "baseline_seeds": len(base),
+            "seeds": [r.seed for r in base], "since_epoch": since,
+            "optimizer_check": optimizer_check(family, gate, kappas)}
 
 
 def _metrics_read(family: Family, c: Claim) -> list:
@@ -177,26 +171,6 @@ def claim_since(family: Family, claim: Claim, settings: dict, standard: float | 
     keys = [setting_key(family, n, claim.kappa) for n in names]  # (setting, κ); `settings` has (κ, setting)
     runs = [r for name, k in keys for r in settings.get((k, name), [])]
     return transition_epoch(runs) if runs else standard
-
-
-def goal(family: Family, tables: dict, kappas: list) -> dict:
-    """The separation goal the presets were tuned to (on the EMA metric's gaps over the run at
-    `family.goal_kappa`): the no-rule gap at least twice the with-rule gap, and the with-rule gap within
-    the baselines' pair spread. A tuning target, not a verdict."""
-    k, table = family.goal_kappa, tables[family.ema_metric.name]
-    out = {"kappa": k, "metric": family.ema_metric.name, "statistic": STATISTIC["run"]}
-    if k not in kappas:
-        return out | {"met": None, "why": f"not measured: κ={k:g} was not in --kappas"}
-    gw, gwo, s = _stat(table, "with", k, "run"), _stat(table, "without", k, "run"), J.scale(table, "gap", "run")
-    out |= {"gap_with_rule": gw, "gap_without_rule": gwo, "baseline_spread": s}
-    if None in (gw, gwo):
-        return out | {"met": None, "why": f"not measured: a run at κ={k:g} never logged {family.ema_metric.name}"}
-    if s is None:
-        return out | {"met": None, "why": V.NO_SPREAD}
-    if V.unbounded(s):
-        return out | {"met": None, "why": _stopped_why(stopped_baselines(table))}
-    a, b = bool(gwo >= V.FACTOR * gw), bool(gw <= s)
-    return out | {"met": a and b, "without_at_least_2x_with": a, "with_within_spread": b}
 
 
 def expand(claims, kappas: list) -> list[Claim]:
@@ -230,11 +204,6 @@ def not_logged(c: Claim, family: Family) -> J.Verdict:
            else f"a baseline run has no {file} (its final teacher was not probed)" if file
            else f"this preset does not log {c.metric}")
     return J.Verdict.of(c, why=why)
-
-
-def _stat(table: dict, rule: str, kappa: float | None, over: str) -> float | None:
-    row = table["rows"].get((rule, kappa))
-    return None if row is None or row["gaps"] is None else row["gaps"][over]
 
 
 def stopped_baselines(table: dict) -> list:

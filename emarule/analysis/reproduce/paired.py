@@ -24,7 +24,6 @@ import math
 
 from emarule.analysis.compare import finite_number, gap, mean_curve
 
-FACTOR = 2.0
 # Without its run's planned end (`stopped`), a curve that ends before this share of the baseline's last
 # epoch counts as a run stopped early.
 INCOMPLETE = 0.99
@@ -207,11 +206,6 @@ def loo_spread(values: list) -> float | None:
 
 def final(curve: tuple[list, list]) -> float | None:
     return finite_number(curve[1][-1]) if curve[1] else None
-
-
-
-
-NO_SPREAD = "the baseline spread is undefined (fewer than 2 baseline seeds)"
 
 
 def unbounded(*spreads: float | None) -> bool:

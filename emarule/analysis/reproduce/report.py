@@ -70,7 +70,6 @@ def payload(family, args: dict, claims: list, measured: dict | None, figures: li
         "arms": args.get("arms") or [],
         "optimizer_check": (measured or {}).get("optimizer_check"),
         "probe_check": (measured or {}).get("probe_check") or None,
-        "goal": (measured or {}).get("goal"),
         "figures": figures, "timing": timing,
         "decision_rule": decision_rules() if family.kind == "sweep" else STUDY_RULES,
         "not_judged_here": [{"claim": c.text, "paper": c.paper, "why": c.note} for c in family.extra_claims],
@@ -152,18 +151,6 @@ def markdown(data: dict, family) -> str:
             lines.append(f"| {a['name']} | {T.kappa(a['kappa'])} | {a['rule']} | {', '.join(a['set']) or '—'} | "
                          f"{T.cell(a['progressive'] or 'the spec’s own')} | {T.cell(a['what'])} |")
         lines.append("")
-    g = data.get("goal")
-    if g:
-        lines += ["", "## The separation goal", "",
-                  f"At κ={T.kappa(g['kappa'])}, {g['metric']}, {g['statistic']}: the no-rule gap at least twice the "
-                  f"with-rule gap, and the with-rule gap within the baseline's seed spread (1×)."]
-        if g.get("met") is None:
-            lines.append(f"Not judged: {g['why']}.")
-        else:
-            lines.append(f"Gap with the rule {T.num(g['gap_with_rule'])}, without {T.num(g['gap_without_rule'])}, "
-                         f"baseline spread {T.num(g['baseline_spread'])}: **{'met' if g['met'] else 'not met'}**"
-                         + (f" (without ≥ 2× with: {'yes' if g['without_at_least_2x_with'] else 'no'}; with ≤ "
-                            f"spread: {'yes' if g['with_within_spread'] else 'no'})." if not g["met"] else "."))
     lines += ["", "## Claims", ""]
     for i, c in enumerate(data["claims"], 1):
         lines += [f"### {i}. {c['paper']}" + (f" ({c['where']})" if c.get("where") else ""), "",
@@ -267,8 +254,3 @@ def print_verdicts(console, data: dict) -> None:
                          for r in oc["rows"])
         console.print(f"optimizer-rule check ({oc['metric']}, spread {T.num(oc['spread'])}): {rows}; {oc['summary']}",
                       highlight=False, markup=False)
-    g = data.get("goal")
-    if g and g.get("met") is not None:
-        console.print(f"tuning goal at κ={T.kappa(g['kappa'])} ({g['metric']}, over the run): gap with the rule "
-                      f"{T.num(g['gap_with_rule'])}, without {T.num(g['gap_without_rule'])}, baseline spread "
-                      f"{T.num(g['baseline_spread'])}: {'met' if g['met'] else 'not met'}", highlight=False)
