@@ -271,7 +271,7 @@ def test_target_explains_each_way(tmp_path, ema, top1, verdict):
     assert m["present"] is (ema != 0.0) and m["value"] == pytest.approx(-ema, abs=0.02)
     if verdict == R.NOT_TESTABLE:
         assert c["verdict_if_applicable"] == R.REPRODUCED and c["set_aside"] is None
-        assert D.verdict(c) == f"{R.NOT_TESTABLE} (missing {m['name']}: {m['what']})"
+        assert D.verdict(c) == f"{R.NOT_TESTABLE} (missing {m['name']}: {m['what']}); the rules alone: {R.REPRODUCED}"
     else:
         assert c["effect_ci"][0] <= c["effect"] <= c["effect_ci"][1] and c["mde"] > 0
 
@@ -320,7 +320,7 @@ def test_an_ema_claim_where_the_target_strays_is_set_aside_with_the_targets_numb
     eff = sum(-d for d in shifts(-3.0)) / 5
     assert c["why"].startswith(f"with the rule at κ=4: top1 worse by {eff:+.3g} [")
     assert c["why"].endswith(f"against a spread of {SPREAD:+.3g}")
-    assert D.verdict(c) == f"{R.SET_ASIDE} ({J.ASIDE_STRAYS}: {c['why']})"
+    assert D.verdict(c) == f"{R.SET_ASIDE} ({J.ASIDE_STRAYS}: {c['why']}); the rules alone: {R.REPRODUCED}"
     # judged where the optimizer rule strays, as the paper makes the claim (gated=False)
     c = polyak_with(tmp_path / "ungated", claim("rule_needed", kappa=4.0, gated=False), settings)
     assert c["verdict"] == R.REPRODUCED and c["set_aside"] is None and c["verdict_if_applicable"] is None
@@ -406,7 +406,7 @@ def test_a_claim_whose_mechanism_cannot_be_measured_is_not_testable(tmp_path):
     assert c["mechanism"]["present"] is None and c["verdict"] == R.NOT_TESTABLE
     assert c["verdict_if_applicable"] == R.REPRODUCED
     assert D.verdict(c) == (f"{R.NOT_TESTABLE} (the EMA's horizon against the last lr stage not measured: "
-                            f"the run records no ρ_B, steps or milestones)")
+                            f"the run records no ρ_B, steps or milestones); the rules alone: {R.REPRODUCED}")
 
 
 # --- stand-ins beyond the paper's range ---------------------------------------------------------

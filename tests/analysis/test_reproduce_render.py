@@ -62,6 +62,12 @@ def test_the_verdict_carries_its_qualifiers_whole():
     mech = {"name": "the EMA's horizon against the last lr stage", "what": "horizon 1 epochs: 0.2", "present": False}
     assert D.verdict(_record(verdict=R.NOT_TESTABLE, mechanism=mech)) == \
         f"{R.NOT_TESTABLE} (missing the EMA's horizon against the last lr stage: horizon 1 epochs: 0.2)"
+    # what the seeds showed all the same, beside the reason it does not count
+    assert D.verdict(_record(verdict=R.NOT_TESTABLE, mechanism=mech, verdict_if_applicable=R.CONTRADICTED)) == \
+        f"{R.NOT_TESTABLE} (missing the EMA's horizon against the last lr stage: horizon 1 epochs: 0.2); the rules " \
+        f"alone: {R.CONTRADICTED}"
+    assert D.verdict(_record(verdict=R.SET_ASIDE, set_aside="s", why="w", verdict_if_applicable=R.REPRODUCED)) == \
+        f"{R.SET_ASIDE} (s: w); the rules alone: {R.REPRODUCED}"
     parts = [{"label": "without departs", "verdict": R.REPRODUCED},
              {"label": "with matches", "verdict": R.NOT_REPRODUCED}]
     assert D.verdict(_record(verdict=R.NOT_REPRODUCED, parts=parts)) == \

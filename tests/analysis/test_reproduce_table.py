@@ -189,7 +189,7 @@ def test_a_claim_is_decided_at_the_kappas_where_it_applies(root):
     t = T.tally(root / "x")
     assert t["claims"] == 4 and t["decided"] == 2 and t["rows"][R.SET_ASIDE] == 2 and t["rows"][R.NOT_TESTABLE] == 1
     md = T.markdown(root / "x")
-    assert f"| 4 | set aside (the target model strays: {why}) |" in md
+    assert f"| 4 | set aside (the target model strays: {why}); the rules alone: reproduced |" in md
     assert "| 1 | not testable at this preset (missing m: w 0.2) |" in md
     assert "2 of 4 decided at every κ where they apply" in md and "2 set aside" in md
 

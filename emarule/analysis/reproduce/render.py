@@ -63,8 +63,8 @@ def mechanism(m: dict | None) -> str:
 
 
 def verdict(c: dict, bold: bool = True) -> str:
-    """The verdict and what qualifies it: the mechanism a preset lacks, what strays, a part that fell short,
-    a stand-in κ. Never cut short."""
+    """The verdict and what qualifies it: the mechanism a preset lacks or what strays (with what the rules alone
+    would have said), a part that fell short, a stand-in κ. Never cut short."""
     v = c.get("verdict") or "—"
     text = f"**{v}**" if bold and v == R.CONTRADICTED else v
     if v == R.NOT_TESTABLE:
@@ -73,6 +73,9 @@ def verdict(c: dict, bold: bool = True) -> str:
                  else f" (missing {mechanism(m)})")
     elif v == R.SET_ASIDE:
         text += f" ({c.get('set_aside')}: {c.get('why')})"
+    if v in (R.NOT_TESTABLE, R.SET_ASIDE) and c.get("verdict_if_applicable"):
+        # what the seeds showed all the same, so that a reader sees it beside the reason it does not count
+        text += f"; the rules alone: {c['verdict_if_applicable']}"
     elif v == R.NOT_MEASURED or (v == R.NOT_REPRODUCED and c.get("why") and not exact(c)):
         text += f" ({c.get('why')})"
     elif len(c.get("parts") or []) > 1:
