@@ -163,6 +163,24 @@ def resize(img: torch.Tensor, size: int) -> torch.Tensor:
     return out if img.dim() == 4 else out[0]
 
 
+# F.interpolate's own CPU kernels for a 4-D bilinear resize to a given size (no scale factors), called without
+# its Python argument handling, which costs half as much as the kernel on a 16 px crop: the same call, the same
+# bits. None where a torch build lacks them (then `resize`).
+_BILINEAR = getattr(torch._C._nn, "upsample_bilinear2d", None)
+_BILINEAR_AA = getattr(torch._C._nn, "_upsample_bilinear2d_aa", None)
+
+
+def _resized(crops: np.ndarray, size: int) -> np.ndarray:
+    """`resize` of N×C×h×w float32 crops (a numpy array, or a view of one) to size×size, as a numpy array."""
+    h, w = crops.shape[-2:]
+    if (h, w) == (size, size):
+        return crops
+    kernel = _BILINEAR_AA if h > size or w > size else _BILINEAR
+    if kernel is None:
+        return resize(torch.from_numpy(crops), size).numpy()
+    return kernel(torch.from_numpy(crops), (size, size), False, None).numpy()
+
+
 def _floats(images: list) -> list:
     """`to_float` of each image as a numpy array (a numpy slice costs far less than a torch one), in one call
     for a batch of one shape and dtype (`to_float` is elementwise)."""
@@ -184,6 +202,7 @@ _F = np.float32
 _ONE, _ZERO = _F(1.0), _F(0.0)
 # For HSV sector 0..5, which of (v, q, p, t) gives the red, green and blue channel (torchvision's table).
 _SECTOR = np.array([[0, 1, 2, 2, 3, 0], [3, 0, 0, 1, 2, 2], [2, 2, 3, 0, 0, 1]])
+_SECTOR7 = _SECTOR[:, np.arange(7) % 6]  # indexed by floor(6h), 0..6: sector 6 is sector 0
 
 
 def _per_item(values: np.ndarray) -> np.ndarray:
@@ -230,12 +249,11 @@ def _hue(x: np.ndarray, shift: np.ndarray) -> np.ndarray:
     h = (_F(4.0) + gc) - rc
     np.copyto(h, (_F(2.0) + rc) - bc, where=maxc == g)
     np.copyto(h, bc - gc, where=maxc == r)
-    h = np.fmod(h / _F(6.0) + _ONE, _ONE)
-    h = np.fmod(h + shift.astype(np.float32)[:, None, None] + _ONE, _ONE)
+    h = _fmod1(h / _F(6.0) + _ONE)
+    h = _fmod1(h + shift.astype(np.float32)[:, None, None] + _ONE)
     h6 = h * _F(6.0)
     i = np.floor(h6)
     f = h6 - i
-    sector = i.astype(np.intp) % 6
     n = maxc.size
     cand = np.empty((4, n), np.float32)  # v, q, p, t
     cand[0] = maxc.reshape(-1)
@@ -244,8 +262,22 @@ def _hue(x: np.ndarray, shift: np.ndarray) -> np.ndarray:
     cand[3] = (_ONE - s * (_ONE - f)).reshape(-1)
     cand[1:] *= cand[0]
     _clip(cand[1:])
-    out = cand[_SECTOR[:, sector.reshape(-1)], np.arange(n)].reshape(3, *maxc.shape)
+    # cand[_SECTOR[:, i % 6], pixel] as one flat `take` (a fancy index over two arrays costs 4× as much); i is
+    # 0..6 (h6 may round up to 6.0), whose sector `_SECTOR7` gives without the modulo
+    pick = _SECTOR7.take(i.reshape(-1).astype(np.intp), axis=1) * n
+    pick += np.arange(n)
+    out = cand.reshape(-1).take(pick).reshape(3, *maxc.shape)
     return np.ascontiguousarray(np.moveaxis(out, 0, 1))
+
+
+def _fmod1(a: np.ndarray) -> np.ndarray:
+    """np.fmod(a, 1) for float32 a, in place: a − floor(a), which equals it bit for bit where a > 0 (both are
+    exact: the fraction is representable and, for a ≥ 1, Sterbenz's lemma makes the subtraction exact), at a
+    tenth of the cost. `_hue`'s arguments are > 0 (h/6 + 1 ≥ 5/6, h + shift + 1 ≥ 1/2); fmod itself where one
+    is not (fmod keeps the sign of a negative a, and of −0)."""
+    if a.size and not a.min() > 0:
+        return np.fmod(a, _ONE)
+    return np.subtract(a, np.floor(a), out=a)
 
 
 def gaussian_blur(img: torch.Tensor, sigma: float) -> torch.Tensor:
@@ -329,9 +361,9 @@ def views(images: list, aug: ViewAug, size: int, draws: list) -> np.ndarray:
         imgs.append(img)
     for ks, imgs in crops.values():  # a gray image's one channel fills all three
         if len(ks) == 1:  # most crops have a size of their own: no copy, no fancy indexing
-            x[ks[0]] = resize(torch.from_numpy(imgs[0]), size).numpy()
+            x[ks[0]] = _resized(imgs[0][None], size)[0]
         else:
-            x[ks] = resize(torch.from_numpy(np.stack(imgs)), size).numpy()
+            x[ks] = _resized(np.stack(imgs), size)
     c = colour_draws(u, aug, mono)
     flip, to_gray, blur, sol, sigma, factor = c.flip, c.gray, c.blur, c.solarize, c.sigma, c.factor
     x[flip] = x[flip][..., ::-1]
