@@ -69,6 +69,18 @@ class SeededViews:
     def generator(self, i: int) -> torch.Generator:
         return generator_for(self.seed, self.epoch, int(i))
 
+    def draws(self, indices: list, count: int) -> list:
+        """Each item's `count` successive `_Draws` (`[_Draws(g) for _ in range(count)]` on its generator), from
+        one call per item: the CPU generator fills a float64 tensor one number after another (a serial kernel),
+        so numbers 0–63 of one call of 64·count are the first `_Draws`' 64, the next 64 the second's, and so
+        on. One generator for the batch, reseeded per item: a new one costs as much as a reseeding."""
+        g, out = torch.Generator(), []
+        for i in indices:
+            g.manual_seed(item_seed(self.seed, self.epoch, int(i)))
+            values = torch.rand(_DRAWS * count, generator=g, dtype=torch.float64).tolist()
+            out.append([_Draws.of(values[k * _DRAWS:(k + 1) * _DRAWS]) for k in range(count)])
+        return out
+
     def __getitems__(self, indices: list) -> list:
         raise NotImplementedError
 
@@ -112,12 +124,22 @@ STACKS: dict[str, tuple[ViewAug, ViewAug]] = {
 _GRAY = (0.299, 0.587, 0.114)
 
 
+_DRAWS = 64  # uniforms drawn per view: a crop box takes up to 40, the colour 14
+
+
 class _Draws:
     """Uniform numbers drawn in one call from the generator, consumed in a fixed order."""
 
-    def __init__(self, g: torch.Generator, n: int = 64):
+    def __init__(self, g: torch.Generator, n: int = _DRAWS):
         self.values = torch.rand(n, generator=g, dtype=torch.float64).tolist()
         self.i = 0
+
+    @classmethod
+    def of(cls, values: list) -> "_Draws":
+        """Draws already made (`SeededViews.draws`)."""
+        d = cls.__new__(cls)
+        d.values, d.i = values, 0
+        return d
 
     def u(self, lo: float = 0.0, hi: float = 1.0) -> float:
         v = self.values[self.i]
@@ -294,7 +316,7 @@ def gaussian_blur(img: torch.Tensor, sigma: float) -> torch.Tensor:
     return out[0]
 
 
-def view_draws(h: int, w: int, aug: ViewAug, d: _Draws) -> tuple[tuple | None, np.ndarray]:
+def view_draws(h: int, w: int, aug: ViewAug, d: _Draws) -> tuple[tuple | None, list]:
     """One view's crop box of an h×w image (None without a crop) and the 14 uniforms its colour draws come from
     (`colour_draws`), taken from `d` in the order every path takes them."""
     if aug.crop:
@@ -303,7 +325,7 @@ def view_draws(h: int, w: int, aug: ViewAug, d: _Draws) -> tuple[tuple | None, n
         box, d.i = None, d.i + 40
     # Every draw is taken whether or not its op applies, so that one op's probability never shifts the
     # randomness of the others.
-    u = np.asarray(d.values[d.i:d.i + 14])
+    u = d.values[d.i:d.i + 14]
     d.i += 14
     return box, u
 
@@ -349,10 +371,11 @@ def views(images: list, aug: ViewAug, size: int, draws: list) -> np.ndarray:
     n = len(images)
     x = np.empty((n, 3, size, size), np.float32)
     mono = np.array([img.shape[0] == 1 for img in images], bool)  # a gray image: saturation and hue are no-ops
-    u = np.empty((n, 14))  # per item: flip, jitter, gray, blur, blur σ, solarize, 4 jitter factors, 4 order keys
+    rows = []  # per item: flip, jitter, gray, blur, blur σ, solarize, 4 jitter factors, 4 order keys
     crops = {}  # crops of one shape are resized together: item indices, crops
     for k, (img, d) in enumerate(zip(_floats(images), draws, strict=True)):
-        box, u[k] = view_draws(*img.shape[-2:], aug, d)
+        box, row = view_draws(*img.shape[-2:], aug, d)
+        rows.append(row)
         if box is not None:
             i, j, ch, cw = box
             img = img[:, i:i + ch, j:j + cw]
@@ -364,7 +387,7 @@ def views(images: list, aug: ViewAug, size: int, draws: list) -> np.ndarray:
             x[ks[0]] = _resized(imgs[0][None], size)[0]
         else:
             x[ks] = _resized(np.stack(imgs), size)
-    c = colour_draws(u, aug, mono)
+    c = colour_draws(np.array(rows, np.float64).reshape(n, 14), aug, mono)
     flip, to_gray, blur, sol, sigma, factor = c.flip, c.gray, c.blur, c.solarize, c.sigma, c.factor
     x[flip] = x[flip][..., ::-1]
     for position in range(4):
