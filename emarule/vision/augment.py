@@ -69,6 +69,18 @@ class SeededViews:
     def generator(self, i: int) -> torch.Generator:
         return generator_for(self.seed, self.epoch, int(i))
 
+    def draws(self, indices: list, count: int) -> list:
+        """Each item's `count` successive `_Draws` (`[_Draws(g) for _ in range(count)]` on its generator), from
+        one call per item: the CPU generator fills a float64 tensor one number after another (a serial kernel),
+        so numbers 0–63 of one call of 64·count are the first `_Draws`' 64, the next 64 the second's, and so
+        on. One generator for the batch, reseeded per item: a new one costs as much as a reseeding."""
+        g, out = torch.Generator(), []
+        for i in indices:
+            g.manual_seed(item_seed(self.seed, self.epoch, int(i)))
+            values = torch.rand(_DRAWS * count, generator=g, dtype=torch.float64).tolist()
+            out.append([_Draws.of(values[k * _DRAWS:(k + 1) * _DRAWS]) for k in range(count)])
+        return out
+
     def __getitems__(self, indices: list) -> list:
         raise NotImplementedError
 
@@ -112,12 +124,22 @@ STACKS: dict[str, tuple[ViewAug, ViewAug]] = {
 _GRAY = (0.299, 0.587, 0.114)
 
 
+_DRAWS = 64  # uniforms drawn per view: a crop box takes up to 40, the colour 14
+
+
 class _Draws:
     """Uniform numbers drawn in one call from the generator, consumed in a fixed order."""
 
-    def __init__(self, g: torch.Generator, n: int = 64):
+    def __init__(self, g: torch.Generator, n: int = _DRAWS):
         self.values = torch.rand(n, generator=g, dtype=torch.float64).tolist()
         self.i = 0
+
+    @classmethod
+    def of(cls, values: list) -> "_Draws":
+        """Draws already made (`SeededViews.draws`)."""
+        d = cls.__new__(cls)
+        d.values, d.i = values, 0
+        return d
 
     def u(self, lo: float = 0.0, hi: float = 1.0) -> float:
         v = self.values[self.i]
@@ -163,6 +185,24 @@ def resize(img: torch.Tensor, size: int) -> torch.Tensor:
     return out if img.dim() == 4 else out[0]
 
 
+# F.interpolate's own CPU kernels for a 4-D bilinear resize to a given size (no scale factors), called without
+# its Python argument handling, which costs half as much as the kernel on a 16 px crop: the same call, the same
+# bits. None where a torch build lacks them (then `resize`).
+_BILINEAR = getattr(torch._C._nn, "upsample_bilinear2d", None)
+_BILINEAR_AA = getattr(torch._C._nn, "_upsample_bilinear2d_aa", None)
+
+
+def _resized(crops: np.ndarray, size: int) -> np.ndarray:
+    """`resize` of N×C×h×w float32 crops (a numpy array, or a view of one) to size×size, as a numpy array."""
+    h, w = crops.shape[-2:]
+    if (h, w) == (size, size):
+        return crops
+    kernel = _BILINEAR_AA if h > size or w > size else _BILINEAR
+    if kernel is None:
+        return resize(torch.from_numpy(crops), size).numpy()
+    return kernel(torch.from_numpy(crops), (size, size), False, None).numpy()
+
+
 def _floats(images: list) -> list:
     """`to_float` of each image as a numpy array (a numpy slice costs far less than a torch one), in one call
     for a batch of one shape and dtype (`to_float` is elementwise)."""
@@ -184,6 +224,7 @@ _F = np.float32
 _ONE, _ZERO = _F(1.0), _F(0.0)
 # For HSV sector 0..5, which of (v, q, p, t) gives the red, green and blue channel (torchvision's table).
 _SECTOR = np.array([[0, 1, 2, 2, 3, 0], [3, 0, 0, 1, 2, 2], [2, 2, 3, 0, 0, 1]])
+_SECTOR7 = _SECTOR[:, np.arange(7) % 6]  # indexed by floor(6h), 0..6: sector 6 is sector 0
 
 
 def _per_item(values: np.ndarray) -> np.ndarray:
@@ -230,12 +271,11 @@ def _hue(x: np.ndarray, shift: np.ndarray) -> np.ndarray:
     h = (_F(4.0) + gc) - rc
     np.copyto(h, (_F(2.0) + rc) - bc, where=maxc == g)
     np.copyto(h, bc - gc, where=maxc == r)
-    h = np.fmod(h / _F(6.0) + _ONE, _ONE)
-    h = np.fmod(h + shift.astype(np.float32)[:, None, None] + _ONE, _ONE)
+    h = _fmod1(h / _F(6.0) + _ONE)
+    h = _fmod1(h + shift.astype(np.float32)[:, None, None] + _ONE)
     h6 = h * _F(6.0)
     i = np.floor(h6)
     f = h6 - i
-    sector = i.astype(np.intp) % 6
     n = maxc.size
     cand = np.empty((4, n), np.float32)  # v, q, p, t
     cand[0] = maxc.reshape(-1)
@@ -244,8 +284,22 @@ def _hue(x: np.ndarray, shift: np.ndarray) -> np.ndarray:
     cand[3] = (_ONE - s * (_ONE - f)).reshape(-1)
     cand[1:] *= cand[0]
     _clip(cand[1:])
-    out = cand[_SECTOR[:, sector.reshape(-1)], np.arange(n)].reshape(3, *maxc.shape)
+    # cand[_SECTOR[:, i % 6], pixel] as one flat `take` (a fancy index over two arrays costs 4× as much); i is
+    # 0..6 (h6 may round up to 6.0), whose sector `_SECTOR7` gives without the modulo
+    pick = _SECTOR7.take(i.reshape(-1).astype(np.intp), axis=1) * n
+    pick += np.arange(n)
+    out = cand.reshape(-1).take(pick).reshape(3, *maxc.shape)
     return np.ascontiguousarray(np.moveaxis(out, 0, 1))
+
+
+def _fmod1(a: np.ndarray) -> np.ndarray:
+    """np.fmod(a, 1) for float32 a, in place: a − floor(a), which equals it bit for bit where a > 0 (both are
+    exact: the fraction is representable and, for a ≥ 1, Sterbenz's lemma makes the subtraction exact), at a
+    tenth of the cost. `_hue`'s arguments are > 0 (h/6 + 1 ≥ 5/6, h + shift + 1 ≥ 1/2); fmod itself where one
+    is not (fmod keeps the sign of a negative a, and of −0)."""
+    if a.size and not a.min() > 0:
+        return np.fmod(a, _ONE)
+    return np.subtract(a, np.floor(a), out=a)
 
 
 def gaussian_blur(img: torch.Tensor, sigma: float) -> torch.Tensor:
@@ -262,7 +316,7 @@ def gaussian_blur(img: torch.Tensor, sigma: float) -> torch.Tensor:
     return out[0]
 
 
-def view_draws(h: int, w: int, aug: ViewAug, d: _Draws) -> tuple[tuple | None, np.ndarray]:
+def view_draws(h: int, w: int, aug: ViewAug, d: _Draws) -> tuple[tuple | None, list]:
     """One view's crop box of an h×w image (None without a crop) and the 14 uniforms its colour draws come from
     (`colour_draws`), taken from `d` in the order every path takes them."""
     if aug.crop:
@@ -271,7 +325,7 @@ def view_draws(h: int, w: int, aug: ViewAug, d: _Draws) -> tuple[tuple | None, n
         box, d.i = None, d.i + 40
     # Every draw is taken whether or not its op applies, so that one op's probability never shifts the
     # randomness of the others.
-    u = np.asarray(d.values[d.i:d.i + 14])
+    u = d.values[d.i:d.i + 14]
     d.i += 14
     return box, u
 
@@ -317,10 +371,11 @@ def views(images: list, aug: ViewAug, size: int, draws: list) -> np.ndarray:
     n = len(images)
     x = np.empty((n, 3, size, size), np.float32)
     mono = np.array([img.shape[0] == 1 for img in images], bool)  # a gray image: saturation and hue are no-ops
-    u = np.empty((n, 14))  # per item: flip, jitter, gray, blur, blur σ, solarize, 4 jitter factors, 4 order keys
+    rows = []  # per item: flip, jitter, gray, blur, blur σ, solarize, 4 jitter factors, 4 order keys
     crops = {}  # crops of one shape are resized together: item indices, crops
     for k, (img, d) in enumerate(zip(_floats(images), draws, strict=True)):
-        box, u[k] = view_draws(*img.shape[-2:], aug, d)
+        box, row = view_draws(*img.shape[-2:], aug, d)
+        rows.append(row)
         if box is not None:
             i, j, ch, cw = box
             img = img[:, i:i + ch, j:j + cw]
@@ -329,10 +384,10 @@ def views(images: list, aug: ViewAug, size: int, draws: list) -> np.ndarray:
         imgs.append(img)
     for ks, imgs in crops.values():  # a gray image's one channel fills all three
         if len(ks) == 1:  # most crops have a size of their own: no copy, no fancy indexing
-            x[ks[0]] = resize(torch.from_numpy(imgs[0]), size).numpy()
+            x[ks[0]] = _resized(imgs[0][None], size)[0]
         else:
-            x[ks] = resize(torch.from_numpy(np.stack(imgs)), size).numpy()
-    c = colour_draws(u, aug, mono)
+            x[ks] = _resized(np.stack(imgs), size)
+    c = colour_draws(np.array(rows, np.float64).reshape(n, 14), aug, mono)
     flip, to_gray, blur, sol, sigma, factor = c.flip, c.gray, c.blur, c.solarize, c.sigma, c.factor
     x[flip] = x[flip][..., ::-1]
     for position in range(4):

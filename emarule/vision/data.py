@@ -378,7 +378,7 @@ class TwoViewSet(A.SeededViews):
     def __getitems__(self, indices: list) -> list:
         """A batch of items, made together (`augment.views`): each is bitwise the item `[i]` gives."""
         idx = [int(i) for i in indices]
-        draws = [A._Draws(g) for g in map(self.generator, idx) for _ in range(2)]  # view 1, then view 2
+        draws = [d for pair in self.draws(idx, 2) for d in pair]  # view 1, then view 2
         images = [self.source.image(i) for i in idx]
         m, s = self.source.mean, self.source.std
         v1 = A.normalized_views(images, self.aug1, self.size, draws[0::2], m, s)

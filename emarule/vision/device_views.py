@@ -121,7 +121,7 @@ class TwoViewCrops(TwoViewSet):
 
     def __getitems__(self, indices: list) -> list:
         idx = [int(i) for i in indices]
-        draws = [A._Draws(g) for g in map(self.generator, idx) for _ in range(2)]  # view 1, then view 2
+        draws = [d for pair in self.draws(idx, 2) for d in pair]  # view 1, then view 2
         images = [self.source.image(i) for i in idx]
         (c1, p1), (c2, p2) = (crops(images, aug, self.size, draws[v::2]) for v, aug in enumerate((self.aug1,
                                                                                                    self.aug2)))

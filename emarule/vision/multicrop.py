@@ -72,7 +72,7 @@ class MultiCropSet(A.SeededViews):
         crops = [(aug, self.global_size) for aug in self.global_augs]
         crops += [(self.local_aug, self.local_size)] * self.local_crops
         # Each item's generator feeds its crops in order: the globals, then the locals.
-        draws = [[A._Draws(g) for _ in crops] for g in map(self.generator, idx)]
+        draws = self.draws(idx, len(crops))
         return crops, draws, [self.source.image(i) for i in idx]
 
     def __getitems__(self, indices: list) -> list:

@@ -15,12 +15,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from emarule.errors import UserError
 from emarule.vision import augment as A
-from emarule.vision.data import ImageFolderSource
+from emarule.vision.data import ImageFolderSource, TensorSource
 
 AUGMENTATIONS = ("imagenet", "translate")
 CROP_SCALE, CROP_RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
@@ -117,12 +118,36 @@ class TrainViews(A.SeededViews):
         """A micro-batch: each item cropped on its own, then flipped and normalized together (a call per
         batch, not per item, on the small views of the CPU presets); bitwise the items one at a time."""
         idx = [int(i) for i in indices]
-        crops, flips = zip(*(train_view(self.source, i, self.size, self.augmentation, self.generator(i))
-                             for i in idx), strict=True)
-        x, flip = torch.stack(crops), torch.tensor(flips)
-        x[flip] = x[flip].flip(-1)
+        if self.augmentation == "translate" and isinstance(self.source, TensorSource):
+            x, labels = self.translated(idx)
+        else:
+            crops, flips = zip(*(train_view(self.source, i, self.size, self.augmentation, self.generator(i))
+                                 for i in idx), strict=True)
+            x, flip, labels = torch.stack(crops), torch.tensor(flips), [self.source.label(i) for i in idx]
+            x[flip] = x[flip].flip(-1)
         x = A.normalize(x.expand(-1, 3, -1, -1), self.source.mean, self.source.std)
-        return [(x[k], self.source.label(i)) for k, i in enumerate(idx)]
+        return [(x[k], labels[k]) for k in range(len(idx))]
+
+    def translated(self, idx: list) -> tuple[torch.Tensor, list]:
+        """`translate` on images held in one tensor: (the crops, flipped where drawn, as floats; the labels).
+        Each item's draws are `train_view`'s (top, left, flip, from its own generator, reseeded rather than
+        made anew), but the crops are numpy slices, stacked and flipped together: the same pixels as a torch
+        slice per item, which costs more than the draws on 16 px views; `to_float` is elementwise."""
+        images, size = self.source.images.numpy(), self.size
+        h, w = images.shape[-2:]
+        if h < size or w < size:
+            raise UserError(f"data.augmentation translate crops {size} px from images of {h}×{w}; "
+                            f"use imagenet, or a smaller data.image_size")
+        g, crops, flips = torch.Generator(), [], []
+        for i in idx:
+            g.manual_seed(A.item_seed(self.seed, self.epoch, i))
+            d = A._Draws(g, 3)  # train_view's three draws: the first 3 of any longer stream of the generator
+            top, left = min(int(d.u() * (h - size + 1)), h - size), min(int(d.u() * (w - size + 1)), w - size)
+            crops.append(images[i, :, top:top + size, left:left + size])
+            flips.append(d.u() < 0.5)
+        x, flip = np.stack(crops), np.array(flips, bool)
+        x[flip] = x[flip][..., ::-1]
+        return A.to_float(torch.from_numpy(x)), self.source.labels[idx].tolist()
 
 
 class EvalViews:
