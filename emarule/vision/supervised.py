@@ -76,12 +76,17 @@ def train_view(source, i: int, size: int, augmentation: str, g: torch.Generator,
             top, left, ch, cw = A.crop_box(h, w, CROP_SCALE, CROP_RATIO, d)
             x = A.resize(img[:, top:top + ch, left:left + cw], size)
         else:
-            if h < size or w < size:
-                raise UserError(f"data.augmentation translate crops {size} px from images of {h}×{w}; "
-                                f"use imagenet, or a smaller data.image_size")
-            top, left = min(int(d.u() * (h - size + 1)), h - size), min(int(d.u() * (w - size + 1)), w - size)
+            top, left = translate_box(h, w, size, d)
             x = img[:, top:top + size, left:left + size]
     return x, d.u() < 0.5
+
+
+def translate_box(h: int, w: int, size: int, d) -> tuple[int, int]:
+    """`translate`'s crop of an h×w image: (top, left) of its size×size window, from the view's first two draws."""
+    if h < size or w < size:
+        raise UserError(f"data.augmentation translate crops {size} px from images of {h}×{w}; "
+                        f"use imagenet, or a smaller data.image_size")
+    return min(int(d.u() * (h - size + 1)), h - size), min(int(d.u() * (w - size + 1)), w - size)
 
 
 def eval_view(source, i: int, size: int) -> torch.Tensor:
@@ -135,14 +140,11 @@ class TrainViews(A.SeededViews):
         slice per item, which costs more than the draws on 16 px views; `to_float` is elementwise."""
         images, size = self.source.images.numpy(), self.size
         h, w = images.shape[-2:]
-        if h < size or w < size:
-            raise UserError(f"data.augmentation translate crops {size} px from images of {h}×{w}; "
-                            f"use imagenet, or a smaller data.image_size")
         g, crops, flips = torch.Generator(), [], []
         for i in idx:
             g.manual_seed(A.item_seed(self.seed, self.epoch, i))
             d = A._Draws(g, 3)  # train_view's three draws: the first 3 of any longer stream of the generator
-            top, left = min(int(d.u() * (h - size + 1)), h - size), min(int(d.u() * (w - size + 1)), w - size)
+            top, left = translate_box(h, w, size, d)
             crops.append(images[i, :, top:top + size, left:left + size])
             flips.append(d.u() < 0.5)
         x, flip = np.stack(crops), np.array(flips, bool)
