@@ -224,7 +224,7 @@ def test_polyak_claims_contradicted_and_set_aside(tmp_path):
     assert v[("rule_needed", 2.0, RUN)] == R.CONTRADICTED
     c = next(c for c in m["claims"] if c["kind"] == "rule_needed" and c["kappa"] == 2.0)
     assert [p["verdict"] for p in c["parts"]] == [R.REPRODUCED, R.CONTRADICTED]  # without drops; with drops more
-    assert c["parts"][1]["rule"] == f"CI95 lies outside ±{1:g}"
+    assert c["parts"][1]["rule"] == "CI95 lies outside ±1 spread"
     # the EMA strays with the rule, the target model does not: the claim states only a sign, so no absence
     # contradicts it; an opposite effect (the target better than its baseline) does
     assert v[("target_explains", 4.0, "top1: " + RUN)] == R.NOT_REPRODUCED
@@ -864,3 +864,16 @@ def test_tiny_headline_reuses_the_full_reproductions_runs(tiny_byol, tmp_path):
     assert head["timing"]["runs"] == head["timing"]["reused"] == 6 and head["arms"] == []
     assert head["claims"] == full["claims"][:1] and head["claims"][0]["short"] == K.BYOL.claims[0].short
     assert head["command"].startswith("emarule reproduce byol --headline --preset tiny")
+
+
+def test_docs_print_each_study_rule_the_code_records():
+    """docs/reproduce.md's table of the studies' rules is `studies.rules_markdown()`, and every check has a rule
+    there that is the one its verdict records (without the parabola's convention clause)."""
+    from pathlib import Path
+
+    from emarule.analysis.reproduce import studies as S
+
+    doc = (Path(__file__).parents[2] / "docs" / "reproduce.md").read_text()
+    assert S.rules_markdown() in doc and set(S.RULES) == set(S.CHECKS)
+    assert S.precision_fp16_variance({"records": []}).rule == S.RULES["precision_fp16_variance"]
+    assert S.parabola_tracks_rho_star([]).rule == S.RULES["parabola_tracks_rho_star"] + S.PRE

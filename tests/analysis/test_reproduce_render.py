@@ -89,7 +89,7 @@ def test_a_contradiction_says_whether_it_is_an_opposite_effect_or_an_absence():
              {"label": "with matches", "shape": "equivalence", "verdict": R.REPRODUCED}]
     assert D.verdict(_record(verdict=R.CONTRADICTED, parts=parts)) == (
         "**contradicted**; the part “with matches” is reproduced (without departs: the opposite effect; "
-        "A closer than B: the opposite ordering)")
+        "A closer than B: the opposite ordering (at the ratio the claim states))")
 
 
 def test_a_part_line_and_a_cell():

@@ -48,7 +48,8 @@ def test_no_interval_from_one_seed_or_a_diverged_run_and_no_verdict_either(effec
         assert r.decide(r.Part(shape), effects).verdict == r.NOT_REPRODUCED
 
 
-# (shape, size, margin, paper_effect, effects, verdict, route): each branch of each rule, once.
+# (shape, size, margin, paper_effect, effects, verdict, route): each branch of each rule, once. A size of
+# 0.5 is the paper's own (`stated`); a size of 1 is the matching margin a "does not match" part must clear.
 CASES = [
     ("directional", 0, 1, 1, [0.9, 1.1, 1.0, 0.95, 1.05], r.REPRODUCED, r.ABOVE),
     ("directional", 2, 1, 1, [0.9, 1.1, 1.0, 0.95, 1.05], r.NOT_REPRODUCED, r.OPEN),  # above 0, below the stated size
@@ -56,8 +57,12 @@ CASES = [
     ("directional", 0.5, 0.5, 1, [0.01, -0.01, 0.02, -0.02, 0.0], r.CONTRADICTED, r.ABSENT),  # absence, with power
     ("directional", 0.5, 0.5, 0.01, [0.01, -0.01, 0.02, -0.02, 0.0], r.NOT_REPRODUCED, r.OPEN),  # absence, no power
     ("directional", 0, 0.5, 1, [0.01, -0.01, 0.02, -0.02, 0.0], r.NOT_REPRODUCED, r.OPEN),  # a sign alone: no absence
+    ("directional", 1, 1, 1, [0.31, 0.29, 0.3, 0.32, 0.28], r.NOT_REPRODUCED, r.OPEN),  # above 0, inside the match
+    ("directional", 1, 1, 1, [2.1, 1.9, 2.0, 2.05, 1.95], r.REPRODUCED, r.ABOVE),  # beyond the matching margin
     ("departure", 0.5, 0.5, 1, [0.01, -0.01, 0.02, -0.02, 0.0], r.CONTRADICTED, r.ABSENT),
     ("departure", 0, 0.5, 1, [0.01, -0.01, 0.02, -0.02, 0.0], r.NOT_REPRODUCED, r.OPEN),
+    ("departure", 1, 1, 1, [-0.31, -0.29, -0.3, -0.32, -0.28], r.NOT_REPRODUCED, r.OPEN),
+    ("departure", 1, 1, 1, [-2.1, -1.9, -2.0, -2.05, -1.95], r.REPRODUCED, r.OUTSIDE),
     ("directional", 0, 1, 1, [2.0, -1.0, 0.5, -0.5, 1.0], r.NOT_REPRODUCED, r.OPEN),
     ("equivalence", 0, 1, 1, [0.1, -0.1, 0.05, 0.0, -0.05], r.REPRODUCED, r.INSIDE),
     ("equivalence", 0, 1, 1, [3.0, 3.1, 2.9, 3.05, 2.95], r.CONTRADICTED, r.OUTSIDE),
@@ -71,12 +76,22 @@ CASES = [
 
 @pytest.mark.parametrize("shape, size, margin, paper, effects, verdict, route", CASES)
 def test_each_rule_as_written(shape, size, margin, paper, effects, verdict, route):
-    d = r.decide(r.Part(shape, size=size, margin=margin, paper_effect=paper), effects)
+    d = r.decide(r.Part(shape, size=size, margin=margin, paper_effect=paper, stated=size == 0.5), effects)
     assert (d.verdict, d.route) == (verdict, route), d.rule
     assert d.effect == pytest.approx(sum(effects) / len(effects))
     assert d.effect_ci[0] < d.effect < d.effect_ci[1]
     # the margin where one was tested: equivalence, non-inferiority, a stated size shown absent
     assert d.margin == (None if shape in ("directional", "departure") and route != r.ABSENT else margin)
+
+
+@given(st.lists(st.floats(-3, 3), min_size=5, max_size=5))
+def test_does_not_match_and_matches_cannot_both_hold_of_one_setting(effects):
+    """A "with it matches, without it does not" claim: its "does not" part clears the matching margin, so no
+    setting both departs and matches by the same rules."""
+    for kind in ("rule_needed", "rule_departs"):
+        departs, matches = r.KINDS[kind].parts
+        if r.decide(departs, effects).verdict == r.REPRODUCED:
+            assert r.decide(matches, effects).verdict != r.REPRODUCED
 
 
 def test_a_joined_claim_needs_every_part_and_falls_to_any_contradiction():
@@ -188,7 +203,8 @@ def test_docs_print_the_power_grid_the_code_gives():
 def test_a_stated_size_is_contradicted_by_an_absence_at_most_five_percent_at_that_size(seeds):
     """A claim that states a size can be contradicted by an absence shown inside ±size; with the effect
     exactly at the size the two one-sided tests sit at their boundary, 5 % (3 standard errors allowed)."""
-    stated = r.Kind("stated", (r.Part("directional", size=1.0, margin=1.0, paper_effect=1.0),), "a stated size")
+    stated = r.Kind("stated", (r.Part("directional", size=1.0, margin=1.0, paper_effect=1.0, stated=True),),
+                    "a stated size")
     got = r.simulate(stated, 1.0, seeds, trials=2000)["verdicts"]
     assert got[r.CONTRADICTED] <= 0.05 + 3 * (0.05 * 0.95 / 2000) ** 0.5
     assert r.simulate(stated, 0.0, seeds, trials=500, noise=0.2)["verdicts"][r.CONTRADICTED] > 0.9  # power: shown

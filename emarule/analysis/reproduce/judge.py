@@ -235,7 +235,8 @@ def decide_parts(kind: str, effects: list[Effects], stated: float = 0.0) -> tupl
     for i, e in enumerate(effects):
         part = shape_parts[min(i, len(shape_parts) - 1)]
         if i == 0 and stated > 0 and e.scale and math.isfinite(e.scale):
-            part = replace(part, size=stated / e.scale, margin=stated / e.scale, paper_effect=stated / e.scale)
+            part = replace(part, size=stated / e.scale, margin=stated / e.scale, paper_effect=stated / e.scale,
+                           stated=True)
         if not e.scale or not math.isfinite(e.scale):  # the effect stays measured, in the metric's units
             decisions.append(R.Decision(R.NOT_REPRODUCED, part.shape, R.summarize(list(e.values)).mean,
                                         (-math.inf, math.inf), math.inf, None,
@@ -286,13 +287,17 @@ def judge(family: Family, claim: Claim, tables: dict, kappas: list, gate: dict |
                              f"{T.interval(rec[0]['effect_ci'])} ({pre.statistic}); present when the interval lies "
                              f"above 0"}
     decision, parts = decide_parts(claim.kind, effects, claim.stated)
-    lead = parts[0]
+    # The record's effect is the lead part's, the one in the paper's direction; "at every κ run" leads with the
+    # largest κ, the κ the row names.
+    lead_i = len(parts) - 1 if claim.kind == "with_better" else 0
+    lead = parts[lead_i]
     v.effect, v.effect_ci, v.mde, v.margin, v.spread = (lead["effect"], lead["effect_ci"], lead["mde"],
                                                         lead["margin"], lead["spread"])
     v.n, v.parts, v.rule = lead["n"], parts, decision.rule
     sd = R.summarize([x / lead["spread"] for x in lead["per_seed"]]).sd if lead["spread"] else math.nan
-    part0 = R.KINDS[claim.kind].parts[0]
-    v.seeds_for_paper_effect = R.seeds_needed(part0.paper_effect, sd) if math.isfinite(sd) else None
+    paper_effect = (claim.stated / lead["spread"] if claim.stated > 0 and lead_i == 0 and lead["spread"]
+                    else R.KINDS[claim.kind].parts[0].paper_effect)  # in spreads, as the rules saw it
+    v.seeds_for_paper_effect = R.seeds_needed(paper_effect, sd) if math.isfinite(sd) else None
     v.verdict = decision.verdict
     v.mechanism = mechanism
     stopped = [f"seed {seed} of {e.label}" for e in effects for seed, x in zip(e.seeds, e.values, strict=False)

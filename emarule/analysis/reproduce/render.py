@@ -97,7 +97,8 @@ def _contradicted_by(p: dict) -> str:
     if p.get("verdict") != R.CONTRADICTED or route not in (R.OPPOSITE, R.ABSENT):
         return ""
     if route == R.OPPOSITE:
-        said = "the opposite ordering" if p.get("shape") == "comparative" else "the opposite effect"
+        said = ("the opposite ordering (at the ratio the claim states)" if p.get("shape") == "comparative"
+                else "the opposite effect")
     else:
         e = p.get("effect")
         side = "on the paper's side" if p.get("shape") == "directional" and e is not None and e > 0 else "measured"

@@ -5,17 +5,19 @@ and in units of the family's baseline pair spread (so a margin of 1 is one sprea
 any reproduction is judged by them, are written in docs/reproduce.md ("Rules by claim shape") and applied
 here exactly as written:
 
-    directional    reproduced     CI95 lies above the size the claim states (0 where it states none)
-                   contradicted   CI95 lies below 0 (the opposite effect), or TOST shows |effect| < margin
-                                  AND the seeds run had the power (MDE ≤ the paper's effect)
+    directional    reproduced     CI95 lies above the part's size (0 for a sign alone)
+                   contradicted   CI95 lies below 0 (the opposite effect), or, where the paper states the
+                                  size, TOST shows |effect| < margin AND the seeds run had the power
+                                  (MDE ≤ the paper's effect)
                    otherwise      not reproduced at this preset, with the MDE
     departure      (a directional claim whose paper gives no sign: "diverges", "does not match")
                    reproduced     CI95 lies wholly above +size or wholly below −size
-                   contradicted   TOST shows |effect| < margin AND MDE ≤ the paper's effect
+                   contradicted   where the paper states the size, TOST shows |effect| < margin AND MDE ≤
+                                  the paper's effect
                    otherwise      not reproduced at this preset, with the MDE
     comparative    (on paired differences of gaps: "closer", "≈ 3× smaller")
                    reproduced     CI95 lies above the size the claim states
-                   contradicted   CI95 lies below 0 (the opposite ordering)
+                   contradicted   CI95 lies below 0 (the opposite ordering, at the ratio the claim states)
                    otherwise      not reproduced at this preset, with the MDE. A difference of two gaps
                                   cannot bound an absent effect (each gap has a noise floor), so no
                                   equivalence test contradicts a comparative claim.
@@ -33,7 +35,11 @@ one-sample t test at two-sided level 0.05 detects with 80 % power at the seeds r
 standard deviation: (t₀.₉₇₅ + t₀.₈₀) · sd / √n, on n − 1 degrees of freedom.
 
 A claim that joins parts ("with the rule the EMA matches, without it it does not") is judged on each part:
-reproduced only when every part is, contradicted when any part is, otherwise not reproduced.
+reproduced only when every part is, contradicted when any part is, otherwise not reproduced. Its "does not
+match" part has the size of its "matches" part's margin (one spread), so the two parts cannot both hold of
+one setting; that size is ours, not the paper's, so no absence contradicts it.
+
+Every number a rule's words print is in spreads.
 """
 
 from __future__ import annotations
@@ -175,15 +181,18 @@ def summarize(effects: list[float]) -> Summary:
 class Part:
     """One tested statement of a claim: its shape and the sizes fixed in advance, in spreads.
 
-    `size`: the smallest effect a directional claim states (0: only a sign). `margin`: the equivalence or
-    non-inferiority margin; for a directional claim that states a size, the margin inside which its absence
-    counts as shown. `paper_effect`: the effect the paper reports, which a shown absence must have had the
-    power to see. A claim of a sign alone has no size to be absent: only the opposite effect contradicts it."""
+    `size`: the smallest effect a directional or departure part must show (0: only a sign). `stated`: that size
+    is the paper's own ("0.2 % to 0.3 % higher"); only then can its absence be shown. `margin`: the equivalence
+    or non-inferiority margin; for a stated size, the margin inside which its absence counts as shown.
+    `paper_effect`: the effect the paper reports, which a shown absence must have had the power to see. A part
+    whose size is not the paper's (a sign alone, or "does not match" beyond the matching margin) has no size
+    to be absent: only the opposite effect contradicts it."""
 
     shape: str
     size: float = 0.0
     margin: float = 1.0
     paper_effect: float = 1.0
+    stated: bool = False
 
     def __post_init__(self):
         if self.shape not in SHAPES:
@@ -207,29 +216,35 @@ class Decision:
     route: str = ""  # which test of its rule decided a part (ABOVE … OPEN); "" for a joined claim
 
 
+def spreads(x: float) -> str:
+    """A size in the rules' unit, as their words print it: 0, 1 spread, 0.181 spreads."""
+    return "0" if x == 0 else f"{x:.3g} spread" + ("" if x == 1 else "s")
+
+
 def _above(s: Summary, p: Part, opposite: str) -> tuple[str, str, str] | None:
-    """The signed rules' first two outcomes: CI95 above the stated size, or below 0 (the `opposite`)."""
+    """The signed rules' first two outcomes: CI95 above the part's size, or below 0 (the `opposite`)."""
     lo, hi = s.ci95
     if lo > p.size:
-        return REPRODUCED, ABOVE, f"CI95 lies above {p.size:g}"
+        return REPRODUCED, ABOVE, f"CI95 lies above {spreads(p.size)}"
     if hi < 0:
         return CONTRADICTED, OPPOSITE, f"CI95 lies below 0: the opposite {opposite}"
     return None
 
 
 def _absent_or_open(s: Summary, p: Part) -> tuple[str, str, str]:
-    """Contradicted where the claim states a size and an absence is shown with the power to see the paper's
-    effect; open otherwise. An effect smaller than a spread but of the paper's sign does not oppose a claim
-    that states only the sign."""
+    """Contradicted where the paper states the size and an absence is shown with the power to see the paper's
+    effect; open otherwise. An effect smaller than the part's size but of the paper's sign does not oppose a
+    claim whose size is not the paper's."""
     l90, h90 = s.ci90
-    if p.size > 0 and -p.margin < l90 and h90 < p.margin and s.mde <= p.paper_effect:
-        return CONTRADICTED, ABSENT, (f"absence shown: CI90 inside ±{p.margin:g} with the MDE ≤ the "
-                                      f"paper's effect {p.paper_effect:g}")
+    if p.stated and -p.margin < l90 and h90 < p.margin and s.mde <= p.paper_effect:
+        return CONTRADICTED, ABSENT, (f"absence shown: CI90 inside ±{spreads(p.margin)} with the MDE ≤ the "
+                                      f"paper's effect, {spreads(p.paper_effect)}")
     return _open(p)
 
 
 def _open(p: Part) -> tuple[str, str, str]:
-    return NOT_REPRODUCED, OPEN, f"CI95 reaches {p.size:g}: not decided at the seeds run"
+    where = f"outside ±{spreads(p.size)}" if p.shape == "departure" else f"above {spreads(p.size)}"
+    return NOT_REPRODUCED, OPEN, f"CI95 does not lie {where}: not shown at the seeds run"
 
 
 def _directional(s: Summary, p: Part) -> tuple[str, str, str]:
@@ -239,31 +254,31 @@ def _directional(s: Summary, p: Part) -> tuple[str, str, str]:
 def _departure(s: Summary, p: Part) -> tuple[str, str, str]:
     lo, hi = s.ci95
     if lo > p.size or hi < -p.size:
-        return REPRODUCED, OUTSIDE, f"CI95 lies outside ±{p.size:g}"
+        return REPRODUCED, OUTSIDE, f"CI95 lies outside ±{spreads(p.size)}"
     return _absent_or_open(s, p)
 
 
 def _comparative(s: Summary, p: Part) -> tuple[str, str, str]:
-    return _above(s, p, "ordering") or _open(p)
+    return _above(s, p, "ordering (at the ratio the claim states)") or _open(p)
 
 
 def _equivalence(s: Summary, p: Part) -> tuple[str, str, str]:
     l90, h90 = s.ci90
     if -p.margin < l90 and h90 < p.margin:
-        return REPRODUCED, INSIDE, f"TOST: CI90 inside ±{p.margin:g}"
+        return REPRODUCED, INSIDE, f"TOST: CI90 inside ±{spreads(p.margin)}"
     lo, hi = s.ci95
     if lo > p.margin or hi < -p.margin:
-        return CONTRADICTED, OUTSIDE, f"CI95 lies outside ±{p.margin:g}"
-    return NOT_REPRODUCED, OPEN, f"CI90 reaches ±{p.margin:g}: not decided at the seeds run"
+        return CONTRADICTED, OUTSIDE, f"CI95 lies outside ±{spreads(p.margin)}"
+    return NOT_REPRODUCED, OPEN, f"CI90 reaches ±{spreads(p.margin)}: not decided at the seeds run"
 
 
 def _noninferior(s: Summary, p: Part) -> tuple[str, str, str]:
     lo, hi = s.ci95
     if lo > -p.margin:
-        return REPRODUCED, ABOVE, f"CI95 lies above −{p.margin:g}"
+        return REPRODUCED, ABOVE, f"CI95 lies above −{spreads(p.margin)}"
     if hi < -p.margin:
-        return CONTRADICTED, BELOW, f"CI95 lies below −{p.margin:g}"
-    return NOT_REPRODUCED, OPEN, f"CI95 reaches −{p.margin:g}: not decided at the seeds run"
+        return CONTRADICTED, BELOW, f"CI95 lies below −{spreads(p.margin)}"
+    return NOT_REPRODUCED, OPEN, f"CI95 reaches −{spreads(p.margin)}: not decided at the seeds run"
 
 
 _RULES = {"directional": _directional, "departure": _departure, "comparative": _comparative,
@@ -311,9 +326,10 @@ class Kind:
 
     @property
     def margin(self) -> float | None:
-        """The first part's margin; None for a signed part that states no size (no absence can be shown)."""
+        """The first part's margin; None for a signed part (a kind states no size of the paper's, so no absence
+        can be shown)."""
         p = self.parts[0]
-        return p.margin if p.shape in ("equivalence", "noninferior") or p.size > 0 else None
+        return p.margin if p.shape in ("equivalence", "noninferior") else None
 
     @property
     def margin_text(self) -> str:
@@ -323,10 +339,12 @@ class Kind:
 
 # Margins are in baseline pair spreads and fixed here, before any reproduction is judged by them.
 KINDS = {k.name: k for k in (
-    Kind("rule_needed", (Part("directional"), Part("equivalence", margin=1.0)),
-         "without the rule the metric moves away from the baseline; with it, the metric stays within ±1 spread"),
-    Kind("rule_departs", (Part("departure"), Part("equivalence", margin=1.0)),
-         "without the rule the metric departs from the baseline (either sign); with it, it stays within ±1 spread"),
+    Kind("rule_needed", (Part("directional", size=1.0), Part("equivalence", margin=1.0)),
+         "without the rule the metric moves away from the baseline by more than 1 spread; with it, the metric "
+         "stays within ±1 spread"),
+    Kind("rule_departs", (Part("departure", size=1.0), Part("equivalence", margin=1.0)),
+         "without the rule the metric departs from the baseline by more than 1 spread (either sign); with it, it "
+         "stays within ±1 spread"),
     Kind("rule_closer", (Part("comparative"),),
          "the rule's gap is smaller than no rule's by the ratio the claim states: gap without − ratio × gap with"),
     Kind("gap_remains", (Part("directional"),), "setting A ends worse than the baseline: a gap remains"),

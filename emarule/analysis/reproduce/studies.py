@@ -321,11 +321,15 @@ GROWS = (f"the std over repeats of {{run}}'s EMA MaxAbsDiff grows as ρ → its 
          f"the run's steps cover")
 
 
+def variance_rule(run: str, paper_grows: bool) -> str:
+    grow = GROWS.format(run=run)
+    return f"reproduced when {grow}; contradicted otherwise" if paper_grows else \
+        f"reproduced unless {grow}; contradicted when it does"
+
+
 def _variance(results: dict, run: str, paper_grows: bool, extra=None) -> Check:
     """FP16's variance grows (`paper_grows`), BF16's and FP32's do not: judged by `grows` on the covered ρ."""
-    grow = GROWS.format(run=run)
-    rule = f"reproduced when {grow}; contradicted otherwise" if paper_grows else \
-        f"reproduced unless {grow}; contradicted when it does"
+    rule = variance_rule(run, paper_grows)
     rows = _by_run(results, run)
     if not rows:
         return _unmeasured(rule, f"no {run} run in results.json")
@@ -419,6 +423,23 @@ CHECKS = {
     "precision_fp16_variance": precision_fp16_variance, "precision_bf16_stable": precision_bf16_stable,
     "precision_fp32_stable": precision_fp32_stable, "precision_fp32_range": precision_fp32_range,
 }
+
+
+# Each check's rule in the words its verdict.json records (the parabola's with PRE after them), as
+# docs/reproduce.md prints them (`rules_markdown`).
+RULES = {
+    "parabola_match": MATCH_RULE, "parabola_tracks_rho_star": TRACK_RULE, "parabola_rho_star_higher": HIGHER_RULE,
+    "parabola_target_onset": ONSET_RULE, "parabola_inflection": INFLECTION_RULE,
+    "parabola_lower_rho_worse": LOWER_RULE, "parabola_dimensions": DIM_RULE, "parabola_no_rule_large": NO_RULE_RULE,
+    "precision_fp16_variance": variance_rule("fp16", True), "precision_bf16_stable": variance_rule("bf16", False),
+    "precision_fp32_stable": variance_rule("fp32_reorder", False), "precision_fp32_range": RANGE_RULE,
+}
+
+
+def rules_markdown() -> str:
+    """Every check's rule as a Markdown table: the check, then its rule."""
+    rows = [f"| `{name}` | {rule.replace('|', chr(92) + '|')} |" for name, rule in RULES.items()]
+    return "\n".join(["| check | rule |", "|---|---|", *rows])
 
 
 # What each check measures (verdict.json's "metric").
