@@ -5,7 +5,8 @@ records (their resolved spec, plan and layout) or their curves, beside its value
 rule, fixed before any reproduction was judged by it: a mechanism with a value at the paper's scale is
 present when the preset reaches at least half of it; one without (a property of the data the paper does
 not report) has a threshold of its own, written beside it. A claim whose mechanism is absent reads "not
-testable at this preset", with these numbers, never "contradicted".
+testable at this preset", with these numbers, never "contradicted", and its row still shows what the rules
+alone say of its seeds, so that naming a mechanism hides no verdict.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Decision rules by the shape of a claim, on signed per-seed paired effects. Pure Python, torch-free.
 
 Every effect handed to `decide` is one number per seed, signed so that the paper's direction is positive,
-and in units of the family's baseline pair spread (so a margin of 1 is one spread). The rules, fixed before
-any reproduction is judged by them, are written in docs/reproduce.md ("Rules by claim shape") and applied
-here exactly as written:
+and in units of the family's baseline pair spread (so a margin of 1 is one spread). The rules are written in
+docs/reproduce.md ("Decision rules") and applied here exactly as written; a change to them once verdicts
+have been seen may only make them stricter, never move a verdict towards the paper:
 
     directional    reproduced     CI95 lies above the part's size (0 for a sign alone)
                    contradicted   CI95 lies below 0 (the opposite effect), or, where the paper states the
@@ -337,7 +337,7 @@ class Kind:
         return "—" if self.margin is None else f"±{self.margin:g}"
 
 
-# Margins are in baseline pair spreads and fixed here, before any reproduction is judged by them.
+# Sizes and margins are in baseline pair spreads, fixed here; docs/reproduce.md prints them.
 KINDS = {k.name: k for k in (
     Kind("rule_needed", (Part("directional", size=1.0), Part("equivalence", margin=1.0)),
          "without the rule the metric moves away from the baseline by more than 1 spread; with it, the metric "
