@@ -208,3 +208,19 @@ def test_a_stated_size_is_contradicted_by_an_absence_at_most_five_percent_at_tha
     got = r.simulate(stated, 1.0, seeds, trials=2000)["verdicts"]
     assert got[r.CONTRADICTED] <= 0.05 + 3 * (0.05 * 0.95 / 2000) ** 0.5
     assert r.simulate(stated, 0.0, seeds, trials=500, noise=0.2)["verdicts"][r.CONTRADICTED] > 0.9  # power: shown
+
+
+def test_a_sized_part_reports_the_effect_it_would_reproduce():
+    """A signed part whose interval must clear a size reports as its MDE the true effect it reproduces with 80 %
+    power: the MDE against no effect, beyond the size; at that effect the rule reproduces about 80 % of the
+    time. An equivalence part's MDE is the one against no effect."""
+    effects = [2.1, 1.9, 2.0, 2.05, 1.95]
+    plain = r.decide(r.Part("directional"), effects)
+    assert r.decide(r.Part("directional", size=1.0), effects).mde == pytest.approx(plain.mde + 1.0)
+    assert r.decide(r.Part("equivalence"), effects).mde == pytest.approx(plain.mde)
+    out = r.simulate(r.KINDS["rule_needed"], 2.0, 10, trials=10)
+    assert out["mde"] == pytest.approx(r.mde(1.0, 10) + 1.0) and out["seeds_for_effect"] == r.seeds_needed(1.0, 1.0)
+    assert r.KINDS["rule_needed"].parts[0].seeds_for(0.5, 1.0) is None  # inside the size: no seed count
+    sized = r.Kind("sized", (r.Part("directional", size=1.0),), "beyond one spread")
+    at_mde = r.simulate(sized, r.mde(1.0, 10) + 1.0, 10, trials=2000)["verdicts"][r.REPRODUCED]
+    assert 0.72 < at_mde < 0.88

@@ -295,8 +295,9 @@ def judge(family: Family, claim: Claim, tables: dict, kappas: list, gate: dict |
                                                         lead["margin"], lead["spread"])
     v.n, v.parts, v.rule = lead["n"], parts, decision.rule
     sd = R.summarize([x / lead["spread"] for x in lead["per_seed"]]).sd if lead["spread"] else math.nan
+    # the seeds that would tell the paper's effect (as the rules take it, in spreads) from none
     paper_effect = (claim.stated / lead["spread"] if claim.stated > 0 and lead_i == 0 and lead["spread"]
-                    else R.KINDS[claim.kind].parts[0].paper_effect)  # in spreads, as the rules saw it
+                    else R.KINDS[claim.kind].parts[0].paper_effect)
     v.seeds_for_paper_effect = R.seeds_needed(paper_effect, sd) if math.isfinite(sd) else None
     v.verdict = decision.verdict
     v.mechanism = mechanism

@@ -162,8 +162,8 @@ def markdown(data: dict, family) -> str:
         for p in c.get("parts") or []:
             lines.append(f"- Part: {T.part_line(p)}. Per seed: {', '.join(T.num(x, True) for x in p['per_seed'])}.")
         if c.get("seeds_for_paper_effect") is not None:
-            lines.append(f"- Seeds that would detect an effect of one spread with 80 % power: "
-                         f"{c['seeds_for_paper_effect']}.")
+            lines.append(f"- Seeds that would tell the paper's effect (one spread, or the size the claim states) "
+                         f"from none with 80 % power: {c['seeds_for_paper_effect']}.")
         if c.get("mechanism"):
             m = c["mechanism"]
             state = {True: "present", False: "absent"}.get(m.get("present"), "not measured")

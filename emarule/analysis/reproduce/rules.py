@@ -32,7 +32,9 @@ CI95 and CI90 are paired Student-t intervals of the mean effect (two-sided 95 % 
 its coverage at 5 seeds, where a percentile bootstrap of the mean covers about 84 % (docs/reproduce.md,
 "Rules by claim shape", prints both, measured). The minimum detectable effect is the true effect that a
 one-sample t test at two-sided level 0.05 detects with 80 % power at the seeds run, from the effects' own
-standard deviation: (t₀.₉₇₅ + t₀.₈₀) · sd / √n, on n − 1 degrees of freedom.
+standard deviation: (t₀.₉₇₅ + t₀.₈₀) · sd / √n, on n − 1 degrees of freedom; for a signed part with a size,
+that much beyond the size, as its interval must clear the size. An absence's power condition compares
+the MDE against no effect, (t₀.₉₇₅ + t₀.₈₀) · sd / √n, with the paper's effect.
 
 A claim that joins parts ("with the rule the EMA matches, without it it does not") is judged on each part:
 reproduced only when every part is, contradicted when any part is, otherwise not reproduced. Its "does not
@@ -201,6 +203,20 @@ class Part:
             if not getattr(self, name) > 0:
                 raise ValueError(f"Part.{name} must be > 0, got {getattr(self, name)}")
 
+    @property
+    def signed(self) -> bool:
+        """A part reproduced by an interval beyond its size (directional, departure, comparative)."""
+        return self.shape in ("directional", "departure", "comparative")
+
+    def detectable(self, mde_from_zero: float) -> float:
+        """The true effect this part's rule reproduces with POWER: the MDE against no effect, beyond the part's
+        size where it has one (its interval must clear the size, not 0)."""
+        return mde_from_zero + self.size if self.signed else mde_from_zero
+
+    def seeds_for(self, effect: float, sd: float) -> int | None:
+        """The fewest seeds whose `detectable` effect reaches `effect` (None: none do)."""
+        return seeds_needed(abs(effect) - (self.size if self.signed else 0.0), sd)
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -208,7 +224,7 @@ class Decision:
     shape: str
     effect: float
     effect_ci: tuple[float, float]
-    mde: float
+    mde: float  # the true effect these seeds reproduce with 80 % power (`Part.detectable`)
     margin: float | None
     rule: str  # the words of the rule that gave the verdict
     n: int
@@ -237,8 +253,9 @@ def _absent_or_open(s: Summary, p: Part) -> tuple[str, str, str]:
     claim whose size is not the paper's."""
     l90, h90 = s.ci90
     if p.stated and -p.margin < l90 and h90 < p.margin and s.mde <= p.paper_effect:
-        return CONTRADICTED, ABSENT, (f"absence shown: CI90 inside ±{spreads(p.margin)} with the MDE ≤ the "
-                                      f"paper's effect, {spreads(p.paper_effect)}")
+        return CONTRADICTED, ABSENT, (f"absence shown: CI90 inside ±{spreads(p.margin)}, with the power to tell "
+                                      f"the paper's effect, {spreads(p.paper_effect)}, from none (MDE against 0 "
+                                      f"≤ it)")
     return _open(p)
 
 
@@ -290,7 +307,7 @@ def decide(part: Part, effects: list[float]) -> Decision:
     s = summarize(effects)
     verdict, route, rule = _RULES[part.shape](s, part)
     margin = part.margin if part.shape in ("equivalence", "noninferior") or route == ABSENT else None
-    return Decision(verdict, part.shape, s.mean, s.ci95, s.mde, margin, rule, s.n, route=route)
+    return Decision(verdict, part.shape, s.mean, s.ci95, part.detectable(s.mde), margin, rule, s.n, route=route)
 
 
 def join(decisions: list[Decision], lead: int = 0) -> Decision:
@@ -391,7 +408,8 @@ def simulate(kind: Kind, effect: float, seeds: int, trials: int = 2000, noise: f
         counts[join(decisions).verdict] += 1
     return {"kind": kind.name, "shape": kind.shape, "effect": effect, "seeds": seeds, "trials": trials,
             "noise": noise, "verdicts": {v: c / trials for v, c in counts.items()},
-            "mde": mde(noise, seeds), "seeds_for_effect": seeds_needed(abs(effect), noise)}
+            "mde": kind.parts[0].detectable(mde(noise, seeds)),
+            "seeds_for_effect": kind.parts[0].seeds_for(effect, noise)}
 
 
 def _estimated_spread(rng: random.Random, seeds: int) -> float:
