@@ -225,6 +225,8 @@ def print_power(console: Console, result: dict, fmt_: str) -> None:
         return
     from rich.table import Table
 
+    from emarule.analysis.reproduce.rules import spreads
+
     console.print(f"{result['kind']} ({result['shape']}): a true effect of {result['effect']:g} spreads, "
                   f"{result['seeds']} seeds, a noise of {result['noise']:g} spreads, {result['trials']} simulated "
                   "reproductions", markup=False, highlight=False, soft_wrap=True)
@@ -238,4 +240,6 @@ def print_power(console: Console, result: dict, fmt_: str) -> None:
     console.print(f"minimum detectable effect at {result['seeds']} seeds: {result['mde']:.3g} spreads (80 % power); "
                   + (f"seeds to detect {abs(result['effect']):g}: {need}" if need else
                      "no seed count detects an effect of 0" if result["effect"] == 0 else
+                     f"no seed count: an effect of {abs(result['effect']):g} does not clear the first part's size of "
+                     f"{spreads(result['size'])}" if abs(result["effect"]) <= result.get("size", 0.0) else
                      "more than 1000 seeds to detect it"), markup=False, highlight=False, soft_wrap=True)

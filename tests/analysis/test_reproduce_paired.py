@@ -244,8 +244,7 @@ def test_with_better_has_a_part_per_kappa(tmp_path, at4, verdict, sign):
     ([-0.25 + 10 * j for j in JITTER], NR, +1)])  # above 0, not above 0.2: the stated size is not shown
 def test_ema_above_target_each_way(tmp_path, target, verdict, sign):
     """On the baselines alone: EMA − target model of each seed at the end."""
-    # the rule alone: the claim's mechanism (the EMA's horizon against the last lr stage) is its own test's
-    family = dataclasses.replace(K.POLYAK, claims=(dataclasses.replace(K.POLYAK.claims[3], mechanism=None),))
+    family = dataclasses.replace(K.POLYAK, claims=(K.POLYAK.claims[3],))
     dirs = []
     for s, o in enumerate(OFFSETS):
         dirs.append(write_run(tmp_path, f"k1-s{s}", 1.0, "exponential", s,

@@ -32,6 +32,18 @@ def test_the_json_is_the_simulation_the_rules_give():
     assert sum(got["verdicts"].values()) == pytest.approx(1.0)
 
 
+def test_an_effect_that_does_not_clear_the_size_needs_no_seed_count_and_says_so():
+    """A "does not match" part must clear 1 spread: an effect of 1 is never shown beyond it at any seed count,
+    and the console says why rather than "more than 1000 seeds"."""
+    got = power_json("rule_needed", "--effect", "1", "--seeds", "5", "--trials", "50")
+    assert (got["size"], got["seeds_for_effect"]) == (1.0, None)
+    assert got["mde"] == pytest.approx(rules.mde(1.0, 5) + 1.0)
+    res = invoke("power", "rule_needed", "--effect", "1", "--seeds", "5", "--trials", "50")
+    assert res.exit_code == 0 and "does not clear the first part's size of 1 spread" in res.output
+    assert power_json("rule_needed", "--effect", "2.5", "--seeds", "5", "--trials", "50")["seeds_for_effect"] == (
+        rules.seeds_needed(1.5, 1.0))
+
+
 @pytest.mark.parametrize("seeds", ["5", "10"])
 @pytest.mark.parametrize("kind", [k for k, v in rules.KINDS.items() if v.shape == "directional"])
 def test_directional_kinds_keep_their_error_rates(kind, seeds):

@@ -410,11 +410,9 @@ POLYAK = Family(
               "breakdown of the EMA Scaling Rule …", "§3.2; App. F.2", "target_explains", "ema_top1", 4.0, "run",
               "L752–753, L2076–2077", short="§3.2, App. F.2: the EMA gap from κ=4 is the target model's"),
         Claim("… model EMA top-1 is approximately 0.2% to 0.3% higher than the target model", "§3.2",
-              "ema_above_target", "ema_top1", 1.0, "end", "L754", stated=0.2, mechanism="horizon_vs_last_stage",
+              "ema_above_target", "ema_top1", 1.0, "end", "L754", stated=0.2,
               note="the size the paper states, 0.2 points of top-1 (the lower end), is the size the effect must "
-                   "exceed and the margin of an absence; a CPU preset's test set resolves about 0.1 point. The "
-                   "EMA gains on its target at the end by averaging the last lr stage's iterates, so the claim needs "
-                   "the horizon against that stage that §3.2's drop at the end needs",
+                   "exceed and the margin of an absence; a CPU preset's test set resolves about 0.1 point",
               short="§3.2: the EMA's top-1 is 0.2–0.3 % above the target's"),
         Claim(BN_CLOSER, "App. F.3", "arm_closer", "top1", 2.0, "run", "L2101–2102", settings=("bn-scale", "with"),
               note="A: κ=2 with the EMA rule and ρ_BN^κ (arm bn-scale); B: the same with ρ_BN unscaled",

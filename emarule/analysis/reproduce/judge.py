@@ -14,7 +14,7 @@ What the rules would have said is kept beside those three (`verdict_if_applicabl
 metric where higher is better, −1 otherwise; Δ_X(s) = run X of seed s − baseline of seed s, over the run
 (its mean) or at the end; g_X(s) the gap, |Δ| likewise.
 
-    rule_needed       without departs:  −σ·Δ_without  (worse without: positive)        directional
+    rule_needed       without departs:  −σ·Δ_without  (worse without: positive)        directional > 1 spread
                       with matches:     −σ·Δ_with                                     equivalence ±1
     rule_departs      the same, the first part in either direction                   departure
     rule_closer       g_without − r·g_with, r the ratio the claim states (1: closer)  comparative
@@ -248,7 +248,8 @@ def decide_parts(kind: str, effects: list[Effects], stated: float = 0.0) -> tupl
             d, sc = decisions[-1], e.scale
         records.append({"label": e.label, "shape": d.shape, "statistic": e.statistic, "verdict": d.verdict,
                         "effect": d.effect * sc, "effect_ci": [d.effect_ci[0] * sc, d.effect_ci[1] * sc],
-                        "mde": d.mde * sc, "margin": None if d.margin is None else d.margin * sc, "spread": e.scale,
+                        "mde": d.mde * sc, "mde_from_zero": d.mde_from_zero * sc,
+                        "margin": None if d.margin is None else d.margin * sc, "spread": e.scale,
                         "rule": d.rule, "route": d.route, "n": d.n, "per_seed": list(e.values)})
     return R.join(decisions), records
 

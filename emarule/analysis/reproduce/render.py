@@ -108,8 +108,10 @@ def _contradicted_by(p: dict) -> str:
 
 def part_line(p: dict) -> str:
     margin = f", margin {num(p['margin'])}" if p.get("margin") is not None else ""
+    zero = p.get("mde_from_zero")
+    beyond = f" (against no effect {num(zero)})" if zero is not None and num(zero) != num(p["mde"]) else ""
     return (f"{p['label']} ({p['shape']}, {p['statistic']}): {num(p['effect'], True)} {interval(p['effect_ci'])}, "
-            f"MDE {num(p['mde'])}{margin}, spread {num(p.get('spread'))}, n = {p['n']}: {p['verdict']} "
+            f"MDE {num(p['mde'])}{beyond}{margin}, spread {num(p.get('spread'))}, n = {p['n']}: {p['verdict']} "
             f"({p['rule']})")
 
 

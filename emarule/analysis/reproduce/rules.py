@@ -8,12 +8,12 @@ have been seen may only make them stricter, never move a verdict towards the pap
     directional    reproduced     CI95 lies above the part's size (0 for a sign alone)
                    contradicted   CI95 lies below 0 (the opposite effect), or, where the paper states the
                                   size, TOST shows |effect| < margin AND the seeds run had the power
-                                  (MDE ≤ the paper's effect)
+                                  (the MDE against no effect ≤ the paper's effect)
                    otherwise      not reproduced at this preset, with the MDE
     departure      (a directional claim whose paper gives no sign: "diverges", "does not match")
                    reproduced     CI95 lies wholly above +size or wholly below −size
-                   contradicted   where the paper states the size, TOST shows |effect| < margin AND MDE ≤
-                                  the paper's effect
+                   contradicted   where the paper states the size, TOST shows |effect| < margin AND the MDE
+                                  against no effect ≤ the paper's effect
                    otherwise      not reproduced at this preset, with the MDE
     comparative    (on paired differences of gaps: "closer", "≈ 3× smaller")
                    reproduced     CI95 lies above the size the claim states
@@ -230,6 +230,7 @@ class Decision:
     n: int
     parts: tuple = field(default=())  # the parts' own decisions, for a joined claim
     route: str = ""  # which test of its rule decided a part (ABOVE … OPEN); "" for a joined claim
+    mde_from_zero: float = math.inf  # the MDE against no effect, which an absence's power condition reads
 
 
 def spreads(x: float) -> str:
@@ -307,7 +308,8 @@ def decide(part: Part, effects: list[float]) -> Decision:
     s = summarize(effects)
     verdict, route, rule = _RULES[part.shape](s, part)
     margin = part.margin if part.shape in ("equivalence", "noninferior") or route == ABSENT else None
-    return Decision(verdict, part.shape, s.mean, s.ci95, part.detectable(s.mde), margin, rule, s.n, route=route)
+    return Decision(verdict, part.shape, s.mean, s.ci95, part.detectable(s.mde), margin, rule, s.n, route=route,
+                    mde_from_zero=s.mde)
 
 
 def join(decisions: list[Decision], lead: int = 0) -> Decision:
@@ -408,6 +410,7 @@ def simulate(kind: Kind, effect: float, seeds: int, trials: int = 2000, noise: f
         counts[join(decisions).verdict] += 1
     return {"kind": kind.name, "shape": kind.shape, "effect": effect, "seeds": seeds, "trials": trials,
             "noise": noise, "verdicts": {v: c / trials for v, c in counts.items()},
+            "size": kind.parts[0].size if kind.parts[0].signed else 0.0,
             "mde": kind.parts[0].detectable(mde(noise, seeds)),
             "seeds_for_effect": kind.parts[0].seeds_for(effect, noise)}
 

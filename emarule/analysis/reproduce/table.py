@@ -273,7 +273,8 @@ def total_wall_s(loaded: list) -> float:
 # What the table can say: one sentence under the tally.
 SCOPE = ("At CPU scale a verdict says whether this preset shows the paper's effect, not whether the paper holds at "
          "its own scale: \"not reproduced\" and \"not testable\" leave the paper's claim open, and only an opposite "
-         "effect, or an absence shown against a size the paper states, reads \"contradicted\".")
+         "effect, a \"matches\" wholly beyond its margin, or an absence shown against a size the paper states, reads "
+         "\"contradicted\".")
 
 
 def tally(root: Path, loaded: list | None = None) -> dict:
