@@ -82,6 +82,8 @@ def test_a_contradiction_says_whether_it_is_an_opposite_effect_or_an_absence():
     away = _record(verdict=R.CONTRADICTED, shape="departure", effect=-0.1, effect_ci=[-0.4, 0.2], margin=0.42,
                    route=R.ABSENT)
     assert D.verdict(away) == "**contradicted** (an effect beyond ±0.42 shown absent, -0.1 measured)"
+    assert D.verdict(away | {"mde_from_zero": 0.3}) == (
+        "**contradicted** (an effect beyond ±0.42 shown absent (MDE against no effect 0.3), -0.1 measured)")
     parts = [{"label": "without departs", "shape": "directional", "verdict": R.CONTRADICTED, "effect": -2.0,
               "effect_ci": [-3.0, -1.0], "margin": None, "route": R.OPPOSITE},
              {"label": "A closer than B", "shape": "comparative", "verdict": R.CONTRADICTED, "effect": -1.0,

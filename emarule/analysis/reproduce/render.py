@@ -102,7 +102,8 @@ def _contradicted_by(p: dict) -> str:
     else:
         e = p.get("effect")
         side = "on the paper's side" if p.get("shape") == "directional" and e is not None and e > 0 else "measured"
-        said = f"an effect beyond ±{num(p.get('margin'))} shown absent, {num(e, True)} {side}"
+        power = f" (MDE against no effect {num(p['mde_from_zero'])})" if p.get("mde_from_zero") is not None else ""
+        said = f"an effect beyond ±{num(p.get('margin'))} shown absent{power}, {num(e, True)} {side}"
     return f"{p['label']}: {said}" if p.get("label") else said
 
 
