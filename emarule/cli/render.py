@@ -227,8 +227,8 @@ def print_power(console: Console, result: dict, fmt_: str) -> None:
 
     from emarule.analysis.reproduce.rules import spreads
 
-    console.print(f"{result['kind']} ({result['shape']}): a true effect of {result['effect']:g} spreads, "
-                  f"{result['seeds']} seeds, a noise of {result['noise']:g} spreads, {result['trials']} simulated "
+    console.print(f"{result['kind']} ({result['shape']}): a true effect of {spreads(result['effect'])}, "
+                  f"{result['seeds']} seeds, a noise of {spreads(result['noise'])}, {result['trials']} simulated "
                   "reproductions", markup=False, highlight=False, soft_wrap=True)
     t = Table()
     t.add_column("verdict")
