@@ -236,10 +236,20 @@ def print_power(console: Console, result: dict, fmt_: str) -> None:
     for verdict, share in result["verdicts"].items():
         t.add_row(verdict, f"{share:.3f}")
     console.print(t)
-    need = result["seeds_for_effect"]
     console.print(f"minimum detectable effect at {result['seeds']} seeds: {result['mde']:.3g} spreads (80 % power); "
-                  + (f"seeds to detect {abs(result['effect']):g}: {need}" if need else
-                     "no seed count detects an effect of 0" if result["effect"] == 0 else
-                     f"no seed count: an effect of {abs(result['effect']):g} does not clear the first part's size of "
-                     f"{spreads(result['size'])}" if abs(result["effect"]) <= result.get("size", 0.0) else
-                     "more than 1000 seeds to detect it"), markup=False, highlight=False, soft_wrap=True)
+                  + _seeds_said(result), markup=False, highlight=False, soft_wrap=True)
+
+
+def _seeds_said(result: dict) -> str:
+    """How many seeds would detect the simulated effect, or why no count does."""
+    from emarule.analysis.reproduce.rules import spreads
+
+    effect = abs(result["effect"])
+    if result["seeds_for_effect"]:
+        return f"seeds to detect {effect:g}: {result['seeds_for_effect']}"
+    if effect == 0:
+        return "no seed count detects an effect of 0"
+    if effect <= result.get("size", 0.0):
+        return f"no seed count: an effect of {effect:g} does not clear the first part's size of " \
+            f"{spreads(result['size'])}"
+    return "more than 1000 seeds to detect it"

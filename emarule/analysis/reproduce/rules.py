@@ -204,18 +204,19 @@ class Part:
                 raise ValueError(f"Part.{name} must be > 0, got {getattr(self, name)}")
 
     @property
-    def signed(self) -> bool:
-        """A part reproduced by an interval beyond its size (directional, departure, comparative)."""
-        return self.shape in ("directional", "departure", "comparative")
+    def clears(self) -> float:
+        """The size a signed part's interval must clear (directional, departure, comparative); 0 for the others,
+        whose rules read a margin instead."""
+        return self.size if self.shape in ("directional", "departure", "comparative") else 0.0
 
     def detectable(self, mde_from_zero: float) -> float:
-        """The true effect this part's rule reproduces with POWER: the MDE against no effect, beyond the part's
-        size where it has one (its interval must clear the size, not 0)."""
-        return mde_from_zero + self.size if self.signed else mde_from_zero
+        """The true effect this part's rule reproduces with POWER: the MDE against no effect, beyond the size it
+        must clear (its interval must clear that size, not 0)."""
+        return mde_from_zero + self.clears
 
     def seeds_for(self, effect: float, sd: float) -> int | None:
         """The fewest seeds whose `detectable` effect reaches `effect` (None: none do)."""
-        return seeds_needed(abs(effect) - (self.size if self.signed else 0.0), sd)
+        return seeds_needed(abs(effect) - self.clears, sd)
 
 
 @dataclass(frozen=True)
@@ -410,7 +411,7 @@ def simulate(kind: Kind, effect: float, seeds: int, trials: int = 2000, noise: f
         counts[join(decisions).verdict] += 1
     return {"kind": kind.name, "shape": kind.shape, "effect": effect, "seeds": seeds, "trials": trials,
             "noise": noise, "verdicts": {v: c / trials for v, c in counts.items()},
-            "size": kind.parts[0].size if kind.parts[0].signed else 0.0,
+            "size": kind.parts[0].clears,
             "mde": kind.parts[0].detectable(mde(noise, seeds)),
             "seeds_for_effect": kind.parts[0].seeds_for(effect, noise)}
 
