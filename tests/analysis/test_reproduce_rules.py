@@ -105,6 +105,67 @@ def test_a_joined_claim_needs_every_part_and_falls_to_any_contradiction():
     assert (joined.effect, joined.effect_ci, joined.parts) == (maybe.effect, maybe.effect_ci, (maybe, yes))
 
 
+PARTS = [r.Part(shape, size=size) for shape in r.SHAPES for size in (0.0, 1.0)] + [
+    r.Part("directional", size=0.5, margin=0.5, paper_effect=0.5, stated=True),
+    r.Part("departure", size=0.5, margin=0.5, paper_effect=0.5, stated=True),
+    r.Part("equivalence", margin=0.3), r.Part("noninferior", margin=2.0)]
+
+
+@given(st.sampled_from(PARTS), st.lists(st.floats(-4, 4), min_size=2, max_size=10), st.sampled_from([0.0, 1.0]))
+def test_each_p_value_is_below_005_exactly_when_its_rule_gives_its_verdict(part, effects, tie):
+    """p_reproduced < 0.05 exactly where the rule reads reproduced, p_contradicted < 0.05 where it reads
+    contradicted: the table's correction over many rows starts from the rules' own tests. `tie` makes the seeds
+    agree exactly (sd 0) half the time."""
+    if tie:
+        effects = [effects[0]] * len(effects)
+    d = r.decide(part, effects)
+    for verdict, p in ((r.REPRODUCED, d.p_reproduced), (r.CONTRADICTED, d.p_contradicted)):
+        assert 0.0 <= p <= 1.0
+        if abs(p - 0.05) > 1e-9:  # a p-value at the boundary itself may round either way
+            assert (d.verdict == verdict) == (p < 0.05), (d.rule, p)
+
+
+def test_p_values_of_known_effects_and_of_a_joined_claim():
+    """Five seeds of mean 1 and sd 0.395 (t = 5.66 on 4 degrees of freedom): a sign alone is reproduced at p =
+    2 × 0.0024; the same seeds inside ±2 pass TOST at the larger one-sided p-value, P(T > (2 − 1)/se)."""
+    effects = [1.0 + x for x in (-0.5, -0.25, 0.0, 0.25, 0.5)]
+    se = r.summarize(effects).sd / math.sqrt(5)
+    sign = r.decide(r.Part("directional"), effects)
+    assert sign.p_reproduced == pytest.approx(2 * (1 - r.t_cdf(1.0 / se, 4)), rel=1e-9)
+    assert sign.p_reproduced == pytest.approx(0.00481, abs=1e-5)
+    assert sign.p_contradicted == 1.0  # doubled from the far tail, and held at 1
+    opposite = r.decide(r.Part("directional"), [-x for x in effects])
+    assert (opposite.p_contradicted, opposite.p_reproduced) == (pytest.approx(sign.p_reproduced, rel=1e-12), 1.0)
+    inside = r.decide(r.Part("equivalence", margin=2.0), effects)
+    assert inside.p_reproduced == pytest.approx(1 - r.t_cdf(1.0 / se, 4), rel=1e-9)
+    joined = r.join([sign, inside])
+    assert (joined.p_reproduced, joined.p_contradicted) == (max(sign.p_reproduced, inside.p_reproduced),
+                                                            min(sign.p_contradicted, inside.p_contradicted))
+    assert r.decide(r.Part("directional"), [1.0]).p_reproduced == 1.0  # no interval, no evidence
+    assert r.decide(r.Part("directional"), [1.0, math.inf]).p_contradicted == 1.0
+
+
+@pytest.mark.parametrize("ps, stands", [
+    ([0.01, 0.04, 0.03, 0.005], [True, False, False, True]),  # 0.005 ≤ 0.05/4, 0.01 ≤ 0.05/3, 0.03 > 0.05/2: stop
+    ([0.04], [True]), ([0.06], [False]), ([], []),
+    ([0.001, 0.02, 0.04], [True, True, True]),  # 0.001 ≤ 0.0167, 0.02 ≤ 0.025, 0.04 ≤ 0.05
+    ([0.03, 0.001, 0.02], [True, True, True]),  # the order of the rows does not matter
+    ([0.02, 0.02, 0.02], [False, False, False]),  # the smallest already above 0.05/3
+])
+def test_holm_steps_down_the_sorted_p_values(ps, stands):
+    assert r.holm(ps) == stands
+
+
+@given(st.lists(st.floats(0, 1), max_size=30))
+def test_holm_keeps_what_bonferroni_keeps_and_nothing_a_plain_test_drops(ps):
+    kept = r.holm(ps)
+    for p, k in zip(ps, kept, strict=True):
+        if p <= 0.05 / max(len(ps), 1):
+            assert k
+        if p > 0.05:
+            assert not k
+
+
 @pytest.mark.parametrize("bad, match", [({"shape": "sideways"}, "unknown claim shape"),
                                         ({"shape": "equivalence", "margin": 0}, "margin must be > 0"),
                                         ({"shape": "directional", "paper_effect": -1}, "paper_effect must be > 0")])

@@ -160,6 +160,7 @@ def test_a_probe_verdict_where_the_data_bar_is_missed_says_so(root):
 
 def test_the_tally_counts_claims_rows_and_agreeing_headlines(root):
     t = T.tally(root)
+    assert t.pop("holm")["rows"] == 0  # these verdict.json files hold no p-values
     # claim 0 decided; claim 1 judged at two κ, one of them not reproduced, so not decided at every κ
     assert t == {"rows": dict.fromkeys(R.ALL_VERDICTS, 0) | {R.REPRODUCED: 1, NR: 1, R.CONTRADICTED: 1},
                  "claims": 2, "decided": 1, "headlines": 1, "headlines_agree": 0}
@@ -171,6 +172,29 @@ def test_the_tally_counts_claims_rows_and_agreeing_headlines(root):
     v["claims"][0]["verdict"] = R.REPRODUCED
     (root / "polyak-headline" / "verdict.json").write_text(json.dumps(v))
     assert T.tally(root)["headlines_agree"] == 1
+
+
+def test_holm_s_correction_over_the_rows_the_rules_judged(root):
+    """Three rows judged by the rules: Holm compares the smallest p-value with 0.05/3. The reproduced row's
+    0.03 does not stand and says so in its cell; the contradicted row's 0.001 stands. A row set aside is no
+    hypothesis of the table, whatever its p-values."""
+    v = json.loads((root / "polyak" / "verdict.json").read_text())
+    for c, (pr, pc) in zip(v["claims"], ((0.03, 0.9), (0.4, 0.3), (0.8, 0.001)), strict=True):
+        c |= {"p_reproduced": pr, "p_contradicted": pc}
+    aside = _claim(K.POLYAK.claims[2], R.SET_ASIDE, 4.0) | {"p_reproduced": 1e-6, "p_contradicted": 1.0,
+                                                             "set_aside": "the target strays", "why": "w"}
+    v["claims"].append(aside)
+    (root / "polyak" / "verdict.json").write_text(json.dumps(v))
+    h = T.tally(root)["holm"]
+    assert (h["rows"], h[R.REPRODUCED], h[R.CONTRADICTED]) == (3, (0, 1), (1, 1))
+    md = T.markdown(root)
+    row = next(line for line in md.splitlines() if line.startswith("| 3 |"))
+    assert "| reproduced; not after Holm's correction over the table's 3 rows (p 0.03) |" in row
+    assert "Under Holm's correction over the 3 rows the rules judged (a family-wise error rate of 5 %), 0 of the " \
+           "1 reproduced, 1 of the 1 contradicted rows stand." in md
+    # the family's page corrects over the whole table too, not over its own rows
+    assert "not after Holm's correction over the table's 3 rows (p 0.03)" in T.page_block(root, "polyak")
+    assert "Holm" not in next(line for line in md.splitlines() if line.startswith("| 5 |"))
 
 
 def test_a_claim_is_decided_at_the_kappas_where_it_applies(root):

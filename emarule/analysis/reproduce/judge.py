@@ -70,6 +70,10 @@ class Verdict:
     rule: str = ""
     n: int = 0
     seeds_for_paper_effect: int | None = None
+    # The p-values behind "reproduced" and "contradicted" (`rules.p_values`; a joined claim's as `rules.join`
+    # takes them): the table corrects them over its rows (`rules.holm`).
+    p_reproduced: float | None = None
+    p_contradicted: float | None = None
     parts: list = field(default_factory=list)
     mechanism: dict | None = None
     set_aside: str | None = None
@@ -250,7 +254,8 @@ def decide_parts(kind: str, effects: list[Effects], stated: float = 0.0) -> tupl
                         "effect": d.effect * sc, "effect_ci": [d.effect_ci[0] * sc, d.effect_ci[1] * sc],
                         "mde": d.mde * sc, "mde_from_zero": d.mde_from_zero * sc,
                         "margin": None if d.margin is None else d.margin * sc, "spread": e.scale,
-                        "rule": d.rule, "route": d.route, "n": d.n, "per_seed": list(e.values)})
+                        "rule": d.rule, "route": d.route, "n": d.n, "p_reproduced": d.p_reproduced,
+                        "p_contradicted": d.p_contradicted, "per_seed": list(e.values)})
     return R.join(decisions), records
 
 
@@ -300,7 +305,7 @@ def judge(family: Family, claim: Claim, tables: dict, kappas: list, gate: dict |
     paper_effect = (claim.stated / lead["spread"] if claim.stated > 0 and lead_i == 0 and lead["spread"]
                     else R.KINDS[claim.kind].parts[0].paper_effect)
     v.seeds_for_paper_effect = R.seeds_needed(paper_effect, sd) if math.isfinite(sd) else None
-    v.verdict = decision.verdict
+    v.verdict, v.p_reproduced, v.p_contradicted = decision.verdict, decision.p_reproduced, decision.p_contradicted
     v.mechanism = mechanism
     stopped = [f"seed {seed} of {e.label}" for e in effects for seed, x in zip(e.seeds, e.values, strict=False)
                if not math.isfinite(x)]

@@ -158,6 +158,10 @@ def markdown(data: dict, family) -> str:
                   f"> {c['claim']}", "", f"- **Verdict: {T.verdict(c, bold=False)}.**"]
         if c.get("rule"):
             lines.append(f"- Rule applied: {c['rule']}.")
+        if c.get("p_reproduced") is not None and not T.exact(c):
+            lines.append(f"- p-values: {T.num(c['p_reproduced'])} for reproduced, {T.num(c['p_contradicted'])} for "
+                         f"contradicted (each reads its verdict below 0.05; the README's table corrects them over "
+                         f"its rows, Holm).")
         if T.exact(c):
             lines.append(f"- Measured: {c.get('why') or '—'}.")
         for p in c.get("parts") or []:

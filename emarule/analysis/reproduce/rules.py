@@ -232,6 +232,10 @@ class Decision:
     parts: tuple = field(default=())  # the parts' own decisions, for a joined claim
     route: str = ""  # which test of its rule decided a part (ABOVE … OPEN); "" for a joined claim
     mde_from_zero: float = math.inf  # the MDE against no effect, which an absence's power condition reads
+    # The p-values of the tests behind "reproduced" and "contradicted" (`p_values`): each reads its verdict
+    # exactly when its p-value lies below 0.05, so a correction over many rows (`holm`) can be applied to them.
+    p_reproduced: float = 1.0
+    p_contradicted: float = 1.0
 
 
 def spreads(x: float) -> str:
@@ -300,6 +304,59 @@ def _noninferior(s: Summary, p: Part) -> tuple[str, str, str]:
     return NOT_REPRODUCED, OPEN, f"CI95 reaches −{spreads(p.margin)}: not decided at the seeds run"
 
 
+def _t(s: Summary, c: float) -> float:
+    """(mean − c)/se; ±∞ where the seeds agree exactly (sd 0), 0 where they agree on c itself."""
+    se, x = s.sd / math.sqrt(s.n), s.mean - c
+    return x / se if se > 0 else math.copysign(math.inf, x) if x else 0.0
+
+
+def _p_above(s: Summary, c: float) -> float:
+    """One-sided p-value of a mean above c: P(T > t) = P(T < −t), on n − 1 degrees of freedom (read in the
+    lower tail, where a small p-value keeps its digits)."""
+    return t_cdf(-_t(s, c), s.n - 1)
+
+
+def _p_below(s: Summary, c: float) -> float:
+    """One-sided p-value of a mean below c."""
+    return t_cdf(_t(s, c), s.n - 1)
+
+
+def p_values(part: Part, s: Summary) -> tuple[float, float]:
+    """(p_reproduced, p_contradicted): the p-values of the tests whose rejection at 0.05 gives the part's rule its
+    "reproduced" and its "contradicted". A bound of a CI95 is a one-sided test at 0.025, so its p-value is
+    doubled; each of a TOST's two one-sided tests is at 0.05 (its CI90), so the larger of the two is the
+    TOST's p-value. An absence counts only with its power condition met; where two routes lead to one
+    verdict the smaller p-value is the verdict's. 1 for no interval (fewer than 2 seeds, a diverged run)."""
+    if s.n < 2 or not math.isfinite(s.sd):
+        return 1.0, 1.0
+    m, size = part.margin, part.size
+    tost = max(_p_above(s, -m), _p_below(s, m))
+    absent = tost if part.stated and s.mde <= part.paper_effect else 1.0
+    if part.shape in ("directional", "comparative"):
+        repro, contra = 2 * _p_above(s, size), 2 * _p_below(s, 0.0)
+        if part.shape == "directional":
+            contra = min(contra, absent)
+    elif part.shape == "departure":
+        repro, contra = 2 * min(_p_above(s, size), _p_below(s, -size)), absent
+    elif part.shape == "equivalence":
+        repro, contra = tost, 2 * min(_p_above(s, m), _p_below(s, -m))
+    else:  # noninferior
+        repro, contra = 2 * _p_above(s, -m), 2 * _p_below(s, -m)
+    return min(1.0, repro), min(1.0, contra)
+
+
+def holm(ps: list[float], alpha: float = 0.05) -> list[bool]:
+    """Holm's step-down correction: which of the hypotheses stand with a family-wise error rate of `alpha`,
+    under any dependence between them (the rows of one table share runs)."""
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    keep = [False] * len(ps)
+    for rank, i in enumerate(order):
+        if not ps[i] <= alpha / (len(ps) - rank):
+            break
+        keep[i] = True
+    return keep
+
+
 _RULES = {"directional": _directional, "departure": _departure, "comparative": _comparative,
           "equivalence": _equivalence, "noninferior": _noninferior}
 
@@ -309,13 +366,15 @@ def decide(part: Part, effects: list[float]) -> Decision:
     s = summarize(effects)
     verdict, route, rule = _RULES[part.shape](s, part)
     margin = part.margin if part.shape in ("equivalence", "noninferior") or route == ABSENT else None
+    p_reproduced, p_contradicted = p_values(part, s)
     return Decision(verdict, part.shape, s.mean, s.ci95, part.detectable(s.mde), margin, rule, s.n, route=route,
-                    mde_from_zero=s.mde)
+                    mde_from_zero=s.mde, p_reproduced=p_reproduced, p_contradicted=p_contradicted)
 
 
 def join(decisions: list[Decision], lead: int = 0) -> Decision:
     """A claim of several parts: reproduced only when every part is, contradicted when any part is.
-    Its shape, effect and interval are part `lead`'s, the part in the paper's direction."""
+    Its shape, effect and interval are part `lead`'s, the part in the paper's direction; its p-value of
+    "reproduced" is its parts' largest (every part must pass), of "contradicted" their smallest."""
     verdicts = {d.verdict for d in decisions}
     if verdicts == {REPRODUCED}:
         verdict = REPRODUCED
@@ -326,7 +385,8 @@ def join(decisions: list[Decision], lead: int = 0) -> Decision:
     head = decisions[lead]
     rule = "every part: " + "; ".join(d.rule for d in decisions)
     return Decision(verdict, head.shape, head.effect, head.effect_ci, head.mde, head.margin, rule, head.n,
-                    tuple(decisions))
+                    tuple(decisions), p_reproduced=max(d.p_reproduced for d in decisions),
+                    p_contradicted=min(d.p_contradicted for d in decisions))
 
 
 # --- the kinds of claim, and their power ----------------------------------------------------------

@@ -149,11 +149,39 @@ def _made_with(r: Root) -> str:
     return f" (made with {r.other_args}, not `make repro`'s)" if r.other_args else ""
 
 
-def rows(root: Path, loaded: list | None = None) -> tuple[list[list[str]], list[list[str]], set, set]:
+def holm(loaded: list) -> dict:
+    """Holm's correction over every row of the training families that the rules judged (reproduced, not
+    reproduced at this preset, contradicted; not the rows set aside, not testable or not measured), at a
+    family-wise error rate of 5 %, once for "reproduced" and once for "contradicted" (`rules.holm`). The rows
+    share runs, which Holm's correction allows. A verdict.json without p-values leaves its rows out."""
+    judged = [(name, i, c) for name, family, r_main, _ in loaded if family.kind == "sweep" and r_main.verdict
+              for i, c in enumerate(r_main.verdict["claims"])
+              if c.get("verdict") in R.VERDICTS and c.get("p_reproduced") is not None
+              and c.get("p_contradicted") is not None]
+    out = {"rows": len(judged), "cut": {}}
+    for verdict, key in ((R.REPRODUCED, "p_reproduced"), (R.CONTRADICTED, "p_contradicted")):
+        stands = R.holm([c[key] for _, _, c in judged])
+        mine = [(name, i, c, ok) for (name, i, c), ok in zip(judged, stands, strict=True) if c["verdict"] == verdict]
+        out[verdict] = (sum(ok for *_, ok in mine), len(mine))
+        out["cut"] |= {(name, i): c[key] for name, i, c, ok in mine if not ok}
+    return out
+
+
+def _holm_note(h: dict, name: str, i: int) -> str:
+    """What a verdict cell adds where its row's verdict does not stand Holm's correction over the table."""
+    p = h["cut"].get((name, i))
+    return "" if p is None else f"; not after Holm's correction over the table's {h['rows']} rows (p {p:.2g})"
+
+
+def rows(root: Path, loaded: list | None = None, h: dict | None = None) -> tuple[list[list[str]], list[list[str]],
+                                                                                 set, set]:
     """(claim rows, family rows, the seed labels of the full reproductions, those of the headline checks);
-    a verdict cell names its seeds only where the families' seeds differ (`markdown`)."""
+    a verdict cell names its seeds only where the families' seeds differ (`markdown`). `h`: Holm's
+    correction (`holm`) over the whole table, where `loaded` holds only part of it."""
     claims, runs, seen, seen_new = [], [], set(), set()
-    for name, family, r_main, r_new in loaded if loaded is not None else reproductions(root):
+    loaded = loaded if loaded is not None else reproductions(root)
+    h = h if h is not None else holm(loaded)
+    for name, family, r_main, r_new in loaded:
         main, new = r_main.verdict, r_new.verdict if r_new is not None else None
         if main is None:
             why = (f"did not finish: {r_main.unfinished}; no verdict of an earlier invocation is shown"
@@ -181,7 +209,7 @@ def rows(root: Path, loaded: list | None = None) -> tuple[list[list[str]], list[
             if main.get("seeds"):
                 seen.add(_seeds(main["seeds"]))
             label = c.get("short") or c["claim"]
-            verdict = _verdict(c) + _caveat(c, bar) + _made_with(r_main)
+            verdict = _verdict(c) + _holm_note(h, name, i) + _caveat(c, bar) + _made_with(r_main)
             claims.append([T.cell(label), T.kappa(c.get("kappa")), (verdict, _seeds(main.get("seeds"))),
                            T.cell(T.effect(c)), T.cell(T.mde(c)), head, _page(family)])
         t = main.get("timing") or {}
@@ -303,13 +331,17 @@ def tally(root: Path, loaded: list | None = None) -> dict:
                 agree += match[0].get("verdict") == h.get("verdict")
     decided = sum(1 for vs in by_claim.values() if vs and all(v in (R.REPRODUCED, R.CONTRADICTED) for v in vs))
     return {"rows": rows_n, "claims": len(by_claim), "decided": decided, "headlines": checked,
-            "headlines_agree": agree}
+            "headlines_agree": agree, "holm": holm(loaded if loaded is not None else reproductions(root))}
 
 
 def tally_line(t: dict) -> str:
     by_row = ", ".join(f"{n} {v}" for v, n in t["rows"].items() if n)
+    h = t.get("holm") or {}
+    stand = ", ".join(f"{h[v][0]} of the {h[v][1]} {v}" for v in (R.REPRODUCED, R.CONTRADICTED) if h.get(v, (0, 0))[1])
+    corrected = (f" Under Holm's correction over the {h['rows']} rows the rules judged (a family-wise error rate of "
+                 f"5 %), {stand} rows stand." if stand else "")
     return (f"Claims about neural networks: {t['decided']} of {t['claims']} decided at every κ where they apply; by "
-            f"row, {by_row or 'none'}. Headline claims with the same verdict on both seed sets: "
+            f"row, {by_row or 'none'}.{corrected} Headline claims with the same verdict on both seed sets: "
             f"{t['headlines_agree']} of {t['headlines']}. {SCOPE}")
 
 
@@ -349,7 +381,7 @@ FIGURES = ("polyak", "byol", "ctc-polyak")
 def page_block(root: Path, name: str, loaded: list | None = None) -> str:
     """One family's rows of the table (claim, κ, verdict on both seed sets, effect, MDE) and its run row."""
     loaded = loaded if loaded is not None else reproductions(root)
-    claims, runs, _, _ = rows(root, [x for x in loaded if x[0] == name])
+    claims, runs, _, _ = rows(root, [x for x in loaded if x[0] == name], holm(loaded))
     out = ["| claim (paper) | κ | verdict | effect [95 % CI] | MDE | the headline claim on new seeds |",
            "|---|---|---|---|---|---|"]
     for r in claims:
