@@ -125,6 +125,17 @@ def test_each_p_value_is_below_005_exactly_when_its_rule_gives_its_verdict(part,
             assert (d.verdict == verdict) == (p < 0.05), (d.rule, p)
 
 
+def test_an_absence_without_the_power_to_see_the_stated_size_has_no_small_p_value():
+    """CI90 inside ±0.5 but an MDE against no effect of 0.565 > 0.5: not contradicted, and its p-value says so."""
+    part = r.Part("directional", size=0.5, margin=0.5, paper_effect=0.5, stated=True)
+    effects = [1.3 * x for x in (0.6, -0.6, 0.5, -0.5, 0.3, -0.3, 0.4, -0.4, 0.0, 0.0)]
+    d, s = r.decide(part, effects), r.summarize(effects)
+    assert -0.5 < s.ci90[0] and s.ci90[1] < 0.5 and s.mde > 0.5
+    assert d.verdict == r.NOT_REPRODUCED and d.p_contradicted >= 0.05
+    powered = r.decide(r.Part("directional", size=1.0, margin=1.0, paper_effect=1.0, stated=True), effects)
+    assert powered.verdict == r.CONTRADICTED and powered.p_contradicted < 0.05
+
+
 def test_p_values_of_known_effects_and_of_a_joined_claim():
     """Five seeds of mean 1 and sd 0.395 (t = 5.66 on 4 degrees of freedom): a sign alone is reproduced at p =
     2 × 0.0024; the same seeds inside ±2 pass TOST at the larger one-sided p-value, P(T > (2 − 1)/se)."""
@@ -140,7 +151,12 @@ def test_p_values_of_known_effects_and_of_a_joined_claim():
     assert inside.p_reproduced == pytest.approx(1 - r.t_cdf(1.0 / se, 4), rel=1e-9)
     joined = r.join([sign, inside])
     assert (joined.p_reproduced, joined.p_contradicted) == (max(sign.p_reproduced, inside.p_reproduced),
-                                                            min(sign.p_contradicted, inside.p_contradicted))
+                                                            min(1.0, 2 * min(sign.p_contradicted,
+                                                                             inside.p_contradicted)))
+    # any of k parts contradicts, so the smallest is multiplied by k: 0.03 alone reads contradicted, not joined
+    low = r.decide(r.Part("directional"), [-x for x in effects])
+    three = r.join([sign, low, inside])
+    assert (three.verdict, three.p_contradicted) == (r.CONTRADICTED, pytest.approx(3 * low.p_contradicted))
     assert r.decide(r.Part("directional"), [1.0]).p_reproduced == 1.0  # no interval, no evidence
     assert r.decide(r.Part("directional"), [1.0, math.inf]).p_contradicted == 1.0
 
@@ -168,7 +184,9 @@ def test_holm_keeps_what_bonferroni_keeps_and_nothing_a_plain_test_drops(ps):
 
 @pytest.mark.parametrize("bad, match", [({"shape": "sideways"}, "unknown claim shape"),
                                         ({"shape": "equivalence", "margin": 0}, "margin must be > 0"),
-                                        ({"shape": "directional", "paper_effect": -1}, "paper_effect must be > 0")])
+                                        ({"shape": "directional", "paper_effect": -1}, "paper_effect must be > 0"),
+                                        ({"shape": "directional", "size": 0.2, "margin": 1, "stated": True},
+                                         "must not exceed the size")])
 def test_a_part_refuses_what_no_rule_can_judge(bad, match):
     with pytest.raises(ValueError, match=match):
         r.Part(**bad)

@@ -160,12 +160,14 @@ def test_a_probe_verdict_where_the_data_bar_is_missed_says_so(root):
 
 def test_the_tally_counts_claims_rows_and_agreeing_headlines(root):
     t = T.tally(root)
-    assert t.pop("holm")["rows"] == 0  # these verdict.json files hold no p-values
+    assert t.pop("holm") == {"rows": 3, "missing": 3, "cut": {}}  # these verdict.json files hold no p-values
     # claim 0 decided; claim 1 judged at two κ, one of them not reproduced, so not decided at every κ
     assert t == {"rows": dict.fromkeys(R.ALL_VERDICTS, 0) | {R.REPRODUCED: 1, NR: 1, R.CONTRADICTED: 1},
                  "claims": 2, "decided": 1, "headlines": 1, "headlines_agree": 0}
     assert (f"Claims about neural networks: 1 of 2 decided at every κ where they apply; by row, 1 reproduced, 1 {NR}, "
-            f"1 contradicted. Headline claims with the same verdict on both seed sets: 0 of 1. {T.SCOPE}"
+            f"1 contradicted. Holm's correction over the rows is not applied: 3 of the 3 rows the rules judged hold "
+            f"no p-values (verdict.json written before them; judge those reproductions again). Headline claims with "
+            f"the same verdict on both seed sets: 0 of 1. {T.SCOPE}"
             ) in T.markdown(root)
     assert "only an opposite effect" in T.SCOPE and "not testable" in T.SCOPE
     v = json.loads((root / "polyak-headline" / "verdict.json").read_text())
@@ -175,26 +177,34 @@ def test_the_tally_counts_claims_rows_and_agreeing_headlines(root):
 
 
 def test_holm_s_correction_over_the_rows_the_rules_judged(root):
-    """Three rows judged by the rules: Holm compares the smallest p-value with 0.05/3. The reproduced row's
-    0.03 does not stand and says so in its cell; the contradicted row's 0.001 stands. A row set aside is no
-    hypothesis of the table, whatever its p-values."""
+    """Four rows judged by the rules, three of polyak's and one of dino's: Holm compares the smallest p-value
+    with 0.05/4. polyak's reproduced row at 0.015 does not stand (0.05/3 over polyak's rows alone would keep
+    it) and says so in its cell, on the README and on polyak's page; the contradicted row's 0.001 stands. A
+    row set aside is no hypothesis of the table, whatever its p-values; a judged row without p-values stops
+    the correction, which then says why."""
     v = json.loads((root / "polyak" / "verdict.json").read_text())
-    for c, (pr, pc) in zip(v["claims"], ((0.03, 0.9), (0.4, 0.3), (0.8, 0.001)), strict=True):
+    for c, (pr, pc) in zip(v["claims"], ((0.015, 0.9), (0.4, 0.3), (0.8, 0.001)), strict=True):
         c |= {"p_reproduced": pr, "p_contradicted": pc}
     aside = _claim(K.POLYAK.claims[2], R.SET_ASIDE, 4.0) | {"p_reproduced": 1e-6, "p_contradicted": 1.0,
                                                              "set_aside": "the target strays", "why": "w"}
     v["claims"].append(aside)
     (root / "polyak" / "verdict.json").write_text(json.dumps(v))
+    dino = _claim(K.DINO.claims[1], NR, effect=0.1, ci=(-0.2, 0.4))
+    _write(root, "dino", [dino | {"p_reproduced": 0.5, "p_contradicted": 0.7}], [0, 1, 2, 3, 4])
     h = T.tally(root)["holm"]
-    assert (h["rows"], h[R.REPRODUCED], h[R.CONTRADICTED]) == (3, (0, 1), (1, 1))
+    assert (h["rows"], h["missing"], h[R.REPRODUCED], h[R.CONTRADICTED]) == (4, 0, (0, 1), (1, 1))
     md = T.markdown(root)
     row = next(line for line in md.splitlines() if line.startswith("| 3 |"))
-    assert "| reproduced; not after Holm's correction over the table's 3 rows (p 0.03) |" in row
-    assert "Under Holm's correction over the 3 rows the rules judged (a family-wise error rate of 5 %), 0 of the " \
-           "1 reproduced, 1 of the 1 contradicted rows stand." in md
-    # the family's page corrects over the whole table too, not over its own rows
-    assert "not after Holm's correction over the table's 3 rows (p 0.03)" in T.page_block(root, "polyak")
-    assert "Holm" not in next(line for line in md.splitlines() if line.startswith("| 5 |"))
+    assert "| reproduced; not after Holm's correction over the table's 4 rows (p 0.015) |" in row
+    assert "Under Holm's correction over the 4 rows the rules judged (a family-wise error rate of 5 % for each " \
+           "verdict), 0 of the 1 reproduced, 1 of the 1 contradicted rows stand." in md
+    assert "not after Holm's correction over the table's 4 rows (p 0.015)" in T.page_block(root, "polyak")
+    # a judged row without p-values: no row is marked, and the tally says why
+    (root / "dino" / "verdict.json").write_text(json.dumps({**json.loads((root / "dino" / "verdict.json")
+                                                                         .read_text()), "claims": [dino]}))
+    md = T.markdown(root)
+    assert "not after Holm" not in md
+    assert "Holm's correction over the rows is not applied: 1 of the 4 rows the rules judged hold no p-values" in md
 
 
 def test_a_claim_is_decided_at_the_kappas_where_it_applies(root):

@@ -158,7 +158,7 @@ def markdown(data: dict, family) -> str:
                   f"> {c['claim']}", "", f"- **Verdict: {T.verdict(c, bold=False)}.**"]
         if c.get("rule"):
             lines.append(f"- Rule applied: {c['rule']}.")
-        if c.get("p_reproduced") is not None and not T.exact(c):
+        if c.get("p_reproduced") is not None and c.get("verdict") in R.VERDICTS:  # the rows the table corrects
             lines.append(f"- p-values: {T.num(c['p_reproduced'])} for reproduced, {T.num(c['p_contradicted'])} for "
                          f"contradicted (each reads its verdict below 0.05; the README's table corrects them over "
                          f"its rows, Holm).")

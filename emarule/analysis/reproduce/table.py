@@ -152,13 +152,15 @@ def _made_with(r: Root) -> str:
 def holm(loaded: list) -> dict:
     """Holm's correction over every row of the training families that the rules judged (reproduced, not
     reproduced at this preset, contradicted; not the rows set aside, not testable or not measured), at a
-    family-wise error rate of 5 %, once for "reproduced" and once for "contradicted" (`rules.holm`). The rows
-    share runs, which Holm's correction allows. A verdict.json without p-values leaves its rows out."""
+    family-wise error rate of 5 % for each of "reproduced" and "contradicted" (`rules.holm`). The rows share
+    runs, which Holm's correction allows. Where a judged row has no p-values (a verdict.json written before
+    them) nothing is corrected, as leaving its rows out would divide by too few: `missing` counts them."""
     judged = [(name, i, c) for name, family, r_main, _ in loaded if family.kind == "sweep" and r_main.verdict
-              for i, c in enumerate(r_main.verdict["claims"])
-              if c.get("verdict") in R.VERDICTS and c.get("p_reproduced") is not None
-              and c.get("p_contradicted") is not None]
-    out = {"rows": len(judged), "cut": {}}
+              for i, c in enumerate(r_main.verdict["claims"]) if c.get("verdict") in R.VERDICTS]
+    missing = sum(1 for *_, c in judged if c.get("p_reproduced") is None or c.get("p_contradicted") is None)
+    out = {"rows": len(judged), "missing": missing, "cut": {}}
+    if missing:
+        return out
     for verdict, key in ((R.REPRODUCED, "p_reproduced"), (R.CONTRADICTED, "p_contradicted")):
         stands = R.holm([c[key] for _, _, c in judged])
         mine = [(name, i, c, ok) for (name, i, c), ok in zip(judged, stands, strict=True) if c["verdict"] == verdict]
@@ -339,7 +341,11 @@ def tally_line(t: dict) -> str:
     h = t.get("holm") or {}
     stand = ", ".join(f"{h[v][0]} of the {h[v][1]} {v}" for v in (R.REPRODUCED, R.CONTRADICTED) if h.get(v, (0, 0))[1])
     corrected = (f" Under Holm's correction over the {h['rows']} rows the rules judged (a family-wise error rate of "
-                 f"5 %), {stand} rows stand." if stand else "")
+                 f"5 % for each verdict), {stand} rows stand." if stand else "")
+    if h.get("missing"):
+        corrected = (f" Holm's correction over the rows is not applied: {h['missing']} of the {h['rows']} rows the "
+                     f"rules judged hold no p-values (verdict.json written before them; judge those reproductions "
+                     f"again).")
     return (f"Claims about neural networks: {t['decided']} of {t['claims']} decided at every κ where they apply; by "
             f"row, {by_row or 'none'}.{corrected} Headline claims with the same verdict on both seed sets: "
             f"{t['headlines_agree']} of {t['headlines']}. {SCOPE}")
