@@ -66,28 +66,11 @@ def _stopped(stopped: list | None, i: int, end: float, reference: float) -> bool
 
 
 def gaps(curves: list, base: tuple[list, list], stopped: list | None = None) -> dict:
-    """Mean over seeds of each seed's mean |Δ| ("run") and |Δ| at the end ("end") against `base`.
-    `stopped[i]`: whether run i stopped before its planned end (None: judged from the curves)."""
-    runs, ends, incomplete = [], [], 0
-    bx = base[0]
-    missing = sum(1 for c in curves if not c[0])
-    if missing:  # a run that never logged the metric (pseudo-labeling never started): nothing to compare
-        return {"run": None, "end": None, "seeds": len(curves), "incomplete": 0, "missing": missing,
-                "per_seed_run": [], "per_seed_end": []}
-    for i, c in enumerate(curves):
-        g = gap(c, base)
-        if _stopped(stopped, i, c[0][-1], bx[-1]):
-            incomplete += 1
-            runs.append(math.inf)
-            ends.append(math.inf)
-            continue
-        if g["gap_mean"] is None:  # it ran to the end but starts after the baseline's last point: no overlap
-            return {"run": None, "end": None, "seeds": len(curves), "incomplete": 0, "missing": 0, "no_overlap": 1,
-                    "per_seed_run": [], "per_seed_end": []}
-        runs.append(g["gap_mean"])
-        ends.append(abs(g["gap_final"]))
-    return {"run": _mean(runs), "end": _mean(ends), "seeds": len(curves), "incomplete": incomplete, "missing": 0,
-            "per_seed_run": runs, "per_seed_end": ends}
+    """Every run against one curve, `base` (the mean of the baselines, or of the other baseline seeds): each
+    run's mean |Δ| ("run") and |Δ| at the end ("end"), and their means over the runs, as `paired_gaps` gives
+    them with `base` in place of each seed's own baseline. `stopped[i]`: whether run i stopped before its
+    planned end (None: judged from the curves)."""
+    return paired_gaps(curves, [base] * len(curves), stopped)
 
 
 # --- paired statistics --------------------------------------------------------------------------
