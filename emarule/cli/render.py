@@ -242,7 +242,7 @@ def print_power(console: Console, result: dict, fmt_: str) -> None:
 
 def _seeds_said(result: dict) -> str:
     """How many seeds would detect the simulated effect, or why no count does."""
-    from emarule.analysis.reproduce.rules import spreads
+    from emarule.analysis.reproduce.rules import MAX_SEEDS, spreads
 
     effect = abs(result["effect"])
     if result["seeds_for_effect"]:
@@ -252,4 +252,4 @@ def _seeds_said(result: dict) -> str:
     if effect <= result.get("size", 0.0):
         return f"no seed count: an effect of {effect:g} does not clear the first part's size of " \
             f"{spreads(result['size'])}"
-    return "more than 1000 seeds to detect it"
+    return f"more than {MAX_SEEDS} seeds to detect it"

@@ -307,15 +307,17 @@ SCOPE = ("At CPU scale a verdict says whether this preset shows the paper's effe
          "\"contradicted\".")
 
 
-def tally(root: Path, loaded: list | None = None) -> dict:
+def tally(root: Path, loaded: list | None = None, correction: dict | None = None) -> dict:
     """The claims about neural networks (the sweep families'), by row and by claim. A claim judged at several
     κ ("up to κ") is one claim with several rows; a claim is decided when every row where it applies (every
     row not set aside) is reproduced or contradicted, and at least one row applies. Headlines agree when the
-    family's headline claim gets the same verdict on both seed sets (at the κ the headline check judged)."""
+    family's headline claim gets the same verdict on both seed sets (at the κ the headline check judged).
+    `correction`: Holm's correction (`holm`) where the caller has it already."""
     rows_n = dict.fromkeys(R.ALL_VERDICTS, 0)
     by_claim: dict = {}
     agree, checked = 0, 0
-    for name, family, r_main, r_new in loaded if loaded is not None else reproductions(root):
+    loaded = loaded if loaded is not None else reproductions(root)
+    for name, family, r_main, r_new in loaded:
         main, new = r_main.verdict, r_new.verdict if r_new is not None else None
         if family.kind != "sweep" or main is None:
             continue
@@ -333,7 +335,7 @@ def tally(root: Path, loaded: list | None = None) -> dict:
                 agree += match[0].get("verdict") == h.get("verdict")
     decided = sum(1 for vs in by_claim.values() if vs and all(v in (R.REPRODUCED, R.CONTRADICTED) for v in vs))
     return {"rows": rows_n, "claims": len(by_claim), "decided": decided, "headlines": checked,
-            "headlines_agree": agree, "holm": holm(loaded if loaded is not None else reproductions(root))}
+            "headlines_agree": agree, "holm": correction if correction is not None else holm(loaded)}
 
 
 def tally_line(t: dict) -> str:
@@ -353,7 +355,8 @@ def tally_line(t: dict) -> str:
 
 def markdown(root: Path, wall: float | None = None) -> str:
     loaded = reproductions(root)
-    claims, runs, seen, seen_new = rows(root, loaded)
+    h = holm(loaded)
+    claims, runs, seen, seen_new = rows(root, loaded, h)
 
     def cell(v, common: bool) -> str:
         if not isinstance(v, tuple):
@@ -371,7 +374,7 @@ def markdown(root: Path, wall: float | None = None) -> str:
     out += ["", "| family | runs | wall time | headline check | the optimizer-rule check | the probe's data bar | "
             "noise (spreads) |", "|---|---:|---:|---:|---|---|---:|"]
     out += ["| " + " | ".join(r) + " |" for r in runs]
-    out += ["", tally_line(tally(root, loaded))]
+    out += ["", tally_line(tally(root, loaded, h))]
     out += ["", f"The reproductions took {total_wall_s(loaded) / 60:.0f} min of wall time in all, each summed over "
             f"every invocation of its command (the family rows give the count where it was more than one)."
             + (f" The `make repro` that wrote this table took {float(wall) / 60:.0f} min." if wall is not None else "")]
@@ -384,10 +387,11 @@ PAGE_END = "<!-- end of results -->"
 FIGURES = ("polyak", "byol", "ctc-polyak")
 
 
-def page_block(root: Path, name: str, loaded: list | None = None) -> str:
-    """One family's rows of the table (claim, κ, verdict on both seed sets, effect, MDE) and its run row."""
+def page_block(root: Path, name: str, loaded: list | None = None, h: dict | None = None) -> str:
+    """One family's rows of the table (claim, κ, verdict on both seed sets, effect, MDE) and its run row. `h`:
+    Holm's correction over the whole table (`holm`), computed from `loaded` where not given."""
     loaded = loaded if loaded is not None else reproductions(root)
-    claims, runs, _, _ = rows(root, [x for x in loaded if x[0] == name], holm(loaded))
+    claims, runs, _, _ = rows(root, [x for x in loaded if x[0] == name], h if h is not None else holm(loaded))
     out = ["| claim (paper) | κ | verdict | effect [95 % CI] | MDE | the headline claim on new seeds |",
            "|---|---|---|---|---|---|"]
     for r in claims:
@@ -408,6 +412,7 @@ def write_pages(root: Path, folder: Path) -> list[Path]:
     from emarule.engine.rundir import atomic_write_text
 
     loaded, written = reproductions(root), []
+    h = holm(loaded)
     for name, family, _, _ in loaded:
         page = folder / f"{family.experiment}.md"
         if family.kind != "sweep" or not page.is_file():
@@ -416,7 +421,7 @@ def write_pages(root: Path, folder: Path) -> list[Path]:
         if PAGE_START not in text or PAGE_END not in text:
             continue
         head, rest = text.split(PAGE_START, 1)
-        block = page_block(root, name, loaded)
+        block = page_block(root, name, loaded, h)
         atomic_write_text(page, f"{head}{PAGE_START}\n{block}{PAGE_END}{rest.split(PAGE_END, 1)[1]}")
         written.append(page)
     return written
