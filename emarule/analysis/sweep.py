@@ -137,6 +137,7 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, ta
         ctxs.append(RunContext(spec=s, kappa=k, ema_rule=rule, plan=p, out=out, progressive=pr,
                                preset=s.get("preset"), data=data, seed=r.seed, wandb=wandb,
                                max_device_batch=max_device_batch, num_workers=num_workers))
+    link_forks(runs, ctxs)
     if executor is not None and executor.submits:  # each run its own job, checked as its turn comes
         return _execute_as_jobs(console, runs, ctxs, executor, metric, tasks, figures, on_run_end, jobs)
     check_before_training(ctxs, tasks.build_parts)
@@ -144,6 +145,25 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, ta
 
     with lock_dir(ctxs[0].out.parent, "sweep"):  # ROOT/<experiment>: its runs and compare figures
         return _run_all(console, runs, ctxs, metric, tasks, jobs, follow_up, figures, on_run_end)
+
+
+def link_forks(runs: list[SweepRun], ctxs: list) -> None:
+    """Each run that starts at κ=1 and leaves it, with its seed's baseline's spec, starts from that baseline where
+    it leaves κ=1 (emarule/engine/fork.py): the baseline keeps a snapshot there, which the run, started after
+    it, takes up. Its runs wait for the baseline already."""
+    from emarule.engine import fork
+    from emarule.engine.preflight import comparable
+
+    base_of = {r.seed: c for r, c in zip(runs, ctxs, strict=True) if r.baseline}
+    plans: dict[int, list] = {}
+    for r, c in zip(runs, ctxs, strict=True):
+        b = base_of.get(r.seed)
+        if r.baseline or b is None or not fork.leaves_kappa_one(c.plan) or comparable(c.spec) != comparable(b.spec):
+            continue
+        c.fork_from = b.out
+        plans.setdefault(id(b), []).append(c.plan)
+    for b in base_of.values():
+        b.forks = fork.offers(plans.get(id(b), []))
 
 
 def _run_all(console, runs: list[SweepRun], ctxs: list, metric: str | None, tasks, jobs: int | None = 1,

@@ -57,10 +57,11 @@ def path_in(out: Path) -> Path:
     return Path(out) / CHECKPOINT
 
 
-def save(out: Path, state: dict) -> Path | None:
-    """Every rank calls this (RNG states are gathered); rank 0 writes. Returns the path on rank 0."""
+def save(out: Path, state: dict, name: str = CHECKPOINT) -> Path | None:
+    """Every rank calls this (RNG states are gathered); rank 0 writes OUT/NAME (the run's checkpoint, or a
+    baseline's snapshot for the runs that start from it: emarule/engine/fork.py). Returns the path on rank 0."""
     rngs = distributed.gather_objects(rng_state())
-    p = path_in(out)
+    p = Path(out) / name
     if distributed.is_main():
         buf = io.BytesIO()
         torch.save({**state, "rng": rngs}, buf)

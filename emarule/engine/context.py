@@ -37,6 +37,10 @@ class RunContext:
     log_every_steps: int = 0  # 0: every ⌈S/50⌉ steps of an epoch of S (docs/cli.md)
     num_workers: int | None = None  # DataLoader workers; None: the task's (TaskParts.num_workers), else the loop's
     cfg: Section | None = None  # the typed config of `spec` (emarule/config/typed.py); made from it when not given
+    # A sweep's runs that leave κ=1 start from their seed's baseline there (emarule/engine/fork.py): the baseline
+    # gets one `fork.Offer` per point to keep a snapshot at, such a run the baseline's directory.
+    forks: tuple = ()
+    fork_from: Path | None = None
 
     def __post_init__(self):
         if self.cfg is None:

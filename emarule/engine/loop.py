@@ -15,13 +15,14 @@ import random
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
 from emarule.config.typed import Config, config_of
-from emarule.engine import batching, checkpoint, distributed, evaluation, optimizers, runlock, schedules
+from emarule.engine import batching, checkpoint, distributed, evaluation, fork, optimizers, runlock, schedules
 from emarule.engine.baditems import SKIP_KEY, ItemError
 from emarule.engine.cadence import BATCHES, EPOCHS, SECONDS, Cadence
 from emarule.engine.clock import Clock, Measure, measure_for
@@ -32,7 +33,7 @@ from emarule.engine.interface import MAIN_EMA, Now, TaskParts
 from emarule.engine.preflight import (check_batches_fit, check_record, check_same_settings, fingerprint, make_batcher,
                                       stage_plans)
 from emarule.engine.progress import Progress, Window
-from emarule.engine.rundir import (FIGURES, UNSAVED, DiskFull, MetricsLog, atomic_write_text, holds_a_run,
+from emarule.engine.rundir import (FIGURES, METRICS, UNSAVED, DiskFull, MetricsLog, atomic_write_text, holds_a_run,
                                    nothing_to_resume, write_hparams)
 from emarule.engine.seeding import mix
 from emarule.engine.step import StepOutcome, optimizer_step
@@ -64,6 +65,8 @@ def train(ctx: RunContext, parts: TaskParts) -> dict:
 
 def loop(run: Run, log: MetricsLog, progress: Progress, stop: checkpoint.StopSignal) -> None:
     while run.clock.seen < run.total - EPS:
+        if run.forks:  # a baseline: the state where a run of its seed leaves κ=1
+            keep_snapshots(run, log)
         enter_stage(run, run.ctx.plan.at(schedule_time(run)).kappa)  # stage
         batch = run.feed.next_batch(run.clock, run.layout)  # batch
         if batch is None:
@@ -142,6 +145,8 @@ class Run:
     last_eval_at: float = -1.0
     last_ckpt: tuple | None = None
     record: dict = field(default_factory=dict)  # what hparams.json holds; every checkpoint keeps a copy
+    forks: list = field(default_factory=list)  # a baseline's snapshots still to keep (fork.Offer)
+    forked: dict | None = None  # where a run that started from its baseline's snapshot took it up
 
     @property
     def epoch_measure(self) -> float:
@@ -312,8 +317,10 @@ def open_run(run: Run, log: MetricsLog) -> bool:
     if ctx.resume:
         if open_resumed(run, log):
             return False
-    else:
+    elif not open_forked(run, log):
         open_fresh(run, log)
+    # a baseline keeps the snapshots still ahead of it (one resumed past a point can no longer take it there)
+    run.forks = [o for o in ctx.forks if schedule_time_on(run, o.plan) <= fork.first_leave(o.plan) + EPS]
     if dist.is_main:  # after every check that could refuse the run: a refusal stays one line
         ctx.say_warnings()
     hp = run.record = hparams(run)
@@ -338,6 +345,60 @@ def open_resumed(run: Run, log: MetricsLog) -> bool:
     ck = checkpoint.load(ctx.out, run.dist.device)
     check_same_settings(ctx, ck.get("fingerprint"))
     check_record(ctx, ck.get("record"))
+    load_state(run, ck)
+    run.last_ckpt = (str(checkpoint.path_in(ctx.out)), where(run))
+    log.truncate_after(run.clock.samples, ck.get("log"), finished=bool(ck.get("finished")))
+    run.final = ck.get("final_metrics") or {}
+    if run.dist.is_main and not ck.get("finished"):
+        print(f"resuming {ctx.out} at {where(run)}", file=sys.stderr)
+    return bool(ck.get("finished"))
+
+
+def open_forked(run: Run, log: MetricsLog) -> bool:
+    """A fresh run that leaves κ=1 takes up its baseline's snapshot of that point and the baseline's log up to it
+    (emarule/engine/fork.py); False, and nothing written, where there is none it can take up."""
+    ctx = run.ctx
+    if ctx.fork_from is None or not fork.leaves_kappa_one(ctx.plan):
+        return False
+    k = fork.key(ctx.plan)
+    src = fork.path(ctx.fork_from, k)
+    if not src.is_file():
+        return False
+    try:
+        ck = torch.load(src, map_location=run.dist.device, weights_only=False)
+        why = fork.refusal(ck, ctx, k)
+    except Exception as e:  # a snapshot cut short or damaged: the run trains from the start, as it always can
+        why, ck = f"it cannot be read ({type(e).__name__})", None
+    wall = 0.0
+    if not why and run.dist.is_main:
+        atomic_write_text(ctx.out / UNSAVED, "")  # first: whatever follows may be cut short
+        try:
+            wall = fork.copy_log(Path(ctx.fork_from) / METRICS, ctx.out / METRICS, ck["log"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            why = str(e) or type(e).__name__
+    if run.dist.world_size > 1:  # every rank takes the snapshot up, or none does
+        why = next((w for w in distributed.gather_objects(why) if w), "")
+    if why:
+        if run.dist.is_main:
+            print(f"{ctx.out}: not starting from the baseline's snapshot {src} ({why}); training from the start",
+                  file=sys.stderr)
+        return False
+    if run.dist.is_main:
+        (ctx.out / FIGURES).mkdir(parents=True, exist_ok=True)
+    distributed.barrier()
+    load_state(run, ck)
+    log.truncate_after(run.clock.samples, ck.get("log"))
+    run.final = ck.get("final_metrics") or {}
+    run.forked = {"run": str(ctx.fork_from), "at": where(run), "samples": run.clock.samples, "wall_s": wall}
+    if run.dist.is_main:
+        print(f"starting {ctx.out} from its baseline {ctx.fork_from} at {where(run)}", file=sys.stderr)
+    return True
+
+
+def load_state(run: Run, ck: dict) -> None:
+    """A checkpoint's state into the run: weights, EMAs, optimizer, task state, clock, the stage in force, the
+    log's window, the RNG states, and the cadences from the clock's position."""
+    ctx = run.ctx
     run.model.load_state_dict(ck["model"])
     for name, e in run.emas.items():
         e.load_state_dict(ck["emas"][name])
@@ -350,13 +411,7 @@ def open_resumed(run: Run, log: MetricsLog) -> bool:
     restore_rows(run, ck.get("window"))
     if not checkpoint.restore_rng(ck):
         seed_everything(mix(ctx.seed, run.clock.samples), run.dist.rank)
-    run.last_ckpt = (str(checkpoint.path_in(ctx.out)), where(run))
-    log.truncate_after(run.clock.samples, ck.get("log"), finished=bool(ck.get("finished")))
-    run.final = ck.get("final_metrics") or {}
     start_cadences(run)
-    if run.dist.is_main and not ck.get("finished"):
-        print(f"resuming {ctx.out} at {where(run)}", file=sys.stderr)
-    return bool(ck.get("finished"))
 
 
 def start_cadences(run: Run) -> None:
@@ -412,6 +467,7 @@ def hparams(run: Run) -> dict:
         "emas": list(run.emas), "sync_bn_effective": run.sync_bn, "task": run.parts.info,
         "torch": torch.__version__, "python": platform.python_version(),
         "data": str(ctx.data) if ctx.data else None, "fingerprint": fingerprint(ctx),
+        **({"forked_from": run.forked} if run.forked else {}),
     }
 
 
@@ -421,6 +477,23 @@ def hparams(run: Run) -> dict:
 def schedule_time(run: Run) -> float:
     """Where the clock is on the Progressive Scaling schedule's axis: epochs or base steps."""
     return run.clock.seen / run.base_batch if run.batch_schedule.axis == "base_steps" else run.epoch_now
+
+
+def schedule_time_on(run: Run, plan) -> float:
+    """Where the clock is on another plan's stage axis (a run that starts from this baseline)."""
+    return fork.time_on_axis(plan, run.clock.seen, run.epoch_measure, run.base_batch)
+
+
+def keep_snapshots(run: Run, log: MetricsLog) -> None:
+    """A baseline keeps a snapshot where a run of its seed enters its first stage away from κ=1 (this step, as
+    that run's loop would look its stage up), for that run to start from (emarule/engine/fork.py)."""
+    for offer in list(run.forks):
+        t = schedule_time_on(run, offer.plan)
+        if offer.plan.at(t).kappa != 1.0:
+            checkpoint.save(run.ctx.out, {**state(run, log), "fork": {"key": offer.key, "at": t,
+                                                                     "baseline": fork.record(run.ctx)}},
+                            fork.path(run.ctx.out, offer.key).name)
+            run.forks.remove(offer)
 
 
 def enter_stage(run: Run, kappa: float) -> None:
@@ -529,17 +602,21 @@ def save(run: Run, log: MetricsLog, finished: bool = False) -> None:
     if not all(bool(torch.isfinite(p).all()) for p in run.model.parameters()):
         # never overwrite the last good checkpoint with a diverged model
         raise diverged(run, "the weights became non-finite")
-    run.feed.sync_skipped(run.clock)
-    checkpoint.save(run.ctx.out, {
-        "model": run.model.state_dict(), "emas": {k: e.checkpoint() for k, e in run.emas.items()},
-        "optimizer": run.optimizer.state_dict(), "clock": asdict(run.clock), "fingerprint": fingerprint(run.ctx),
-        "task_state": run.parts.state.state_dict() if run.parts.state is not None else None,
-        "finished": finished, "final_metrics": run.final, "record": run.record, "window": rows_state(run),
-        "log": log.digest()})
+    checkpoint.save(run.ctx.out, state(run, log, finished))
     if run.dist.is_main:
         (run.ctx.out / UNSAVED).unlink(missing_ok=True)
     run.last_ckpt = (str(checkpoint.path_in(run.ctx.out)), where(run))
     run.checkpoint_clock.start(time.monotonic())
+
+
+def state(run: Run, log: MetricsLog, finished: bool = False) -> dict:
+    """What a checkpoint holds (emarule/engine/checkpoint.py), the RNG states aside."""
+    run.feed.sync_skipped(run.clock)
+    return {"model": run.model.state_dict(), "emas": {k: e.checkpoint() for k, e in run.emas.items()},
+            "optimizer": run.optimizer.state_dict(), "clock": asdict(run.clock), "fingerprint": fingerprint(run.ctx),
+            "task_state": run.parts.state.state_dict() if run.parts.state is not None else None,
+            "finished": finished, "final_metrics": run.final, "record": run.record, "window": rows_state(run),
+            "log": log.digest()}
 
 
 # --- how a run stops: a signal, a diverged step, a full disk, an item that cannot be decoded ------

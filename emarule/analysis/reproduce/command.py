@@ -319,8 +319,10 @@ def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, r
 
 def _logged_wall(run: Path) -> float:
     """The training time a run's log records: its rows' `wall_s` restarts from 0 when the run resumes, so
-    each stretch between two drops is one process's time, and the run's is the sum of their last values."""
-    from emarule.engine.rundir import METRICS, read_metrics
+    each stretch between two drops is one process's time, and the run's is the sum of their last values. A
+    run that started from its baseline's snapshot leaves out the baseline's time its copied rows stand for."""
+    from emarule.engine import fork
+    from emarule.engine.rundir import HPARAMS, METRICS, read_metrics
 
     total, last = 0.0, None
     for r in read_metrics(run / METRICS):
@@ -330,7 +332,8 @@ def _logged_wall(run: Path) -> float:
         if last is not None and w < last:  # a resume: the stretch before it ended at `last`
             total += last
         last = float(w)
-    return total + (last or 0.0)
+    h = read_json(run / HPARAMS)
+    return total + (last or 0.0) - fork.copied_wall_s(h if isinstance(h, dict) else {})
 
 
 def _study(console, family: Family, root: Path, resolve_run) -> tuple:

@@ -1,0 +1,126 @@
+"""A sweep's runs that leave κ=1 start from their seed's baseline's snapshot (emarule/engine/fork.py): each
+ends bit for bit on the run trained from the start, and where no snapshot can be taken up the run trains from
+the start."""
+
+import json
+
+import pytest
+import torch
+
+from emarule.analysis.reproduce.command import _logged_wall
+from emarule.engine import fork
+from emarule.engine.rundir import CHECKPOINT, HPARAMS, METRICS
+from tests.cli_util import invoke
+
+TIMING = ("wall_s", "samples_per_s", "data_wait_s")
+
+
+def rows(run) -> list:
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING}
+            for line in (run / METRICS).read_text().splitlines()]
+
+
+def same_run(a, b) -> None:
+    """The two runs logged the same rows (timing aside) and ended with the same weights, bit for bit."""
+    assert rows(a) == rows(b)
+    ca, cb = (torch.load(r / CHECKPOINT, weights_only=False) for r in (a, b))
+    assert ca["model"].keys() == cb["model"].keys()
+    assert all(torch.equal(ca["model"][k], cb["model"][k]) for k in ca["model"])
+    assert ca["final_metrics"] == cb["final_metrics"]
+
+
+def sweep(root, experiment):
+    res = invoke("sweep", experiment, "--preset", "tiny", "--kappas", "1,2", "--seeds", "1", "--jobs", "1",
+                 "--out", root)
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
+def alone(root, experiment, rule_flag):
+    res = invoke("run", experiment, "--preset", "tiny", "--kappa", "2", "--seed", "0", *rule_flag, "--out", root)
+    assert res.exit_code == 0, res.output
+
+
+# byol-vit's tiny spec steps to κ at epoch 1; byol-r50-lars's ramps smoothly from epoch 1
+@pytest.mark.parametrize("experiment", ["byol-vit", "byol-r50-lars"])
+def test_a_forked_run_is_the_run_trained_from_the_start(tmp_path, experiment):
+    out = sweep(tmp_path / "sweep", experiment)
+    runs = sorted((tmp_path / "sweep" / experiment).glob("tiny-k2-*"))
+    base = next((tmp_path / "sweep" / experiment).glob("tiny-k1-*"))
+    assert len(runs) == 2 and len(list(base.glob(f"{fork.PREFIX}*.pt"))) == 1  # one point, both rules
+    assert out.count("from its baseline") == 2
+    for run in runs:
+        flag = ["--no-ema-rule"] if "-norule-" in run.name else []
+        alone(tmp_path / run.name, experiment, flag)
+        same_run(run, tmp_path / run.name)
+        h = json.loads((run / HPARAMS).read_text())
+        assert h["forked_from"]["run"] == str(base) and h["forked_from"]["samples"] > 0
+        # the baseline's time its copied rows stand for is not this run's
+        assert 0 < fork.copied_wall_s(h) < _logged_wall(run) + fork.copied_wall_s(h)
+
+
+def test_a_baseline_trained_before_keeps_no_snapshot_and_its_runs_train_from_the_start(tmp_path):
+    root = tmp_path / "sweep" / "byol-vit"
+    res = invoke("sweep", "byol-vit", "--preset", "tiny", "--kappas", "1", "--seeds", "1", "--out", tmp_path / "sweep")
+    assert res.exit_code == 0, res.output  # the baseline alone: no run to keep a snapshot for
+    out = sweep(tmp_path / "sweep", "byol-vit")
+    assert "from its baseline" not in out
+    assert not list((root / "tiny-k1-rule-s0").glob(f"{fork.PREFIX}*"))
+    run = root / "tiny-k2-rule-step1-s0"
+    assert "forked_from" not in json.loads((run / HPARAMS).read_text())
+    alone(tmp_path / "alone", "byol-vit", [])
+    same_run(run, tmp_path / "alone")
+
+
+@pytest.mark.parametrize("damage", ["snapshot", "log", "spec"])
+def test_a_snapshot_that_does_not_fit_is_left_and_the_run_trains_from_the_start(tmp_path, damage, capsys):
+    sweep(tmp_path / "first", "byol-vit")
+    root = tmp_path / "first" / "byol-vit"
+    base, run = root / "tiny-k1-rule-s0", root / "tiny-k2-rule-step1-s0"
+    snap = next(base.glob(f"{fork.PREFIX}*.pt"))
+    for r in root.glob("tiny-k2-*"):  # the runs go; the baseline (finished) and its snapshot stay
+        import shutil
+
+        shutil.rmtree(r)
+    if damage == "snapshot":
+        snap.write_bytes(b"not a checkpoint")
+        why = "cannot be read"
+    elif damage == "log":  # the baseline's log edited before the point
+        text = (base / METRICS).read_text().replace('"kind": "train"', '"kind": "train" ', 1)
+        (base / METRICS).write_text(text)
+        why = "log changed"
+    else:
+        ck = torch.load(snap, weights_only=False)
+        ck["fork"]["baseline"]["spec"]["optimizer"]["lr"] = 1.0
+        torch.save(ck, snap)
+        why = "another spec"
+    if damage == "log":  # the baseline itself no longer resumes (its log fails its checkpoint), so run the arm alone
+        from emarule.engine.context import RunContext
+        from emarule.request.resolve import resolve
+        from emarule.tasks import run_task
+
+        s, k, rule, pr, p = resolve("byol-vit", None, "tiny", [], "2", None, False, None, None)
+        run_task(RunContext(spec=s, kappa=k, ema_rule=rule, plan=p, out=run, progressive=pr, preset="tiny",
+                            seed=0, fork_from=base))
+        err = capsys.readouterr().err
+    else:
+        err = sweep(tmp_path / "first", "byol-vit")
+    assert "not starting from the baseline's snapshot" in err and why in err, err
+    assert "forked_from" not in json.loads((run / HPARAMS).read_text())
+    alone(tmp_path / "alone", "byol-vit", [])
+    same_run(run, tmp_path / "alone")
+
+
+def test_only_runs_that_start_at_kappa_one_and_leave_it_are_offered():
+    from emarule.config.load import load_spec
+    from emarule.scaling.plan import plan
+
+    spec = load_spec("byol-vit", None, "tiny", [])
+    step = plan(spec, 2.0)  # the spec's own step at epoch 1
+    constant = plan(spec, 2.0, progressive={"kind": "constant"})
+    assert fork.leaves_kappa_one(step) and not fork.leaves_kappa_one(constant)
+    assert not fork.leaves_kappa_one(plan(spec, 1.0))
+    assert fork.first_leave(step) == 1.0
+    # one offer per point: the rule does not move it, another κ or schedule may
+    offers = fork.offers([step, plan(spec, 2.0, ema_rule=None), plan(spec, 4.0), constant])
+    assert [o.key for o in offers] == [fork.key(step), fork.key(plan(spec, 4.0))]
