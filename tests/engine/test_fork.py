@@ -124,3 +124,44 @@ def test_only_runs_that_start_at_kappa_one_and_leave_it_are_offered():
     # one offer per point: the rule does not move it, another κ or schedule may
     offers = fork.offers([step, plan(spec, 2.0, ema_rule=None), plan(spec, 4.0), constant])
     assert [o.key for o in offers] == [fork.key(step), fork.key(plan(spec, 4.0))]
+
+
+def _toy_pair(tmp_path, stop_at: int | None):
+    """The toy's κ=1 baseline keeping the snapshot for a κ=2 run whose step lies mid-epoch on the base-step axis
+    (base step 12 of 8 a epoch), stopped by SIGTERM at loss call `stop_at` and resumed; and that κ=2 run's
+    context, to start from it."""
+    from emarule.engine.loop import train
+    from emarule.tasks import toy
+    from tests.engine_util import make_ctx, toy_spec, train_until_sigterm
+
+    torch.set_num_threads(1)
+    spec = toy_spec(**{"progressive": {"kind": "step", "base_step": 12}})
+    run = make_ctx(tmp_path, spec, kappa=2.0, out="k2")
+    base = make_ctx(tmp_path, spec, kappa=1.0, out="k1", forks=fork.offers([run.plan]))
+    run.fork_from = base.out
+    assert fork.first_leave(run.plan) == 12.0 and run.plan.stages[0][0].axis == "base_steps"
+    if stop_at is not None:
+        train_until_sigterm(base, toy.make_parts(base), stop_at)
+        base.resume = True
+    return base, run, lambda ctx: train(ctx, toy.make_parts(ctx))
+
+
+def test_a_baseline_stopped_before_the_point_keeps_the_snapshot_on_the_base_step_axis(tmp_path):
+    from tests.engine_util import run_toy, toy_spec
+
+    base, run, train = _toy_pair(tmp_path, stop_at=5)
+    train(base)
+    assert fork.path(base.out, fork.key(run.plan)).is_file()
+    train(run)
+    assert json.loads((run.out / HPARAMS).read_text())["forked_from"]["at"].endswith("step 12")
+    run_toy(tmp_path, toy_spec(**{"progressive": {"kind": "step", "base_step": 12}}), kappa=2.0, out="alone")
+    same_run(run.out, tmp_path / "alone")
+
+
+def test_a_baseline_resumed_past_the_point_keeps_none(tmp_path):
+    base, run, train = _toy_pair(tmp_path, stop_at=20)
+    snap = fork.path(base.out, fork.key(run.plan))
+    assert snap.is_file()  # taken before the stop
+    snap.unlink()
+    train(base)  # resumed at step 20: the state of step 12 is gone, so no snapshot is made of another step's
+    assert not snap.exists()
