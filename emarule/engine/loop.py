@@ -147,6 +147,7 @@ class Run:
     record: dict = field(default_factory=dict)  # what hparams.json holds; every checkpoint keeps a copy
     forks: list = field(default_factory=list)  # a baseline's snapshots still to keep (fork.Offer)
     forked: dict | None = None  # where a run that started from its baseline's snapshot took it up
+    task_state0: dict | None = None  # the task's state before any step, where a snapshot is kept or taken up
 
     @property
     def epoch_measure(self) -> float:
@@ -293,6 +294,10 @@ def setup(ctx: RunContext, parts: TaskParts, dist: distributed.Dist) -> Run:
               checkpoints=Cadence(float(ctx.checkpoint_every_epochs), EPOCHS),
               checkpoint_clock=Cadence(60.0 * float(ctx.checkpoint_every_minutes), SECONDS).start(time.monotonic()))
     enter_stage(run, plan.kappa)
+    if (ctx.forks or ctx.fork_from is not None) and parts.state is not None:
+        import copy
+
+        run.task_state0 = copy.deepcopy(parts.state.state_dict())
     return run
 
 
@@ -321,6 +326,9 @@ def open_run(run: Run, log: MetricsLog) -> bool:
         open_fresh(run, log)
     # a baseline keeps the snapshots still ahead of it (one resumed past a point can no longer take it there)
     run.forks = [o for o in ctx.forks if schedule_time_on(run, o.plan) <= fork.first_leave(o.plan) + EPS]
+    if run.forks and dist.is_main:
+        for stale in ctx.out.glob(f".{fork.PREFIX}*.tmp"):  # a snapshot's write cut short by SIGKILL
+            stale.unlink(missing_ok=True)
     if dist.is_main:  # after every check that could refuse the run: a refusal stays one line
         ctx.say_warnings()
     hp = run.record = hparams(run)
@@ -346,6 +354,7 @@ def open_resumed(run: Run, log: MetricsLog) -> bool:
     check_same_settings(ctx, ck.get("fingerprint"))
     check_record(ctx, ck.get("record"))
     load_state(run, ck)
+    run.forked = (ck.get("record") or {}).get("forked_from")  # a run that started from its baseline says so still
     run.last_ckpt = (str(checkpoint.path_in(ctx.out)), where(run))
     log.truncate_after(run.clock.samples, ck.get("log"), finished=bool(ck.get("finished")))
     run.final = ck.get("final_metrics") or {}
@@ -361,26 +370,28 @@ def open_forked(run: Run, log: MetricsLog) -> bool:
     if ctx.fork_from is None or not fork.leaves_kappa_one(ctx.plan):
         return False
     k = fork.key(ctx.plan)
-    src = fork.path(ctx.fork_from, k)
+    src, ck, copied = fork.path(ctx.fork_from, k), None, 0
     if not src.is_file():
-        return False
-    try:
-        ck = torch.load(src, map_location=run.dist.device, weights_only=False)
-        why = fork.refusal(ck, ctx, k)
-    except Exception as e:  # a snapshot cut short or damaged: the run trains from the start, as it always can
-        why, ck = f"it cannot be read ({type(e).__name__})", None
-    wall = 0.0
+        why = "its baseline kept no snapshot of that step"
+    else:
+        try:
+            ck = torch.load(src, map_location=run.dist.device, weights_only=False)
+            why = fork.refusal(ck, ctx, k, run.task_state0)
+        except Exception as e:  # a snapshot cut short or damaged: the run trains from the start, as it always can
+            why = f"it cannot be read ({type(e).__name__})"
+    if not why and (set(ck["model"]) != set(run.model.state_dict()) or set(ck["emas"]) != set(run.emas)):
+        why = "its model or EMAs are not this run's"
     if not why and run.dist.is_main:
         atomic_write_text(ctx.out / UNSAVED, "")  # first: whatever follows may be cut short
         try:
-            wall = fork.copy_log(Path(ctx.fork_from) / METRICS, ctx.out / METRICS, ck["log"])
+            copied = fork.copy_log(Path(ctx.fork_from) / METRICS, ctx.out / METRICS, ck["log"])
         except (OSError, ValueError, KeyError, TypeError) as e:
             why = str(e) or type(e).__name__
     if run.dist.world_size > 1:  # every rank takes the snapshot up, or none does
         why = next((w for w in distributed.gather_objects(why) if w), "")
     if why:
         if run.dist.is_main:
-            print(f"{ctx.out}: not starting from the baseline's snapshot {src} ({why}); training from the start",
+            print(f"{ctx.out}: not starting from its baseline {ctx.fork_from} ({why}); training from the start",
                   file=sys.stderr)
         return False
     if run.dist.is_main:
@@ -389,7 +400,7 @@ def open_forked(run: Run, log: MetricsLog) -> bool:
     load_state(run, ck)
     log.truncate_after(run.clock.samples, ck.get("log"))
     run.final = ck.get("final_metrics") or {}
-    run.forked = {"run": str(ctx.fork_from), "at": where(run), "samples": run.clock.samples, "wall_s": wall}
+    run.forked = {"run": str(ctx.fork_from), "at": where(run), "samples": run.clock.samples, "log_bytes": copied}
     if run.dist.is_main:
         print(f"starting {ctx.out} from its baseline {ctx.fork_from} at {where(run)}", file=sys.stderr)
     return True
@@ -487,13 +498,21 @@ def schedule_time_on(run: Run, plan) -> float:
 def keep_snapshots(run: Run, log: MetricsLog) -> None:
     """A baseline keeps a snapshot where a run of its seed enters its first stage away from κ=1 (this step, as
     that run's loop would look its stage up), for that run to start from (emarule/engine/fork.py)."""
+    kept = None  # one file a step: a second κ or schedule leaving κ=1 there gets a hard link to it
     for offer in list(run.forks):
         t = schedule_time_on(run, offer.plan)
-        if offer.plan.at(t).kappa != 1.0:
-            checkpoint.save(run.ctx.out, {**state(run, log), "fork": {"key": offer.key, "at": t,
-                                                                     "baseline": fork.record(run.ctx)}},
-                            fork.path(run.ctx.out, offer.key).name)
-            run.forks.remove(offer)
+        if offer.plan.at(t).kappa == 1.0:
+            continue
+        target = fork.path(run.ctx.out, offer.key)
+        if kept is None:
+            keys = [o.key for o in run.forks if o.plan.at(schedule_time_on(run, o.plan)).kappa != 1.0]
+            baseline = fork.record(run.ctx, run.task_state0)
+            checkpoint.save(run.ctx.out, {**state(run, log), "fork": {"keys": keys, "at": t, "baseline": baseline}},
+                            target.name)
+            kept = target
+        elif run.dist.is_main:
+            fork.link(kept, target)
+        run.forks.remove(offer)
 
 
 def enter_stage(run: Run, kappa: float) -> None:

@@ -48,15 +48,18 @@ def test_a_forked_run_is_the_run_trained_from_the_start(tmp_path, experiment):
     runs = sorted((tmp_path / "sweep" / experiment).glob("tiny-k2-*"))
     base = next((tmp_path / "sweep" / experiment).glob("tiny-k1-*"))
     assert len(runs) == 2 and len(list(base.glob(f"{fork.PREFIX}*.pt"))) == 1  # one point, both rules
-    assert out.count("from its baseline") == 2
+    assert out.count(" from its baseline ") == 2 and "training from the start" not in out
     for run in runs:
         flag = ["--no-ema-rule"] if "-norule-" in run.name else []
         alone(tmp_path / run.name, experiment, flag)
         same_run(run, tmp_path / run.name)
         h = json.loads((run / HPARAMS).read_text())
         assert h["forked_from"]["run"] == str(base) and h["forked_from"]["samples"] > 0
-        # the baseline's time its copied rows stand for is not this run's
-        assert 0 < fork.copied_wall_s(h) < _logged_wall(run) + fork.copied_wall_s(h)
+        # the rows it copied are the baseline's, and their time is not this run's
+        n, data = h["forked_from"]["log_bytes"], (run / METRICS).read_bytes()
+        assert 0 < n < len(data) and data[:n] == (base / METRICS).read_bytes()[:n]
+        own = [json.loads(line) for line in data[n:].decode().splitlines()]
+        assert _logged_wall(run) == max(r["wall_s"] for r in own if "wall_s" in r)
 
 
 def test_a_baseline_trained_before_keeps_no_snapshot_and_its_runs_train_from_the_start(tmp_path):
@@ -64,7 +67,8 @@ def test_a_baseline_trained_before_keeps_no_snapshot_and_its_runs_train_from_the
     res = invoke("sweep", "byol-vit", "--preset", "tiny", "--kappas", "1", "--seeds", "1", "--out", tmp_path / "sweep")
     assert res.exit_code == 0, res.output  # the baseline alone: no run to keep a snapshot for
     out = sweep(tmp_path / "sweep", "byol-vit")
-    assert "from its baseline" not in out
+    assert out.count("(its baseline kept no snapshot of that step); training from the start") == 2
+    assert "starting " + str(root) not in out  # no run took a snapshot up
     assert not list((root / "tiny-k1-rule-s0").glob(f"{fork.PREFIX}*"))
     run = root / "tiny-k2-rule-step1-s0"
     assert "forked_from" not in json.loads((run / HPARAMS).read_text())
@@ -105,7 +109,7 @@ def test_a_snapshot_that_does_not_fit_is_left_and_the_run_trains_from_the_start(
         err = capsys.readouterr().err
     else:
         err = sweep(tmp_path / "first", "byol-vit")
-    assert "not starting from the baseline's snapshot" in err and why in err, err
+    assert "not starting from its baseline" in err and why in err, err
     assert "forked_from" not in json.loads((run / HPARAMS).read_text())
     alone(tmp_path / "alone", "byol-vit", [])
     same_run(run, tmp_path / "alone")
@@ -165,3 +169,57 @@ def test_a_baseline_resumed_past_the_point_keeps_none(tmp_path):
     snap.unlink()
     train(base)  # resumed at step 20: the state of step 12 is gone, so no snapshot is made of another step's
     assert not snap.exists()
+
+
+def test_a_forked_run_stopped_and_resumed_keeps_its_record(tmp_path):
+    """hparams.json keeps `forked_from` through a resume, so a later resume still matches the checkpoint's copy of
+    the record, and the run's own time is still told from the baseline's."""
+    from emarule.tasks import toy
+    from tests.engine_util import train_until_sigterm
+
+    base, run, train = _toy_pair(tmp_path, stop_at=None)
+    train(base)
+    train_until_sigterm(run, toy.make_parts(run), 3)  # the fork, then 3 steps at κ=2
+    h = json.loads((run.out / HPARAMS).read_text())["forked_from"]
+    run.resume = True
+    train(run)
+    assert json.loads((run.out / HPARAMS).read_text())["forked_from"] == h
+    assert torch.load(run.out / CHECKPOINT, weights_only=False)["record"]["forked_from"] == h
+    train(run)  # resumed once more, finished: the record still matches
+    own = (run.out / METRICS).read_bytes()[h["log_bytes"]:].decode().splitlines()
+    stretches = [json.loads(line)["wall_s"] for line in own if "wall_s" in json.loads(line)]
+    cut = next(i for i in range(1, len(stretches)) if stretches[i] < stretches[i - 1])
+    assert _logged_wall(run.out) == pytest.approx(stretches[cut - 1] + stretches[-1])
+
+
+def test_refusal_names_what_does_not_fit(tmp_path):
+    base, run, train = _toy_pair(tmp_path, stop_at=None)
+    train(base)
+    k = fork.key(run.plan)
+    ck = torch.load(fork.path(base.out, k), weights_only=False)
+    state = ck["fork"]["baseline"]["task_state"]
+    assert fork.refusal(ck, run, k, state) == ""
+    assert "another schedule" in fork.refusal(ck, run, "0" * 12, state)
+    assert "another state" in fork.refusal(ck, run, k, {**(state or {}), "extra": torch.zeros(1)})
+    moved = {**ck, "fork": {**ck["fork"], "at": ck["fork"]["at"] + 3}}
+    assert "not taken where" in fork.refusal(moved, run, k, state) or "differs" in fork.refusal(moved, run, k, state)
+    other_seed = {**ck, "fork": {**ck["fork"], "baseline": {**ck["fork"]["baseline"], "seed": 7}}}
+    assert "seed's κ=1 run" in fork.refusal(other_seed, run, k, state)
+    assert "not a baseline's snapshot" in fork.refusal({"model": {}}, run, k, state)
+
+
+def test_runs_that_leave_kappa_one_at_one_step_share_one_snapshot_file(tmp_path):
+    from tests.engine_util import make_ctx, toy_spec
+
+    spec = toy_spec(**{"progressive": {"kind": "step", "base_step": 12}})
+    two, four = (make_ctx(tmp_path, spec, kappa=k, out=f"k{k:g}") for k in (2.0, 4.0))
+    base = make_ctx(tmp_path, spec, kappa=1.0, out="k1", forks=fork.offers([two.plan, four.plan]))
+    from emarule.engine.loop import train
+    from emarule.tasks import toy
+
+    torch.set_num_threads(1)
+    train(base, toy.make_parts(base))
+    a, b = fork.path(base.out, fork.key(two.plan)), fork.path(base.out, fork.key(four.plan))
+    assert a != b and a.stat().st_ino == b.stat().st_ino
+    ck = torch.load(a, weights_only=False)
+    assert sorted(ck["fork"]["keys"]) == sorted([fork.key(two.plan), fork.key(four.plan)])

@@ -320,20 +320,22 @@ def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, r
 def _logged_wall(run: Path) -> float:
     """The training time a run's log records: its rows' `wall_s` restarts from 0 when the run resumes, so
     each stretch between two drops is one process's time, and the run's is the sum of their last values. A
-    run that started from its baseline's snapshot leaves out the baseline's time its copied rows stand for."""
+    run that started from its baseline's snapshot begins after the rows it copied, which are the baseline's."""
     from emarule.engine import fork
     from emarule.engine.rundir import HPARAMS, METRICS, read_metrics
 
+    h = read_json(run / HPARAMS)
+    copied = fork.copied_bytes(h if isinstance(h, dict) else {})
+    skip = (run / METRICS).read_bytes()[:copied].count(b"\n") if copied else 0
     total, last = 0.0, None
-    for r in read_metrics(run / METRICS):
+    for r in read_metrics(run / METRICS)[skip:]:
         w = r.get("wall_s")
         if not isinstance(w, (int, float)) or isinstance(w, bool):
             continue
         if last is not None and w < last:  # a resume: the stretch before it ended at `last`
             total += last
         last = float(w)
-    h = read_json(run / HPARAMS)
-    return total + (last or 0.0) - fork.copied_wall_s(h if isinstance(h, dict) else {})
+    return total + (last or 0.0)
 
 
 def _study(console, family: Family, root: Path, resolve_run) -> tuple:
