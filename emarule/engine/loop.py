@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
 import sys
 import time
@@ -400,7 +401,9 @@ def open_forked(run: Run, log: MetricsLog) -> bool:
     load_state(run, ck)
     log.truncate_after(run.clock.samples, ck.get("log"))
     run.final = ck.get("final_metrics") or {}
-    run.forked = {"run": str(ctx.fork_from), "at": where(run), "samples": run.clock.samples, "log_bytes": copied}
+    # the baseline relative to this run, so that a root moved whole keeps the record true
+    run.forked = {"run": os.path.relpath(ctx.fork_from, ctx.out), "at": where(run), "samples": run.clock.samples,
+                  "log_bytes": copied}
     if run.dist.is_main:
         print(f"starting {ctx.out} from its baseline {ctx.fork_from} at {where(run)}", file=sys.stderr)
     return True

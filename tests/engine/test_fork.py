@@ -54,7 +54,7 @@ def test_a_forked_run_is_the_run_trained_from_the_start(tmp_path, experiment):
         alone(tmp_path / run.name, experiment, flag)
         same_run(run, tmp_path / run.name)
         h = json.loads((run / HPARAMS).read_text())
-        assert h["forked_from"]["run"] == str(base) and h["forked_from"]["samples"] > 0
+        assert h["forked_from"]["run"] == f"../{base.name}" and h["forked_from"]["samples"] > 0
         # the rows it copied are the baseline's, and their time is not this run's
         n, data = h["forked_from"]["log_bytes"], (run / METRICS).read_bytes()
         assert 0 < n < len(data) and data[:n] == (base / METRICS).read_bytes()[:n]
