@@ -64,8 +64,14 @@ def time_on_axis(plan: Plan, seen: float, epoch_measure: float, base_batch: floa
     return seen / base_batch if plan.stages[0][0].axis == "base_steps" else seen / epoch_measure
 
 
-def scaled_values(plan: Plan) -> dict:
-    return {k: v.scaled for k, v in plan.values.items()}
+def values(plan: Plan) -> dict:
+    """The plan's scaled values as a record holds them (JSON's types), so a snapshot's and a run's compare."""
+    return json.loads(json.dumps({k: v.scaled for k, v in plan.values.items()}, default=str))
+
+
+def spec_of(ctx) -> dict:
+    """The run's spec as far as what it computes (`preflight.comparable`), in JSON's types."""
+    return comparable(json.loads(json.dumps(ctx.spec, default=str)))
 
 
 @dataclass
@@ -90,8 +96,7 @@ def record(ctx, task_state: dict | None) -> dict:
     """What a snapshot says about the baseline that kept it, which the run starting from it checks against its own:
     spec, seed, κ, the κ=1 plan's values, and the task's state as the task built it, before any step (a task whose
     state depends on κ, such as pseudo-labeling's start rule, builds another one at another κ)."""
-    return {"spec": comparable(json.loads(json.dumps(ctx.spec, default=str))), "seed": ctx.seed,
-            "kappa": ctx.kappa, "plan": json.loads(json.dumps(scaled_values(ctx.plan.at(0.0)), default=str)),
+    return {"spec": spec_of(ctx), "seed": ctx.seed, "kappa": ctx.kappa, "plan": values(ctx.plan.at(0.0)),
             "task_state": task_state}
 
 
@@ -119,17 +124,17 @@ def refusal(ck: dict, ctx, k: str, task_state: dict | None) -> str:
     base = f.get("baseline") or {}
     if base.get("kappa") != 1.0 or base.get("seed") != ctx.seed:
         return "its baseline is not this seed's κ=1 run"
-    if base.get("spec") != comparable(json.loads(json.dumps(ctx.spec, default=str))):
+    if base.get("spec") != spec_of(ctx):
         return "its baseline was made with another spec"
-    want = base.get("plan")
     t = f.get("at")
     if not isinstance(t, (int, float)):
         return "it does not record where it was taken"
-    if abs(t - first_leave(ctx.plan)) > 1e-6 and not (ctx.plan.stages[0][0].axis == "base_steps"
-                                                      and first_leave(ctx.plan) < t):
+    # on the epoch axis the loop leaves κ=1 at a whole epoch exactly; on the base-step axis at the first step at
+    # or after the stage's start
+    leave = first_leave(ctx.plan)
+    if t < leave - 1e-6 or (ctx.plan.stages[0][0].axis == "epochs" and t > leave + 1e-6):
         return "it was not taken where this run leaves κ=1"
-    if any(json.loads(json.dumps(scaled_values(p), default=str)) != want
-           for stage, p in ctx.plan.stages if in_force_from(ctx.plan, stage) < t - 1e-9):
+    if any(values(p) != base.get("plan") for stage, p in ctx.plan.stages if in_force_from(ctx.plan, stage) < t - 1e-9):
         return "this run's plan differs from the baseline's before that point"
     if not same_state(base.get("task_state"), task_state):
         return "this run's task starts in another state than the baseline's"
