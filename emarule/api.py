@@ -52,7 +52,8 @@ def scale(spec: str | os.PathLike | Mapping, kappa: float | None = None, *, batc
     except UserError as e:
         raise _in_api_words(e) from None
     # the core words its warnings for the command line; here they are Python warnings, in the API's words
-    plan.warnings = [_api_text(w) for w in plan.warnings]
+    for p in [plan] + [stage_plan for _, stage_plan in plan.stages or []]:
+        p.warnings = [_api_text(w) for w in p.warnings]
     for w in plan.warnings:
         warnings.warn(w, UserWarning, stacklevel=2)
     return plan

@@ -467,3 +467,36 @@ def test_numpy_numbers_inside_a_dict_spec_are_numbers():
 def test_bad_ema_arguments_are_refused_by_name(call, kind, message):
     with pytest.raises(kind, match=re.escape(message)):
         call(nn.Linear(2, 2))
+
+
+def test_auto_weight_decay_follows_the_lr_rule_without_an_lr():
+    """λ̂ = κηλ/η̂ depends only on the lr rule's ratio: a spec with no lr (or lr 0) scales its decay all the same,
+    and SGD leaves λ exactly."""
+    def wd(name, **opt):
+        spec = {"batch": {"size": 256},
+                "optimizer": {"name": name, "weight_decay": 0.05, "weight_decay_rule": "auto", **opt}}
+        return emarule.scale(spec, 4)["optimizer.weight_decay"]
+
+    assert wd("adamw") == pytest.approx(0.1) == wd("adamw", lr=1e-3) == pytest.approx(wd("adamw", lr=0.0))
+    assert wd("lamb") == pytest.approx(0.1)
+    assert wd("sgd") == 0.05 and wd("sgd", lr=0.1) == 0.05
+
+
+@pytest.mark.parametrize("base,target", [(100, 232), (60, 168), (100, 2552)])
+def test_scaling_to_a_batch_size_gives_that_batch_exactly(base, target, recwarn):
+    plan = emarule.scale({"batch": {"size": base}}, batch_size=target)
+    assert plan["batch_size"] == target and isinstance(plan["batch_size"], float)
+    assert not [w for w in recwarn if "whole number" in str(w.message)]
+
+
+def test_a_number_beyond_float_range_is_a_user_error():
+    with pytest.raises(emarule.UserError, match=r"optimizer\.lr: must be finite"):
+        emarule.scale({"batch": {"size": 256}, "optimizer": {"lr": 10**400}}, 2)
+
+
+def test_stage_plans_warn_in_the_apis_words():
+    spec = {"batch": {"size": 3}, "schedule": {"epochs": 10}}
+    with pytest.warns(UserWarning):
+        plan = emarule.scale(spec, 2.5, progressive="step:5")
+    words = [w for _, p in plan.stages for w in p.warnings] + plan.warnings
+    assert words and not [w for w in words if "--" in w]

@@ -164,7 +164,10 @@ def check_value(path: str, value: Any, field: Field) -> str | None:
     if not ok:
         return f"{path}: expected {_typename(field.types)}, got {type(value).__name__} {value!r}"
     if isinstance(value, NUM) and not isinstance(value, bool):
-        v = float(value)
+        try:
+            v = float(value)
+        except OverflowError:  # an int beyond float64's range, from YAML or a dict
+            v = math.inf
         if not math.isfinite(v):
             return f"{path}: must be finite, got {value!r}"
         if field.lo is not None and v < field.lo:

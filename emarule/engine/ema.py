@@ -108,6 +108,8 @@ def _device(value) -> torch.device | None:
     if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
         raise ValueError(f"device {value!r}: no such CUDA device here ({torch.cuda.device_count()} visible); give "
                          f"'cpu' or a visible GPU")
+    if device.type == "meta":  # holds no values: the EMA would average nothing
+        raise ValueError(f"device {value!r} holds no data, so the EMA would average nothing: give 'cpu' or a GPU")
     return device
 
 
@@ -201,6 +203,9 @@ def _excluder(exclude) -> tuple[Callable[[str], bool], tuple]:
     if isinstance(exclude, str) or not isinstance(exclude, Iterable):
         raise ValueError(f"exclude must be a list of names or a function of the name, got {exclude!r}")
     names = tuple(exclude)
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad:
+        raise ValueError(f"exclude's names must be strings (a tensor's or module's dotted name), got {bad[0]!r}")
     return _Names(names), names
 
 

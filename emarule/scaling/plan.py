@@ -203,8 +203,8 @@ def _optimizer(spec: dict, kappa: float, out: dict[str, Scaled]) -> None:
         elif kind == "auto" and name in L2_OPTIMIZERS:
             v, rule = wd, f"Weight Decay Scaling Rule: L2 in the gradient ({name}), part of the loss: λ̂ = λ"
         elif kind == "auto":
-            lr_hat = out["optimizer.lr"].scaled if "optimizer.lr" in out else lr
-            v, rule = rules.wd_auto(wd, kappa, lr or 0.0, lr_hat or 0.0), "Weight Decay Scaling Rule: λ̂ = κηλ / η̂"
+            # η/η̂ is the lr rule's, whatever η is: a spec without an lr (or with lr 0) still scales its decay
+            v, rule = rules.wd_auto(wd, kappa, 1.0, lr_fn(1.0, kappa)), "Weight Decay Scaling Rule: λ̂ = κηλ / η̂"
         elif kind == "linear":
             v, rule = rules.wd_linear(wd, kappa), "linear: λ̂ = κλ"
         elif kind == "sqrt":
@@ -305,7 +305,10 @@ def scale(spec: dict, kappa: float, ema_rule: str | None = "exponential") -> Pla
     values: dict[str, Scaled] = {}
     batch = spec["batch"]["size"]
     unit = spec_value(spec, "batch.unit")
-    values["batch_size"] = Scaled(batch, batch * kappa, unit, "B̂ = κB")
+    scaled = batch * kappa
+    if unit == "samples" and math.isfinite(scaled) and math.isclose(scaled, round(scaled), rel_tol=1e-12, abs_tol=0):
+        scaled = float(round(scaled))  # κ = N/B from a batch size N: B·κ can land one ulp below N
+    values["batch_size"] = Scaled(batch, scaled, unit, "B̂ = κB")
     if not math.isfinite(batch * kappa):
         raise ScalingError("batch size overflowed; use a smaller κ")
     _optimizer(spec, kappa, values)
@@ -323,8 +326,8 @@ def scale(spec: dict, kappa: float, ema_rule: str | None = "exponential") -> Pla
     _check_finite(kappa, values)
     warnings: list[str] = []
     _warn_rounding(spec, values, warnings)
-    if unit == "samples" and not float(batch * kappa).is_integer():
-        warnings.append(f"κ={kappa:g} gives a batch of {batch * kappa:g} samples (κ × {batch:g}), which `emarule run` "
+    if unit == "samples" and not float(scaled).is_integer():
+        warnings.append(f"κ={kappa:g} gives a batch of {scaled:g} samples (κ × {batch:g}), which `emarule run` "
                         f"refuses; choose κ so that κB is a whole number, or pass --batch-size N")
     return Plan(spec.get("name", "?"), kappa, ema_rule, values, warnings)
 

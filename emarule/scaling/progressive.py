@@ -216,15 +216,15 @@ class BatchSchedule:
         if e < s["start_epoch"]:
             return first
         grown = first + s["delta_batch"] * (math.floor((e - s["start_epoch"]) / s["every_epochs"]) + 1)
-        return final if grown >= final else self._on_ramp(grown, first, final, whole=False)
+        return final if grown >= final else self._on_ramp(grown, first, final)
 
-    def _on_ramp(self, batch: float, lo: float, hi: float, whole: bool = True) -> float:
-        """A ramp's batch: a whole number of samples (`whole`: smooth's), or for a `batch_multiple` above 1 the
-        nearest multiple of it, kept within the ramp's ends [lo, hi] either way: a base batch that is not a whole
-        number (0.5 samples) would otherwise round outside them, even to 0, and the batch must never shrink."""
+    def _on_ramp(self, batch: float, lo: float, hi: float) -> float:
+        """A ramp's batch: a whole number of samples, or for a `batch_multiple` above 1 the nearest multiple of it,
+        kept within the ramp's ends [lo, hi] either way: a base batch that is not a whole number (0.5 samples)
+        would otherwise round outside them, even to 0, and the batch must never shrink."""
         m = self.multiple
         if m == 1:
-            return float(min(max(round(batch), lo), hi)) if whole else batch
+            return float(min(max(round(batch), lo), hi))
         return float(min(max(m * round(batch / m), lo), hi))
 
     def kappa_at(self, epoch: float) -> float:

@@ -234,3 +234,13 @@ def test_a_tied_weight_is_excluded_by_either_name():
         ModelEma(Tied(), 0.5, exclude=["head.bias"])
     copy = io.BytesIO()
     torch.save(ModelEma(Tied(), 0.5, exclude=["head"]), copy)  # still picklable
+
+
+def test_exclude_names_must_be_strings():
+    with pytest.raises(ValueError, match="exclude's names must be strings.*got 0"):
+        ModelEma(nn.Linear(2, 2), 0.9, exclude=[0])
+
+
+def test_the_meta_device_is_refused():
+    with pytest.raises(ValueError, match="holds no data"):
+        ModelEma(nn.Linear(2, 2), 0.9, device="meta")

@@ -170,3 +170,13 @@ def test_a_base_step_after_the_end_of_an_epoch_counted_run_is_refused():
     step_at(31).check_base_step_in_run(256)
     with pytest.raises(UserError, match="base_step 1000"):
         step_at(1000).check_base_step_in_run(256)
+
+
+def test_incremental_ramp_batches_are_whole_samples_on_one_process():
+    """A fractional increment still gives whole-sample batches, as smooth's ramp does; the cap stays κB."""
+    s = BatchSchedule({"kind": "incremental", "start_epoch": 10, "delta_batch": 300.5, "every_epochs": 10},
+                      256, 8, 100)
+    ramp = [s.batch_at(e) for e in range(10, 100, 10)]
+    assert all(float(b).is_integer() for b in ramp)
+    assert ramp[0] == round(256 + 300.5) and ramp[-1] == 2048
+    assert ramp == sorted(ramp)
