@@ -167,7 +167,7 @@ def check_value(path: str, value: Any, field: Field) -> str | None:
         try:
             v = float(value)
         except OverflowError:  # an int beyond float64's range, from YAML or a dict
-            v = math.inf
+            return f"{path}: must be finite, got an integer of {len(str(abs(value)))} digits (beyond float range)"
         if not math.isfinite(v):
             return f"{path}: must be finite, got {value!r}"
         if field.lo is not None and v < field.lo:
