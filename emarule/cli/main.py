@@ -301,8 +301,8 @@ def plan(
                                  help="with Progressive Scaling: a full table per stage, not one row per stage"),
     timm_args: Optional[Path] = typer.Option(None, "--timm-args", metavar="PATH",
                                              help="scale the args.yaml of a timm train.py run (--batch-size: global)"),
-    world_size: int = typer.Option(1, "--world-size", min=1, metavar="N",
-                                   help="with --timm-args: processes of that run"),
+    world_size: Optional[int] = typer.Option(None, "--world-size", min=1, metavar="N",
+                                             help="with --timm-args: processes of that run (default 1)"),
     out: Optional[str] = typer.Option(None, "--out", metavar="PATH", help="with --format timm: write it here"),
 ) -> None:
     """Every hyperparameter, base → scaled, with the rule that produced it (and one row per stage)."""
@@ -317,9 +317,11 @@ def plan(
     if timm_args is not None or format is Fmt.timm or out is not None:
         from emarule.cli.timm_plan import plan_timm
 
-        return plan_timm(console, timm_args, experiment or spec, kappa, batch_size, world_size, format.value, out,
+        return plan_timm(console, timm_args, experiment or spec, kappa, batch_size, world_size or 1, format.value, out,
                          verbose or overrides or preset or progressive or no_ema_rule,
                          (ema_rule or EmaRule.exponential).value)
+    if world_size is not None:
+        raise UserError("--world-size applies only with --timm-args (a timm run's processes); drop it")
     *_, p = resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule, ema_rule, progressive)
     print_plan(console, p, format.value, verbose)
 
@@ -381,6 +383,9 @@ def limits(
         if math.isfinite(bound["kappa"]) and not math.isfinite(bound["batch_size"]):
             raise UserError(f"--batch-size {batch_size}: {name} κ = {bound['kappa']:.4g} gives a batch size past "
                             f"float64's range; give a smaller --batch-size")
+        if bound["kappa"] > 0 and bound["batch_size"] == 0:
+            raise UserError(f"--batch-size {batch_size}: {name} κ = {bound['kappa']:.4g} gives a batch size below "
+                            f"float64's range (0); give a larger --batch-size")
     print_limits(console, lim, format.value)
 
 
@@ -416,6 +421,9 @@ def run(
     from emarule.tasks import RUNNABLE_TASKS
 
     check_run_options(wandb, max_device_batch, seed, num_workers)
+    study_options(experiment, spec, {"--kappa": kappa, "--batch-size": batch_size, "--no-ema-rule": no_ema_rule or None,
+                                     "--ema-rule": ema_rule, "--progressive": progressive, "--data": data,
+                                     "--max-device-batch": max_device_batch, "--num-workers": num_workers})
     s, k, rule, pr, p = resolve(experiment, spec, preset, overrides, kappa, batch_size, no_ema_rule, ema_rule,
                                 progressive, batch_multiple=batch_multiple)
     checks.runnable(s, RUNNABLE_TASKS)
@@ -439,6 +447,23 @@ def run(
     run_task(ctx)
     if main:
         print_report(console, report(run_dir, time.monotonic() - t0))
+
+
+def study_options(experiment: str | None, spec_file: Path | None, given: dict) -> None:
+    """A study (parabola, precision) sweeps κ and the EMA rule itself and trains no batches: the options that
+    set them, or the data and the device batch, would be ignored, so they are refused, before the spec is
+    resolved with them."""
+    from emarule import registry
+    from emarule.config.load import read_yaml, spec_path
+
+    named = [o for o, v in given.items() if v is not None]
+    if not named:
+        return
+    spec = read_yaml(spec_path(experiment, spec_file))
+    task = registry.lookup(spec.get("task")) if isinstance(spec, dict) else None
+    if task is not None and task.kind == "study":
+        raise UserError(f"{spec.get('name', '?')} sweeps κ and ρ itself, a study with no batches or data to set: "
+                        f"drop {', '.join(named)} (its settings: --preset, --set)")
 
 
 class CompareFmt(str, Enum):
@@ -628,9 +653,11 @@ def power(
     effect: Optional[str] = typer.Option(None, "--effect", metavar="E",
                                          help="the true effect in baseline pair spreads, positive in the paper's "
                                               "direction (an equivalence kind: the true distance)"),
-    seeds: str = typer.Option("5", "--seeds", metavar="N", help="paired seeds in each simulated reproduction"),
-    trials: str = typer.Option("2000", "--trials", metavar="T", help="simulated reproductions"),
-    noise: str = typer.Option("1", "--noise", metavar="S", help="the sd of one seed's effect, in spreads"),
+    seeds: Optional[str] = typer.Option(None, "--seeds", metavar="N",
+                                        help="paired seeds in each simulated reproduction (default 5)"),
+    trials: Optional[str] = typer.Option(None, "--trials", metavar="T", help="simulated reproductions (default 2000)"),
+    noise: Optional[str] = typer.Option(None, "--noise", metavar="S",
+                                        help="the sd of one seed's effect, in spreads (default 1)"),
     format: LimitsFmt = typer.Option(LimitsFmt.table, "--format", "-f"),
 ) -> None:
     """How likely each verdict is, for a claim kind, a true effect and a seed count, under the rules by claim
@@ -639,8 +666,11 @@ def power(
     from emarule.cli.render import print_power, print_power_kinds
 
     if list_kinds:
-        if kind is not None or effect is not None:
-            raise UserError("--list takes no KIND or --effect; drop them, or drop --list")
+        given = [o for o, v in (("KIND", kind), ("--effect", effect), ("--seeds", seeds), ("--trials", trials),
+                                ("--noise", noise)) if v is not None]
+        if given:
+            them = "them" if len(given) > 1 else "it"
+            raise UserError(f"--list takes no {', '.join(given)}; drop {them}, or drop --list")
         return print_power_kinds(console, KINDS, format.value)
     if kind is None:
         raise UserError(f"name a claim KIND ({', '.join(KINDS)}), or give --list")
@@ -648,15 +678,20 @@ def power(
         raise UserError(f"unknown claim kind {kind!r}; choose one of: {', '.join(KINDS)}")
     if effect is None:
         raise UserError("--effect E is needed: the true effect in baseline pair spreads (0 for none)")
-    n, t = count_in(seeds, "--seeds", 2, MOST), count_in(trials, "--trials", 1, 1_000_000)
+    n, t = count_in(seeds or "5", "--seeds", 2, MOST), count_in(trials or "2000", "--trials", 1, 1_000_000)
     try:
         e = float(effect)
     except ValueError:
         raise UserError(f"--effect must be a number, got {effect!r}") from None
-    if not math.isfinite(e):
-        raise UserError(f"--effect must be finite, got {effect!r}")
-    sd = number(noise, "--noise")
+    if not abs(e) <= POWER_RANGE:  # NaN and ±inf too; beyond it the simulated seeds' sums lose their digits
+        raise UserError(f"--effect must lie in [−{POWER_RANGE:g}, {POWER_RANGE:g}] spreads, got {effect!r}")
+    sd = number(noise or "1", "--noise")
+    if not 1 / POWER_RANGE <= sd <= POWER_RANGE:
+        raise UserError(f"--noise must lie in [{1 / POWER_RANGE:g}, {POWER_RANGE:g}] spreads, got {noise!r}")
     print_power(console, simulate(KINDS[kind], e, n, t, sd), format.value)
+
+
+POWER_RANGE = 1e6  # `emarule power`'s effects and noise, in spreads
 
 
 def count_in(text: str, option: str, low: int, high: int) -> int:

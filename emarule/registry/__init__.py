@@ -32,6 +32,8 @@ class TaskSpec:
     # those of `metrics` scored on every EMA too (ema_X, ema_X/<ρ> for each ema.also) and, with data.eval_splits,
     # on each split after the first (X/<split>); a task whose evaluations score its teacher alone has none
     ema_metrics: tuple[str, ...] = ()
+    # those of `metrics` a run logs only where its spec has the named section (ctc's pseudo-labeling metrics)
+    section_metrics: dict[str, tuple[str, ...]] = field(default_factory=dict)
     headline: str | None = None  # what compare, sweep and reproduce judge by default
     loss: str = "loss"  # the training loss a sweep compares after the headline
     experiments: str = ""  # its specs and their presets (`presets:` in each YAML)
@@ -100,6 +102,7 @@ register(TaskSpec("polyak", "training", "emarule.tasks.polyak", "build", keys.PO
                   extras=("vision", "plots")))
 register(TaskSpec("ctc", "training", "emarule.tasks.ctc", "build", keys.CTC, units=("seconds",),
                   metrics=("ctc_loss", "wer", "pl_wer", "phase", "unlabeled_share"), ema_metrics=("wer",),
+                  section_metrics={"pseudo_label": ("pl_wer", "phase", "unlabeled_share")},
                   headline="ema_wer", experiments="ctc-polyak, ctc-pseudo-label", doc="§3.2, §3.3, App. G",
                   extras=("speech", "plots")))
 register(TaskSpec("toy", "training", "emarule.tasks.toy", "build", keys.TOY, units=("samples", "seconds"),

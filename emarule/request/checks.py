@@ -174,7 +174,7 @@ def _holds_runs(folder: Path) -> bool:
 def not_a_run(root: Path, fix: str) -> None:
     """A run's own directory is no root for a sweep's (or a reproduction's) runs: they would be nested in it, and
     its record mixed with theirs."""
-    held = [n for n in (HPARAMS, CHECKPOINT) if (root / n).exists()]
+    held = [n for n in RUN_RECORD if (root / n).exists()]  # a training run's record, or a study's
     if held:
         raise UserError(f"--out {root} is a run's directory (it holds {held[0]}); pass another --out {fix}")
 
@@ -343,7 +343,7 @@ def metric(spec: dict, name: str | None) -> None:
     if t is None or t.kind != "training":
         return
     if name not in logged_metrics(spec, t):
-        target = ", ".join((*LOOP_METRICS, *t.metrics))
+        target = ", ".join((*LOOP_METRICS, *_spec_metrics(spec, t)))
         emas = (f"ema_<name> for {', '.join(t.ema_metrics)}" if t.ema_metrics else
                 "no ema_<name>: its evaluations score the teacher alone")
         also = [_extra_name(r) for r in value(spec, "ema.also")]
@@ -369,12 +369,18 @@ def _splits(spec: dict, task) -> list[str]:
 
 def logged_metrics(spec: dict, task) -> set[str]:
     """Every metric name a run of `spec` with training task `task` logs (emarule.engine.evaluation.metric_name)."""
-    names = {*LOOP_METRICS, *task.metrics}
+    names = {*LOOP_METRICS, *_spec_metrics(spec, task)}
     also = [_extra_name(r) for r in value(spec, "ema.also")]
     for base in task.ema_metrics:
         for split in ["", *(f"/{s}" for s in _splits(spec, task))]:
             names |= {f"{base}{split}", f"ema_{base}{split}", *(f"ema_{base}/{a}{split}" for a in also)}
     return names
+
+
+def _spec_metrics(spec: dict, task) -> tuple[str, ...]:
+    """The task's metrics that a run of this spec logs: those tied to a spec section only where it has one."""
+    absent = {m for section, names in task.section_metrics.items() if not spec.get(section) for m in names}
+    return tuple(m for m in task.metrics if m not in absent)
 
 
 def batch_multiple(spec: dict) -> int:

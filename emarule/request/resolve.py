@@ -38,11 +38,12 @@ def whole(values: list[float], what: str) -> list[int]:
     bad = [v for v in values if not float(v).is_integer()]
     if bad:
         raise UserError(f"{what} {bad[0]:g}: batch sizes count samples; give whole numbers")
-    # past 2^53 a float64 no longer holds every whole number, so the count it reads is not the one written
-    huge = [v for v in values if v > 2**53]
+    # from 2^53 a float64 no longer holds every whole number (2^53 + 1 reads as 2^53), so the count it reads may
+    # not be the one written
+    huge = [v for v in values if v >= 2**53]
     if huge:
-        raise UserError(f"{what} {huge[0]:g}: past 2^53, where float64 stops counting whole samples exactly; "
-                        f"give smaller batch sizes")
+        raise UserError(f"{what} {huge[0]:g}: at or past 2^53, where float64 stops counting whole samples "
+                        f"exactly; give smaller batch sizes")
     return [int(v) for v in values]
 
 

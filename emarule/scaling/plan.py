@@ -175,7 +175,7 @@ def _optimizer(spec: dict, kappa: float, out: dict[str, Scaled]) -> None:
         if betas is None:
             continue
         seq = betas if isinstance(betas, list) else [betas]
-        scaled = []
+        scaled, failed = [], []
         for i, b in enumerate(seq):
             label = f"{key}[{i}]" if isinstance(betas, list) else key
             rules.check_unit_interval(label, b)
@@ -185,8 +185,13 @@ def _optimizer(spec: dict, kappa: float, out: dict[str, Scaled]) -> None:
             v = rules.linear(b, kappa)
             err = _linear_range(label, "1 − κ(1 − β)", b, kappa, v, f" for β={b}")
             if err:
-                raise ScalingError(err)
+                failed.append((b, v, err))
             scaled.append(v)
+        if failed:
+            # the β whose bound binds: the largest β needs the largest κ to move; the smallest allows the least κ
+            # before it goes negative, so the κ the message names works for every β
+            b, v, err = max(failed) if failed[0][1] >= 1.0 else min(failed)
+            raise ScalingError(err)
         rule = "Adam/RMSProp Scaling Rule: β̂ = 1 − κ(1 − β)" if adaptive else f"unchanged ({name}: no known rule)"
         out[key] = Scaled(betas, scaled if isinstance(betas, list) else scaled[0], "momentum", rule)
     if opt.get("eps") is not None:

@@ -284,6 +284,9 @@ def write(out: dict, path: Path) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600; a run's args.yaml is for everyone to read, as train.py's
         os.replace(tmp, path)
     except OSError as e:  # named by the user's path, not the temporary one beside it
         if tmp is not None:

@@ -1,5 +1,6 @@
 """The README's table of claims, written from a `make repro` root's verdict.json files."""
 
+import contextlib
 import json
 import re
 
@@ -334,3 +335,30 @@ def test_runs_trained_by_an_interrupted_invocation_are_not_reused_after_it_resum
     t = {"wall_s": 47.0, "runs": 4, "reused": 3}  # the resumed invocation finds 3 runs there
     t |= L.record(tmp_path, cmd, t, "verdict.json")
     assert t["trained"] == 4 and T._reused(t) == 0
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--readme", "{tmp}/missing.md"], "--readme"),
+    (["--readme", "{tmp}"], "no such file"),
+    (["--wall-s", "abc"], "invalid float value"),
+    (["--wall-s", "nan"], "--wall-s must be a finite number"),
+    (["--wall-s", "-5"], "--wall-s must be a finite number"),
+    (["--pages", "{tmp}/nowhere"], "no such folder"),
+])
+def test_the_tables_bad_options_are_one_line_and_write_nothing(tmp_path, capsys, root, args, needle):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{T.START}\nold\n{T.END}\n")
+    argv = [str(root)] + [a.format(tmp=tmp_path) for a in args] + (["--readme", str(readme)] if "--readme" not in
+                                                                     args else [])
+    with pytest.raises(SystemExit) if "invalid" in needle else contextlib.nullcontext():
+        assert T.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and needle in err
+    assert readme.read_text() == f"{T.START}\nold\n{T.END}\n"
+
+
+def test_a_missing_root_argument_is_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        T.main([])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "required: root" in err

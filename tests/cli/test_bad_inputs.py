@@ -75,7 +75,8 @@ CASES = [
     ("sweep-unit-byol-seconds", ["sweep", *TINY, "--set", "batch.unit=seconds"],
      "batch.unit seconds is not a unit the byol task batches by (samples)"),
     ("run-data-synthetic", ["run", *TINY, "--set", "data.source=synthetic", "--data", "adir"], "synthetic"),
-    ("run-data-generated", ["run", "parabola", "--data", "adir"], "reads no data set"),
+    ("run-data-generated", ["run", "parabola", "--data", "adir"],
+     "parabola sweeps κ and ρ itself, a study with no batches or data to set: drop --data"),
     # Progressive Scaling epochs
     ("plan-step-negative", ["plan", "byol-r18", "--kappa", "2", "--progressive", "step:-1"], "epoch must be"),
     ("plan-step-nan", ["plan", "byol-r18", "--kappa", "2", "--progressive", "step:nan"], "epoch must be"),
@@ -228,6 +229,19 @@ CASES = [
      "--set progressive.epoch and --progressive"),
     ("plan-too-many-stages", ["plan", "byol-r18", "-k", "64", "--progressive", "smooth:0-100000", "--set",
                               "schedule.epochs=1e9"], "more than 10,000 stages"),
+    # an option a command would ignore, or a metric this spec never logs (its task's other specs do)
+    ("sweep-metric-of-another-spec", ["sweep", "ctc-polyak", "--preset", "tiny", "--kappas", "2", "--metric",
+                                      "pl_wer", "--out", "X"], "ctc-polyak logs loss, grad_norm, ctc_loss, wer ("),
+    ("plan-world-size-without-timm", ["plan", "byol-r18", "-k", "2", "--world-size", "4"],
+     "--world-size applies only with --timm-args"),
+    ("power-list-with-seeds", ["power", "--list", "--seeds", "7"], "--list takes no --seeds; drop it"),
+    ("power-effect-huge", ["power", "rule_closer", "--effect", "1e308"], "--effect must lie in [−1e+06, 1e+06]"),
+    ("power-noise-huge", ["power", "rule_closer", "--effect", "1", "--noise", "1e155"], "--noise must lie in"),
+    ("table-batch-at-2-53", ["table", "momenta", "--batch-sizes", "9007199254740993"], "at or past 2^53"),
+    ("plan-betas-binding-bound", ["plan", "ctc-polyak", "--kappa", "1e-14"], "betas[1]: 1 − κ(1 − β) for β=0.999 "
+                                                                             "rounds to 1 at κ=1e-14"),
+    ("limits-batch-underflow", ["limits", "--momentum", "0.99", "--batch-size", "1e-320"], "below float64's range"),
+    ("sweep-out-study-run", ["sweep", *TINY, "--out", "studyrun"], "is a run's directory (it holds results.json)"),
     # a timm args.yaml: batch-counted keys are whole numbers
     ("plan-timm-log-interval-list", ["plan", "--timm-args", "args.yaml", "-k", "2"],
      "log_interval must be a whole number ≥ 0, got [50]"),
@@ -254,6 +268,8 @@ def workdir(tmp_path, monkeypatch):
     (tmp_path / "root" / "byol-r18" / "tiny-k2-rule-s0").write_text("")
     (tmp_path / "done").mkdir()
     (tmp_path / "done" / "checkpoint.pt").write_bytes(b"")
+    (tmp_path / "studyrun").mkdir()  # a study's run directory: its record, no checkpoint
+    (tmp_path / "studyrun" / "results.json").write_text("{}\n")
     (tmp_path / "logonly").mkdir()
     (tmp_path / "logonly" / "metrics.jsonl").write_text("")
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
@@ -373,3 +389,11 @@ def test_distributed_variables_without_torchrun_are_one_line(workdir, capsys, mo
     before = tree(workdir)
     refused_in_one_line(argv, capsys, "not: launch with torchrun")
     assert tree(workdir) == before
+
+
+def test_the_betas_bound_named_is_one_every_beta_meets(workdir, capsys):
+    """The smallest κ a rounds-to-1 error names is the binding β's, so the plan at that κ stands."""
+    refused_in_one_line(["plan", "ctc-polyak", "--kappa", "1e-14"], capsys, "use κ ≥ 1e-12")
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "ctc-polyak", "--kappa", "1e-12", "-f", "json"])
+    assert e.value.code == 0

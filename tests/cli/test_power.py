@@ -83,7 +83,7 @@ def test_the_table_gives_the_minimum_detectable_effect_and_the_seeds_needed():
     (["power", "sideways", "--effect", "1"], "unknown claim kind 'sideways'"),
     (["power", "rule_closer"], "--effect E is needed"),
     (["power", "rule_closer", "--effect", "x"], "--effect must be a number"),
-    (["power", "rule_closer", "--effect", "inf"], "--effect must be finite"),
+    (["power", "rule_closer", "--effect", "inf"], "--effect must lie in"),
     (["power", "rule_closer", "--effect", "1", "--seeds", "1"], "--seeds must lie in [2, 1000]"),
     (["power", "rule_closer", "--effect", "1", "--seeds", "2.5"], "--seeds must be a whole number"),
     (["power", "rule_closer", "--effect", "1", "--trials", "0"], "--trials must lie in"),

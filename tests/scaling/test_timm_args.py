@@ -198,3 +198,15 @@ def test_rmsprops_alpha_is_exact_at_its_limit_and_none_is_offered_past_it():
     past = timm_args.timm_plan(a, "x", kappa=20)[0]
     assert not any("alpha=-" in w for w in past.warnings)
     assert any("no alpha keeps its horizon at κ=20" in w for w in past.warnings)
+
+
+def test_the_written_args_are_readable_by_everyone_as_the_umask_allows(tmp_path):
+    import os
+
+    out = tmp_path / "args.yaml"
+    mask = os.umask(0o022)
+    try:
+        timm_args.write({"batch_size": 128}, out)
+    finally:
+        os.umask(mask)
+    assert out.stat().st_mode & 0o777 == 0o644 and yaml.safe_load(out.read_text()) == {"batch_size": 128}

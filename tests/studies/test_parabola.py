@@ -220,7 +220,18 @@ def test_quick_preset_end_to_end(tmp_path):
 def test_kappa_flag_is_refused_in_one_line(tmp_path):
     r = CliRunner().invoke(app, ["run", "parabola", "--preset", "quick", "--kappa", "2", "--out", str(tmp_path)])
     assert r.exit_code == 2
-    assert r.output.strip().startswith("error: parabola sweeps κ itself") and "Traceback" not in r.output
+    assert r.output.strip().startswith("error: parabola sweeps κ and ρ itself") and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("study", ["parabola", "precision"])
+@pytest.mark.parametrize("option", [["--kappa", "1"], ["--batch-size", "64"], ["--no-ema-rule"],
+                                    ["--ema-rule", "linear"], ["--progressive", "step:1"], ["--max-device-batch", "4"],
+                                    ["--num-workers", "1"], ["--data", "."]])
+def test_options_a_study_would_ignore_are_refused_before_anything_is_written(tmp_path, study, option):
+    r = CliRunner().invoke(app, ["run", study, "--preset", "tiny", *option, "--out", str(tmp_path / "r")])
+    assert r.exit_code == 2, r.output
+    assert r.output.strip().startswith(f"error: {study} sweeps κ and ρ itself") and f"drop {option[0]}" in r.output
+    assert not (tmp_path / "r").exists()
 
 
 def test_non_integer_kappa_is_refused(tmp_path):

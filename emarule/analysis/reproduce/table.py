@@ -455,8 +455,14 @@ def write_readme(readme: Path, table: str) -> None:
     atomic_write_text(readme, f"{head}{START}\n{table}{END}{tail}")
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line and exit code 2, as every emarule command, not the usage text
+        print(f"error: {message}; see --help", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m emarule.analysis.reproduce.table", description=__doc__.split("\n")[0])
+    ap = _Parser(prog="python -m emarule.analysis.reproduce.table", description=__doc__.split("\n")[0])
     ap.add_argument("root", type=Path)
     ap.add_argument("--readme", type=Path)
     ap.add_argument("--pages", type=Path)
@@ -466,10 +472,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not a.root.is_dir():
             raise UserError(f"{a.root}: no such folder; `make repro` writes runs/reproduce")
-        table = markdown(a.root, a.wall_s)
+        if a.wall_s is not None and not 0 <= a.wall_s < math.inf:
+            raise UserError(f"--wall-s must be a finite number of seconds ≥ 0, got {a.wall_s:g}")
+        if a.readme is not None and not a.readme.is_file():
+            raise UserError(f"--readme {a.readme}: no such file; give the README that holds the table's markers")
         for folder in (a.pages, a.figures):
             if folder is not None and not folder.is_dir():
                 raise UserError(f"{folder}: no such folder")
+        table = markdown(a.root, a.wall_s)
         if a.readme is not None:
             write_readme(a.readme, table)
         else:
