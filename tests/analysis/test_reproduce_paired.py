@@ -462,3 +462,16 @@ def test_an_arm_takes_its_kappa_and_schedule_from_the_preset():
     assert ramp.schedule("byol-r50-lars", "cpu") == "smooth:0.8-2.4"  # from epoch 0.8 over twice 0.8 → 1.6
     assert ramp.schedule("byol-r50-lars", None) == "smooth:60-180"  # the paper's 120-epoch ramp
     assert ramp.schedule("byol-r50-lars", "tiny") == "smooth:1-3.5"  # 4 epochs: it ends before training does
+
+
+@pytest.mark.parametrize("ema", [-0.2, -0.3])
+def test_target_explains_needs_an_ema_gap_above_0_not_above_a_spread(tmp_path, ema):
+    """The mechanism is present when the EMA's gap with the rule has its CI95 above 0, as its record says, even
+    where that gap is under one baseline pair spread."""
+    assert -ema < SPREAD
+    settings = {(4.0, "exponential", None): {"ema_top1": shifts(ema), "top1": shifts(-3.0)},
+                (4.0, None, None): {"ema_top1": shifts(ema)}}
+    c = polyak_with(tmp_path, K.POLYAK.claims[2], settings)
+    m = c["mechanism"]
+    assert m["threshold"] == 0.0 and m["value_ci"][0] > 0 and m["present"] is True
+    assert c["verdict"] == R.REPRODUCED and c["verdict_if_applicable"] is None

@@ -286,7 +286,7 @@ def judge(family: Family, claim: Claim, tables: dict, kappas: list, gate: dict |
     if claim.kind == "target_explains":  # the mechanism: an EMA gap with the rule for the target to explain
         sig = _sigma(tables[claim.metric]["metric"])
         pre = _worse(tables[claim.metric], keys[0], claim.over, sig, "the EMA with the rule departs")
-        d, rec = decide_parts("rule_needed", [pre])
+        d, rec = decide_parts("gap_remains", [pre])  # a sign: its CI95 above 0, as the record says
         mechanism = {"name": "an EMA gap with the rule, for the target model to explain", "value": rec[0]["effect"],
                      "value_ci": rec[0]["effect_ci"], "threshold": 0.0, "present": d.verdict == R.REPRODUCED,
                      "what": f"{claim.metric} worse than its baseline with the rule by {T.num(rec[0]['effect'], True)} "
