@@ -245,6 +245,15 @@ def _seeds_said(result: dict) -> str:
     from emarule.analysis.reproduce.rules import MAX_SEEDS, spreads
 
     effect = abs(result["effect"])
+    margin = result.get("margin")
+    if result["shape"] in ("equivalence", "noninferior") and margin is not None:
+        inside = (f"a distance of {effect:g} inside ±{margin:g}" if result["shape"] == "equivalence"
+                  else f"an effect of {result['effect']:g} above −{margin:g}")
+        if result["seeds_for_effect"]:
+            return f"seeds to show {inside}: {result['seeds_for_effect']}"
+        return f"no seed count shows {inside}" if result["seeds_for_effect"] is None and (
+            effect >= margin if result["shape"] == "equivalence" else result["effect"] <= -margin) else \
+            f"more than {MAX_SEEDS} seeds to show {inside}"
     if result["seeds_for_effect"]:
         return f"seeds to detect {effect:g}: {result['seeds_for_effect']}"
     if effect == 0:

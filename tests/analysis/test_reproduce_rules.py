@@ -319,3 +319,22 @@ def test_a_second_look_with_more_seeds_raises_the_false_positive_rate():
         one += at_ten
         two += at_ten or r.decide(part, x[:5]).verdict == r.REPRODUCED
     assert abs(one / trials - 0.027) < 0.005 and abs(two / trials - 0.044) < 0.005
+
+
+@pytest.mark.parametrize("kind,effect,noise", [("same_either_way", 0.5, 0.3), ("same_either_way", 0.0, 1.0),
+                                               ("matches_or_better", 0.0, 1.0), ("matches_or_better", -0.5, 0.5)])
+def test_seeds_for_a_matches_kind_reproduce_it_with_the_power_quoted(kind, effect, noise):
+    """For an equivalence or non-inferiority kind the seed count is the one at which its first part's rule
+    reproduces the true effect (inside the margin by the MDE): that part, simulated alone at that count,
+    reproduces it ≥ 80 % (a joined kind's other parts must pass too, which the count leaves aside)."""
+    part = r.KINDS[kind].parts[0]
+    n = part.seeds_for(effect, noise)
+    assert n is not None
+    alone = r.Kind("first part", (part,), "")
+    assert r.simulate(alone, effect, n, 2000, noise=noise)["verdicts"][r.REPRODUCED] >= r.POWER - 0.02
+
+
+@pytest.mark.parametrize("kind,effect", [("same_either_way", 1.0), ("same_either_way", -1.5),
+                                         ("matches_or_better", -1.0), ("matches_or_better", -2.0)])
+def test_no_seed_count_for_a_matches_kind_at_or_beyond_its_margin(kind, effect):
+    assert r.KINDS[kind].parts[0].seeds_for(effect, 0.3) is None

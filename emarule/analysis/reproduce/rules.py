@@ -218,7 +218,13 @@ class Part:
         return mde_from_zero + self.clears
 
     def seeds_for(self, effect: float, sd: float) -> int | None:
-        """The fewest seeds whose `detectable` effect reaches `effect` (None: none do)."""
+        """The fewest seeds at which this part's rule reproduces a true `effect` with POWER (None: none do): its
+        `detectable` effect reaches it for a signed part; for an equivalence part the true distance must lie
+        inside the margin by the MDE, for a non-inferiority part above −margin by it."""
+        if self.shape == "equivalence":
+            return seeds_needed(self.margin - abs(effect), sd)
+        if self.shape == "noninferior":
+            return seeds_needed(effect + self.margin, sd)
         return seeds_needed(abs(effect) - self.clears, sd)
 
 
@@ -480,7 +486,7 @@ def simulate(kind: Kind, effect: float, seeds: int, trials: int = 2000, noise: f
         counts[join(decisions).verdict] += 1
     return {"kind": kind.name, "shape": kind.shape, "effect": effect, "seeds": seeds, "trials": trials,
             "noise": noise, "verdicts": {v: c / trials for v, c in counts.items()},
-            "size": kind.parts[0].clears,
+            "size": kind.parts[0].clears, "margin": kind.margin,
             "mde": kind.parts[0].detectable(mde(noise, seeds)),
             "seeds_for_effect": kind.parts[0].seeds_for(effect, noise)}
 
