@@ -130,11 +130,14 @@ def refusal(ck: dict, ctx, k: str, task_state: dict | None) -> str:
     if not isinstance(t, (int, float)):
         return "it does not record where it was taken"
     # on the epoch axis the loop leaves κ=1 at a whole epoch exactly; on the base-step axis at the first step at
-    # or after the stage's start
+    # or after the stage's start, less than one base step (one κ=1 step) after it
     leave = first_leave(ctx.plan)
-    if t < leave - 1e-6 or (ctx.plan.stages[0][0].axis == "epochs" and t > leave + 1e-6):
+    after = 1e-6 if ctx.plan.stages[0][0].axis == "epochs" else 1.0 - 1e-9
+    if not leave - 1e-6 <= t < leave + after:
         return "it was not taken where this run leaves κ=1"
-    if any(values(p) != base.get("plan") for stage, p in ctx.plan.stages if in_force_from(ctx.plan, stage) < t - 1e-9):
+    # the stages in force before the run leaves κ=1: the stage it leaves to may start between two steps, before t
+    if any(values(p) != base.get("plan") for stage, p in ctx.plan.stages
+           if in_force_from(ctx.plan, stage) < leave - 1e-9):
         return "this run's plan differs from the baseline's before that point"
     if not same_state(base.get("task_state"), task_state):
         return "this run's task starts in another state than the baseline's"

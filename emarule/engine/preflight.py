@@ -150,12 +150,34 @@ def check_record(ctx: RunContext, copy: dict | None) -> None:
     if not isinstance(record, dict):
         raise UserError(f"--resume: {p} is corrupt (not a JSON object); {fix}")
     ours = json.loads(json.dumps(jsonable(copy)))
-    diff = differences({k: v for k, v in ours.items() if k not in EXECUTION_KEYS},
-                       {k: v for k, v in record.items() if k not in EXECUTION_KEYS})
+    diff = differences(_resumable_record(ours), _resumable_record(record))
     if diff:
         shown = ", ".join(diff[:4]) + (f" and {len(diff) - 4} more" if len(diff) > 4 else "")
         raise UserError(f"--resume: {p} was edited after the run wrote it ({shown} differ from the checkpoint's "
                         f"copy); {fix}")
+
+
+def _resumable_spec(spec: dict) -> dict:
+    """A spec as `--resume` compares it (`comparable`, and `fingerprint`'s leave of data.skip_bad_items)."""
+    out = comparable(spec)
+    if isinstance(out.get("data"), dict) and "skip_bad_items" in out["data"]:
+        out["data"] = {k: v for k, v in out["data"].items() if k != "skip_bad_items"}
+        if not out["data"]:  # a section that held only the flag computes what none does
+            del out["data"]
+    return out
+
+
+def _resumable_record(record: dict) -> dict:
+    """A run's record less what a `--resume` may change: how it executes (`EXECUTION_KEYS`), and in its spec (and
+    its fingerprint's) what `--resume` does not compare. A resume that changed those rewrites hparams.json at once,
+    while the checkpoint's copy changes only at its next save, so a stop in between must not read as an edit."""
+    out = {k: v for k, v in record.items() if k not in EXECUTION_KEYS}
+    if isinstance(out.get("spec"), dict):
+        out["spec"] = _resumable_spec(out["spec"])
+    fp = out.get("fingerprint")
+    if isinstance(fp, dict) and isinstance(fp.get("spec"), dict):
+        out["fingerprint"] = {**fp, "spec": _resumable_spec(fp["spec"])}
+    return out
 
 
 def check_record_if_edited(ctx: RunContext) -> None:

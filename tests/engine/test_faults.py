@@ -307,6 +307,22 @@ def test_how_a_run_executes_may_change_between_resumes(tmp_path, finished):
     run_toy(tmp_path, toy_spec(**SPEC), out="run", resume=True)
 
 
+def test_a_record_rewritten_by_a_resume_with_settings_it_tolerates_is_no_edit(tmp_path, finished):
+    """A resume that turns data.skip_bad_items on, or retitles the spec, rewrites hparams.json at once; stopped
+    before its next checkpoint, the run resumes again (the checkpoint's copy still holds the earlier values)."""
+    p = finished / HPARAMS
+    record = json.loads(p.read_text())
+    for spec in (record["spec"], record["fingerprint"]["spec"]):
+        spec["title"] = "retitled"
+        spec.setdefault("data", {})["skip_bad_items"] = True
+    p.write_text(json.dumps(record))
+    run_toy(tmp_path, toy_spec(**SPEC), out="run", resume=True)
+    record["spec"]["schedule"] = {**record["spec"].get("schedule", {}), "marker": 1}  # a real edit still counts
+    p.write_text(json.dumps(record))
+    with pytest.raises(UserError, match="was edited after the run wrote it"):
+        run_toy(tmp_path, toy_spec(**SPEC), out="run", resume=True)
+
+
 def test_the_checkpoint_keeps_the_record_it_was_written_with(finished):
     ck = torch.load(finished / "checkpoint.pt", weights_only=False)
     assert json.loads((finished / HPARAMS).read_text())["fingerprint"]["seed"] == ck["record"]["seed"] == 0
