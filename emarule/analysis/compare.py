@@ -267,7 +267,29 @@ def load_runs(paths: list[Path]) -> list[Run]:
         first = next(r for r in runs if str(r.hparams.get("preset")) == presets[0])
         raise UserError(f"runs of different presets ({', '.join(presets)}); compare one preset at a time, e.g. "
                         f"{first.path.parent / (presets[0] + '-*')}")
+    check_baselines(runs)
     return runs
+
+
+def check_baselines(runs: list[Run]) -> None:
+    """The κ=1 runs are one baseline's seeds: one run a seed, one spec. Two runs of one seed, or baselines
+    trained with other settings (`--set schedule.epochs=30`), pooled, would make a spread and a mean of
+    unlike runs."""
+    from emarule.config.identity import comparable
+
+    base = [r for r in runs if r.is_baseline and r.arm is None]
+    by_seed: dict = {}
+    for r in base:
+        by_seed.setdefault(r.seed, []).append(r)
+    twice = next((rs for rs in by_seed.values() if len(rs) > 1), None)
+    if twice:
+        raise UserError(f"two κ=1 baselines of seed {twice[0].seed} ({twice[0].path}, {twice[1].path}); a "
+                        f"comparison takes one baseline a seed: leave one out")
+    specs = [comparable(r.hparams.get("spec") or {}) for r in base]
+    other = next((i for i, sp in enumerate(specs) if sp != specs[0]), None)
+    if other is not None:
+        raise UserError(f"κ=1 baselines made with other settings ({base[0].path} and {base[other].path}: their "
+                        f"specs differ); compare the runs of one spec at a time")
 
 
 def pick_metric(runs: list[Run], metric: str | None) -> str:
@@ -472,7 +494,12 @@ def plot(result: dict, out: Path) -> Path:
 def default_figure(result: dict) -> Path:
     parents = [Path(r["run"]).resolve().parent for r in result["runs"]]
     common = Path(os.path.commonpath([str(p) for p in parents])) if parents else Path(".")
-    return common / f"compare-{result['metric']}.png"
+    return common / figure_name(result["metric"])
+
+
+def figure_name(metric: str) -> str:
+    """`compare-<metric>.png`, with a further EMA's or split's `/` as `_`, so that the name is one file, not folders."""
+    return f"compare-{metric.replace('/', '_')}.png"
 
 
 # --- output -------------------------------------------------------------------------------------

@@ -258,10 +258,14 @@ def _headline(h: dict | None, last: dict) -> str:
         parts.append(rule_names(rule_of_hparams(h)).label)
         if h.get("seed") is not None:
             parts.append(f"seed {h['seed']}")
-    for key, text in (("epoch", "epoch {:.4g}"), ("step", "step {:.0f}"), ("samples_seen", "{:.0f} samples seen")):
+    for key, text in (("epoch", "epoch {:.4g}"), ("step", "step {:.0f}")):
         v = finite_number(last.get(key))
         if v is not None:
             parts.append(text.format(v))
+    samples, seconds = finite_number(last.get("samples_seen")), finite_number(last.get("seconds_seen"))
+    if samples is not None:  # a batch in seconds of audio is timed in seconds too, as the stop and resume lines say
+        parts.append(f"{samples:.0f} samples" + (f" ({seconds:.1f} s of audio)" if seconds is not None else "")
+                     + " seen")
     return ", ".join(parts)
 
 

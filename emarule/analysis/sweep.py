@@ -152,7 +152,7 @@ def link_forks(runs: list[SweepRun], ctxs: list) -> None:
     it leaves κ=1 (emarule/engine/fork.py): the baseline keeps a snapshot there, which the run, started after
     it, takes up. Its runs wait for the baseline already."""
     from emarule.engine import fork
-    from emarule.engine.preflight import comparable
+    from emarule.config.identity import comparable
 
     base_of = {r.seed: c for r, c in zip(runs, ctxs, strict=True) if r.baseline}
     plans: dict[int, list] = {}
@@ -323,7 +323,7 @@ def compare_after(console, run_dirs: list[Path], root: Path, metric: str | None,
             metrics.append(loss)
     out = []
     for m in metrics:
-        out.append(compare.run_compare(console, run_dirs, m, root / f"compare-{m}.png"))
+        out.append(compare.run_compare(console, run_dirs, m, root / compare.figure_name(m)))
     return out
 
 

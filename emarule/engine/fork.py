@@ -26,7 +26,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from emarule.engine.preflight import comparable, without_world
+from emarule.config.identity import comparable
+from emarule.engine.preflight import without_world
 from emarule.scaling import Plan
 
 PREFIX = "fork-"
@@ -70,7 +71,7 @@ def values(plan: Plan) -> dict:
 
 
 def spec_of(ctx) -> dict:
-    """The run's spec as far as what it computes (`preflight.comparable`), in JSON's types."""
+    """The run's spec as far as what it computes (`config.identity.comparable`), in JSON's types."""
     return comparable(json.loads(json.dumps(ctx.spec, default=str)))
 
 

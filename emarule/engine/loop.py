@@ -413,13 +413,18 @@ def load_state(run: Run, ck: dict) -> None:
     """A checkpoint's state into the run: weights, EMAs, optimizer, task state, clock, the stage in force, the
     log's window, the RNG states, and the cadences from the clock's position."""
     ctx = run.ctx
-    run.model.load_state_dict(ck["model"])
-    for name, e in run.emas.items():
-        e.load_state_dict(ck["emas"][name])
-    run.optimizer.load_state_dict(ck["optimizer"])
-    if run.parts.state is not None:
-        run.parts.state.load_state_dict(ck["task_state"])
-    run.clock = Clock(**ck["clock"])
+    try:
+        run.model.load_state_dict(ck["model"])
+        for name, e in run.emas.items():
+            e.load_state_dict(ck["emas"][name])
+        run.optimizer.load_state_dict(ck["optimizer"])
+        if run.parts.state is not None:
+            run.parts.state.load_state_dict(ck["task_state"])
+        run.clock = Clock(**ck["clock"])
+    except (RuntimeError, KeyError, TypeError, ValueError) as e:  # a checkpoint edited by hand past its key check
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"the checkpoint in {ctx.out} does not fit this run ({type(e).__name__}: {first[:200]}); "
+                        f"it was edited or damaged: start a new run with --out NEW_DIR") from None
     run.kappa = 0.0  # re-enter the stage in force: plan values into the optimizer, EMAs and BatchNorm
     enter_stage(run, run.ctx.plan.at(schedule_time(run)).kappa)
     restore_rows(run, ck.get("window"))
@@ -693,6 +698,7 @@ def kept_after_disk_full(run: Run) -> str:
 
 def diverged(run: Run, what: str) -> TrainingDiverged:
     last = run.last_ckpt
-    fix = (f"the last good checkpoint is {last[0]} ({last[1]}); lower the learning rate or κ and --resume" if last
-           else "no checkpoint was written yet; lower the learning rate or κ and start again")
+    # --resume continues only with the run's own settings, so the fix is a run of its own
+    fix = "lower the learning rate or κ and train again with a new --out"
+    fix = f"{fix}; the last good checkpoint is {last[0]} ({last[1]})" if last else f"{fix}; no checkpoint was written"
     return TrainingDiverged(f"{what} after {where(run)}; stopped: {fix}")

@@ -234,3 +234,31 @@ def test_the_figure_must_be_a_png(tmp_path, name):
     assert not (tmp_path / name).exists()
     res = runner.invoke(app, ["compare", str(b), "--out", str(tmp_path / "upper.PNG")])
     assert res.exit_code == 0 and (tmp_path / "upper.PNG").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_metric_with_a_slash_names_one_figure_file_not_folders(tmp_path):
+    from emarule.analysis.compare import default_figure, figure_name
+
+    assert figure_name("ema_wer/0.9999/test-clean") == "compare-ema_wer_0.9999_test-clean.png"
+    fig = default_figure({"metric": "ema_wer/0.999", "runs": [{"run": str(tmp_path / "a" / "k1")},
+                                                             {"run": str(tmp_path / "a" / "k2")}]})
+    assert fig == (tmp_path / "a" / "compare-ema_wer_0.999.png").resolve()
+
+
+def test_baselines_of_one_seed_twice_or_of_other_settings_are_not_pooled(tmp_path):
+    a = make_run(tmp_path, "k1-a", 1, "exponential", line(T, lambda t: t), seed=0)
+    b = make_run(tmp_path, "k1-b", 1, "exponential", line(T, lambda t: t + 1), seed=0)
+    r = make_run(tmp_path, "k4", 4, "exponential", line(T, lambda t: t), seed=0)
+    with pytest.raises(UserError, match="two κ=1 baselines of seed 0"):
+        C.load_runs([a, b, r])
+    c = make_run(tmp_path, "k1-c", 1, "exponential", line(T, lambda t: t), seed=1)
+    for run, epochs in ((a, 2), (c, 30)):
+        h = json.loads((run / "hparams.json").read_text())
+        h["spec"] = {"name": "byol-r18", "title": f"t{epochs}", "schedule": {"epochs": epochs}}
+        (run / "hparams.json").write_text(json.dumps(h))
+    with pytest.raises(UserError, match="κ=1 baselines made with other settings"):
+        C.load_runs([a, c, r])
+    h = json.loads((c / "hparams.json").read_text())
+    h["spec"]["schedule"]["epochs"] = 2  # a title alone computes nothing
+    (c / "hparams.json").write_text(json.dumps(h))
+    assert len(C.load_runs([a, c, r])) == 3

@@ -117,3 +117,10 @@ def test_a_final_from_an_earlier_epoch_says_which(tmp_path):
     rep = R.report(write_run(tmp_path / "r", evals), figures=False)
     assert rep.final == {"target": {"top1": 20.0, "top1/test": 9.0}} and rep.stale == {"top1/test": "epoch 1"}
     assert "top1 20, top1/test 9 (epoch 1)" in rep.text()
+
+
+def test_a_run_batched_in_seconds_of_audio_says_its_seconds_too():
+    h = {"kappa": 2.0, "ema_rule": True, "ema_rule_form": "exponential", "seed": 0}
+    line = R._headline(h, {"epoch": 1, "step": 7, "samples_seen": 171, "seconds_seen": 176.62})
+    assert line.endswith("epoch 1, step 7, 171 samples (176.6 s of audio) seen")
+    assert R._headline(h, {"epoch": 1, "step": 7, "samples_seen": 40}).endswith("step 7, 40 samples seen")

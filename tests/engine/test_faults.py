@@ -364,3 +364,16 @@ def test_a_record_without_the_marker_is_still_refused(tmp_path, killed_early):
     (killed_early / UNSAVED).unlink()  # a run whose checkpoint was deleted: its record is kept
     with pytest.raises(UserError, match="already holds a run"):
         checks.run_dir(killed_early, resume=False)
+
+
+@pytest.mark.parametrize("edit", [lambda ck: ck["model"].pop(next(iter(ck["model"]))),
+                                  lambda ck: ck.__setitem__("clock", {"foo": 1})])
+def test_a_checkpoint_edited_past_its_key_check_is_one_line(tmp_path, edit):
+    _, ctx = run_toy(tmp_path, toy_spec(**SPEC), out="run")
+    ck = torch.load(ctx.out / "checkpoint.pt", weights_only=False)
+    ck["finished"] = False
+    edit(ck)
+    torch.save(ck, ctx.out / "checkpoint.pt")
+    with pytest.raises(UserError, match="does not fit this run .* start a new run with --out NEW_DIR") as e:
+        run_toy(tmp_path, toy_spec(**SPEC), out="run", resume=True)
+    assert "\n" not in str(e.value)

@@ -157,6 +157,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     msg = str(e.value)
     assert "\n" not in msg
     assert "192 samples seen" in msg and "checkpoint.pt (128 samples seen" in msg
+    assert "train again with a new --out" in msg and "--resume" not in msg  # a resume keeps the settings that diverged
     ck = load_checkpoint(tmp_path / "nan")
     assert ck["clock"]["seen"] == 128 and not ck["finished"]
     assert all(torch.isfinite(v).all() for v in ck["model"].values() if v.is_floating_point())

@@ -269,9 +269,9 @@ def test_the_device_half_runs_in_float32_under_a_bf16_autocast():
 
 
 def test_a_run_recorded_without_augment_on_is_one_made_on_the_cpu_path():
-    """--resume and reproduce's reuse compare specs (`preflight.comparable`): a run whose record has no
+    """--resume and reproduce's reuse compare specs (`config.identity.comparable`): a run whose record has no
     data.augment_on made its views in the workers, as `cpu` does, and not as `device` does."""
-    from emarule.engine.preflight import comparable
+    from emarule.config.identity import comparable
 
     spec = load_spec("byol-vit", preset="tiny")
     recorded = {**spec, "data": {k: v for k, v in spec["data"].items() if k != "augment_on"}}

@@ -340,7 +340,7 @@ def _logged_wall(run: Path) -> float:
 
 def _study(console, family: Family, root: Path, resolve_run) -> tuple:
     from emarule.engine.context import RunContext, default_run_name
-    from emarule.engine.preflight import comparable
+    from emarule.config.identity import comparable
     from emarule.analysis.reproduce.studies import judge_study
 
     spec, kappa, rule, _, plan = resolve_run(1.0, "exponential", True)
