@@ -251,9 +251,8 @@ def _seeds_said(result: dict) -> str:
                   else f"an effect of {result['effect']:g} above −{margin:g}")
         if result["seeds_for_effect"]:
             return f"seeds to show {inside}: {result['seeds_for_effect']}"
-        return f"no seed count shows {inside}" if result["seeds_for_effect"] is None and (
-            effect >= margin if result["shape"] == "equivalence" else result["effect"] <= -margin) else \
-            f"more than {MAX_SEEDS} seeds to show {inside}"
+        beyond = effect >= margin if result["shape"] == "equivalence" else result["effect"] <= -margin
+        return f"no seed count shows {inside}" if beyond else f"more than {MAX_SEEDS} seeds to show {inside}"
     if result["seeds_for_effect"]:
         return f"seeds to detect {effect:g}: {result['seeds_for_effect']}"
     if effect == 0:
