@@ -432,7 +432,7 @@ def run(
     run_dir = checks.out_dir(out) or Path("runs") / s["name"] / default_run_name(k, rule, seed, pr, preset)
     checks.out_dir(run_dir)
     checks.made_by_emarule(run_dir, "run")
-    checks.run_dir(run_dir, resume)
+    checks.run_dir(run_dir, resume, s["name"])
     # what `emarule plan` warns about (a value that rounds to 1, a setting with no effect) is said here too, once
     # the run's own checks have passed
     ctx = RunContext(spec=s, kappa=k, ema_rule=rule, plan=p, out=run_dir, progressive=pr, preset=preset,

@@ -16,7 +16,8 @@ from pathlib import Path
 from emarule import extras
 from emarule.request import suggest
 from emarule.errors import UserError
-from emarule.engine.rundir import CHECKPOINT, HPARAMS, METRICS, STUDY_RECORD, UNSAVED, holds_a_run, nothing_to_resume
+from emarule.engine.rundir import (CHECKPOINT, HPARAMS, METRICS, STUDY_RECORD, UNSAVED, holds_a_run, nothing_to_resume,
+                                  read_json)
 from emarule.engine.runlock import check_free
 from emarule.config.schema import get, task_keys, value
 from emarule import registry
@@ -179,7 +180,7 @@ def not_a_run(root: Path, fix: str) -> None:
         raise UserError(f"--out {root} is a run's directory (it holds {held[0]}); pass another --out {fix}")
 
 
-def run_dir(out: Path, resume: bool) -> None:
+def run_dir(out: Path, resume: bool, experiment: str | None = None) -> None:
     """`--resume` needs a run to continue; a new run needs a directory that holds none.
 
     A run's record is its checkpoint, hparams.json or metrics.jsonl, or a study's results.json or
@@ -208,10 +209,20 @@ def run_dir(out: Path, resume: bool) -> None:
                                 f"cannot be continued); pass --out NEW_DIR to start a new run, or delete {out}")
             raise nothing_to_resume(out)
     elif (out / CHECKPOINT).exists():
+        other = _experiment_of(out)
+        if experiment is not None and other is not None and other != experiment:  # --resume could not continue it
+            raise UserError(f"{out} holds a run of {other}, not {experiment}; pass --out NEW_DIR")
         raise holds_a_run(out)
     elif record:
         raise UserError(f"{out} already holds a run ({' and '.join(record)}, no checkpoint to resume from); "
                         f"pass --out NEW_DIR to start another, or delete {out} to start over")
+
+
+def _experiment_of(run: Path) -> str | None:
+    """The experiment a run directory's hparams.json names (None where it names none, or cannot be read)."""
+    h = read_json(run / HPARAMS)
+    name = h.get("experiment") if isinstance(h, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def _bundled_presets(spec: dict) -> list[str]:

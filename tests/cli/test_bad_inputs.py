@@ -242,6 +242,8 @@ CASES = [
                                                                              "rounds to 1 at κ=1e-14"),
     ("limits-batch-underflow", ["limits", "--momentum", "0.99", "--batch-size", "1e-320"], "below float64's range"),
     ("sweep-out-study-run", ["sweep", *TINY, "--out", "studyrun"], "is a run's directory (it holds results.json)"),
+    ("run-out-another-experiments-run", ["run", "dino-vit", "--preset", "tiny", "--out", "otherexp"],
+     "otherexp holds a run of byol-r18, not dino-vit; pass --out NEW_DIR"),
     # a timm args.yaml: batch-counted keys are whole numbers
     ("plan-timm-log-interval-list", ["plan", "--timm-args", "args.yaml", "-k", "2"],
      "log_interval must be a whole number ≥ 0, got [50]"),
@@ -270,6 +272,9 @@ def workdir(tmp_path, monkeypatch):
     (tmp_path / "done" / "checkpoint.pt").write_bytes(b"")
     (tmp_path / "studyrun").mkdir()  # a study's run directory: its record, no checkpoint
     (tmp_path / "studyrun" / "results.json").write_text("{}\n")
+    (tmp_path / "otherexp").mkdir()  # a byol-r18 run with its checkpoint
+    (tmp_path / "otherexp" / "checkpoint.pt").write_bytes(b"")
+    (tmp_path / "otherexp" / "hparams.json").write_text(json.dumps({"experiment": "byol-r18", "kappa": 1.0}))
     (tmp_path / "logonly").mkdir()
     (tmp_path / "logonly" / "metrics.jsonl").write_text("")
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
