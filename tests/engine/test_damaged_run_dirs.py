@@ -238,8 +238,8 @@ def test_a_run_checked_while_another_started_is_told_it_is_in_use(tmp_path, monk
     first = []
     real = checks.run_dir
 
-    def checked_then_overtaken(path, resume):
-        real(path, resume)
+    def checked_then_overtaken(path, resume, *rest):
+        real(path, resume, *rest)
         p = subprocess.Popen([sys.executable, "-c", FIRST, str(out)], cwd=ROOT, env=env(), stdout=subprocess.PIPE,
                              text=True)
         first.append(p)
