@@ -48,11 +48,16 @@ def check_batches_fit(ctx: RunContext, batcher: batching.Batcher, world_size: in
 def fingerprint(ctx: RunContext) -> dict:
     """What must match for --resume to continue a run (not: world size, micro-batch, logging, nor
     data.skip_bad_items: a run stopped by a file that fails to decode continues with it turned on)."""
-    spec = {k: v for k, v in ctx.spec.items() if k not in ("source",)}
-    if isinstance(spec.get("data"), dict) and "skip_bad_items" in spec["data"]:
-        spec["data"] = {k: v for k, v in spec["data"].items() if k != "skip_bad_items"}
+    spec = without_skip_flag({k: v for k, v in ctx.spec.items() if k not in ("source",)})
     return {"spec": spec, "kappa": ctx.kappa, "ema_rule": ctx.ema_rule, "seed": ctx.seed,
             "progressive": without_world(ctx.progressive)}
+
+
+def without_skip_flag(spec: dict) -> dict:
+    """The spec less data.skip_bad_items, which a resumed run may turn on (a copy where it was there)."""
+    if isinstance(spec.get("data"), dict) and "skip_bad_items" in spec["data"]:
+        return {**spec, "data": {k: v for k, v in spec["data"].items() if k != "skip_bad_items"}}
+    return spec
 
 
 def without_world(progressive):
@@ -139,12 +144,11 @@ def check_record(ctx: RunContext, copy: dict | None) -> None:
 
 
 def _resumable_spec(spec: dict) -> dict:
-    """A spec as `--resume` compares it (`comparable`, and `fingerprint`'s leave of data.skip_bad_items)."""
-    out = comparable(spec)
-    if isinstance(out.get("data"), dict) and "skip_bad_items" in out["data"]:
-        out["data"] = {k: v for k, v in out["data"].items() if k != "skip_bad_items"}
-        if not out["data"]:  # a section that held only the flag computes what none does
-            del out["data"]
+    """A spec as `--resume` compares it (`comparable`, less data.skip_bad_items as `fingerprint` leaves it)."""
+    kept = comparable(spec)
+    out = without_skip_flag(kept)
+    if out is not kept and not out["data"]:  # a section that held only the flag computes what none does
+        out = {k: v for k, v in out.items() if k != "data"}
     return out
 
 
