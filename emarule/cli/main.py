@@ -658,16 +658,20 @@ def power(
     trials: Optional[str] = typer.Option(None, "--trials", metavar="T", help="simulated reproductions (default 2000)"),
     noise: Optional[str] = typer.Option(None, "--noise", metavar="S",
                                         help="the sd of one seed's effect, in spreads (default 1)"),
+    spread: Optional[str] = typer.Option(None, "--spread", metavar="HOW",
+                                         help="the unit: bounded (default: estimated from as many baselines as "
+                                              "seeds and bounded, as reproduce judges), estimated (taken as "
+                                              "exact), known"),
     format: LimitsFmt = typer.Option(LimitsFmt.table, "--format", "-f"),
 ) -> None:
     """How likely each verdict is, for a claim kind, a true effect and a seed count, under the rules by claim
     shape (docs/reproduce.md): the same decision code, fed simulated paired seeds."""
-    from emarule.analysis.reproduce.rules import KINDS, MAX_SEEDS as MOST, simulate
+    from emarule.analysis.reproduce.rules import KINDS, MAX_SEEDS as MOST, SPREADS, simulate
     from emarule.cli.render import print_power, print_power_kinds
 
     if list_kinds:
         given = [o for o, v in (("KIND", kind), ("--effect", effect), ("--seeds", seeds), ("--trials", trials),
-                                ("--noise", noise)) if v is not None]
+                                ("--noise", noise), ("--spread", spread)) if v is not None]
         if given:
             them = "them" if len(given) > 1 else "it"
             raise UserError(f"--list takes no {', '.join(given)}; drop {them}, or drop --list")
@@ -688,7 +692,9 @@ def power(
     sd = number(noise or "1", "--noise")
     if not 1 / POWER_RANGE <= sd <= POWER_RANGE:
         raise UserError(f"--noise must lie in [{1 / POWER_RANGE:g}, {POWER_RANGE:g}] spreads, got {noise!r}")
-    print_power(console, simulate(KINDS[kind], e, n, t, sd), format.value)
+    if spread is not None and spread not in SPREADS:
+        raise UserError(f"--spread must be one of {', '.join(SPREADS)}, got {spread!r}")
+    print_power(console, simulate(KINDS[kind], e, n, t, sd, spread=spread or SPREADS[0]), format.value)
 
 
 POWER_RANGE = 1e6  # `emarule power`'s effects and noise, in spreads

@@ -229,7 +229,7 @@ def print_power(console: Console, result: dict, fmt_: str) -> None:
 
     console.print(f"{result['kind']} ({result['shape']}): a true effect of {spreads(result['effect'])}, "
                   f"{result['seeds']} seeds, a noise of {spreads(result['noise'])}, {result['trials']} simulated "
-                  "reproductions", markup=False, highlight=False, soft_wrap=True)
+                  f"reproductions, {SPREAD_SAID[result['spread']]}", markup=False, highlight=False, soft_wrap=True)
     t = Table()
     t.add_column("verdict")
     t.add_column("frequency", justify="right")
@@ -238,6 +238,11 @@ def print_power(console: Console, result: dict, fmt_: str) -> None:
     console.print(t)
     console.print(f"minimum detectable effect at {result['seeds']} seeds: {result['mde']:.3g} spreads (80 % power); "
                   + _seeds_said(result), markup=False, highlight=False, soft_wrap=True)
+
+
+SPREAD_SAID = {"bounded": "the spread estimated from as many baselines and bounded (as reproduce judges)",
+               "estimated": "the spread estimated from as many baselines and taken as exact",
+               "known": "the spread known"}
 
 
 def _seeds_said(result: dict) -> str:

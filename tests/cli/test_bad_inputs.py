@@ -235,6 +235,8 @@ CASES = [
     ("plan-world-size-without-timm", ["plan", "byol-r18", "-k", "2", "--world-size", "4"],
      "--world-size applies only with --timm-args"),
     ("power-list-with-seeds", ["power", "--list", "--seeds", "7"], "--list takes no --seeds; drop it"),
+    ("power-spread-unknown", ["power", "rule_closer", "--effect", "1", "--spread", "exact"],
+     "--spread must be one of bounded, estimated, known, got 'exact'"),
     ("power-effect-huge", ["power", "rule_closer", "--effect", "1e308"], "--effect must lie in [−1e+06, 1e+06]"),
     ("power-noise-huge", ["power", "rule_closer", "--effect", "1", "--noise", "1e155"], "--noise must lie in"),
     ("table-batch-at-2-53", ["table", "momenta", "--batch-sizes", "9007199254740993"], "at or past 2^53"),

@@ -27,7 +27,9 @@ def test_list_names_every_kind_with_its_shape_and_margin():
 
 def test_the_json_is_the_simulation_the_rules_give():
     got = power_json("rule_closer", "--effect", "0.5", "--seeds", "7", "--trials", "300")
-    assert got == rules.simulate(rules.KINDS["rule_closer"], 0.5, 7, 300)
+    assert got == rules.simulate(rules.KINDS["rule_closer"], 0.5, 7, 300, spread="bounded")
+    known = power_json("rule_closer", "--effect", "0.5", "--seeds", "7", "--trials", "300", "--spread", "known")
+    assert known == rules.simulate(rules.KINDS["rule_closer"], 0.5, 7, 300)
     assert set(got) >= {"kind", "effect", "seeds", "trials", "verdicts", "mde"}
     assert sum(got["verdicts"].values()) == pytest.approx(1.0)
 
@@ -37,11 +39,14 @@ def test_an_effect_that_does_not_clear_the_size_needs_no_seed_count_and_says_so(
     and the console says why rather than "more than 1000 seeds"."""
     got = power_json("rule_needed", "--effect", "1", "--seeds", "5", "--trials", "50")
     assert (got["size"], got["seeds_for_effect"]) == (1.0, None)
-    assert got["mde"] == pytest.approx(rules.mde(1.0, 5) + 1.0)
+    # as reproduce judges: the size at the 5 baselines' upper bound, the MDE at the level left beside it
+    assert got["mde"] == pytest.approx(rules.mde(1.0, 5, alpha=0.025) + rules.spread_factor(0.0125, 4, True))
     res = invoke("power", "rule_needed", "--effect", "1", "--seeds", "5", "--trials", "50")
     assert res.exit_code == 0 and "does not clear the first part's size of 1 spread" in res.output
-    assert power_json("rule_needed", "--effect", "2.5", "--seeds", "5", "--trials", "50")["seeds_for_effect"] == (
-        rules.seeds_needed(1.5, 1.0))
+    assert "bounded (as reproduce judges)" in res.output
+    known = ("--seeds", "5", "--trials", "50", "--spread", "known")
+    assert power_json("rule_needed", "--effect", "1", *known)["mde"] == pytest.approx(rules.mde(1.0, 5) + 1.0)
+    assert power_json("rule_needed", "--effect", "2.5", *known)["seeds_for_effect"] == rules.seeds_needed(1.5, 1.0)
 
 
 @pytest.mark.parametrize("seeds", ["5", "10"])

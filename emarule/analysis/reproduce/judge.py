@@ -132,6 +132,12 @@ def scale(table: dict, kind: str, over: str) -> float | None:
     return g[f"signed_{over}"] if kind == "signed" else g[over]
 
 
+def scale_df(table: dict) -> int | None:
+    """The degrees of freedom of the baselines' pair spread: one fewer than the baselines it was measured on."""
+    g = table["rows"][("baseline", 1.0)]["gaps"]
+    return g["seeds"] - 1 if g and g.get("seeds", 0) >= 2 else None
+
+
 def _paired(*maps: dict) -> list:
     """The seeds every map has, in order."""
     seeds = [s for s in maps[0] if all(s in m for m in maps[1:])]
@@ -151,6 +157,7 @@ class Effects:
     scale: float | None
     statistic: str
     seeds: tuple = ()  # the seed of each value, where known
+    df: int | None = None  # the scale's degrees of freedom (`scale_df`): the rules bound a spread so estimated
 
 
 def _worse(table, key, over, sigma, label) -> Effects | None:
@@ -158,7 +165,7 @@ def _worse(table, key, over, sigma, label) -> Effects | None:
     if d is None:
         return None
     return Effects(label, [-sigma * v for v in d.values()], scale(table, "signed", over), STATISTIC["signed", over],
-                   tuple(d))
+                   tuple(d), scale_df(table))
 
 
 def part_effects(family: Family, claim: Claim, tables: dict, keys: tuple, kappas: list) -> list[Effects] | str:
@@ -192,7 +199,7 @@ def part_effects(family: Family, claim: Claim, tables: dict, keys: tuple, kappas
         d = signed(table, ka, "end")
         out = [None if d is None else Effects(f"{_label(*ka)} − the baseline, at the end",
                                               [sig * v for v in d.values()], scale(table, "signed", "end"),
-                                              STATISTIC["signed", "end"], tuple(d))]
+                                              STATISTIC["signed", "end"], tuple(d), scale_df(table))]
     elif kind == "with_better":
         for k in kappas:
             w, o = signed(table, ("with", k), "end"), signed(table, ("without", k), "end")
@@ -202,7 +209,7 @@ def part_effects(family: Family, claim: Claim, tables: dict, keys: tuple, kappas
             seeds = _paired(w, o)
             out.append(Effects(f"with − without the rule at κ={k:g}, at the end",
                                [sig * (w[s] - o[s]) for s in seeds], scale(table, "signed", "end"),
-                               STATISTIC["signed", "end"], tuple(seeds)))
+                               STATISTIC["signed", "end"], tuple(seeds), scale_df(table)))
     elif kind == "ema_above_target":
         ema, target = tables[family.ema_metric.name], tables[family.target_metric.name]
         e, t = ema["rows"][("baseline", 1.0)], target["rows"][("baseline", 1.0)]
@@ -238,6 +245,7 @@ def decide_parts(kind: str, effects: list[Effects], stated: float = 0.0) -> tupl
     decisions, records = [], []
     for i, e in enumerate(effects):
         part = shape_parts[min(i, len(shape_parts) - 1)]
+        part = replace(part, spread_df=e.df)
         if i == 0 and stated > 0 and e.scale and math.isfinite(e.scale):
             part = replace(part, size=stated / e.scale, margin=stated / e.scale, paper_effect=stated / e.scale,
                            stated=True)
@@ -254,6 +262,7 @@ def decide_parts(kind: str, effects: list[Effects], stated: float = 0.0) -> tupl
                         "effect": d.effect * sc, "effect_ci": [d.effect_ci[0] * sc, d.effect_ci[1] * sc],
                         "mde": d.mde * sc, "mde_from_zero": d.mde_from_zero * sc,
                         "margin": None if d.margin is None else d.margin * sc, "spread": e.scale,
+                        "spread_df": part.spread_df,
                         "rule": d.rule, "route": d.route, "n": d.n, "p_reproduced": d.p_reproduced,
                         "p_contradicted": d.p_contradicted, "per_seed": list(e.values)})
     return R.join(decisions), records

@@ -49,7 +49,7 @@ from __future__ import annotations
 import functools
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 SHAPES = ("directional", "departure", "comparative", "equivalence", "noninferior")
 REPRODUCED = "reproduced"
@@ -123,6 +123,69 @@ def t_quantile(p: float, df: int) -> float:
     return (lo + hi) / 2
 
 
+# --- the χ² distribution, for a confidence bound on an estimated spread ----------------------------
+
+
+def _gammainc(a: float, x: float) -> float:
+    """The regularized lower incomplete gamma function P(a, x): its series below a + 1, else its continued
+    fraction (modified Lentz) for 1 − P."""
+    if x <= 0.0:
+        return 0.0
+    front = math.exp(-x + a * math.log(x) - math.lgamma(a))
+    if x < a + 1.0:
+        term = total = 1.0 / a
+        ap = a
+        for _ in range(1000):
+            ap += 1.0
+            term *= x / ap
+            total += term
+            if abs(term) < abs(total) * 1e-16:
+                break
+        return min(1.0, total * front)
+    tiny = 1e-300
+    b = x + 1.0 - a
+    c, d = 1.0 / tiny, 1.0 / b
+    h = d
+    for i in range(1, 1000):
+        an = -i * (i - a)
+        b += 2.0
+        d = an * d + b
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = b + an / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        if abs(d * c - 1.0) < 1e-16:
+            break
+    return max(0.0, 1.0 - front * h)
+
+
+def chi2_cdf(x: float, df: int) -> float:
+    """P(X ≤ x) for a χ² variable with `df` degrees of freedom."""
+    return _gammainc(df / 2.0, x / 2.0)
+
+
+@functools.lru_cache(maxsize=4096)
+def chi2_quantile(p: float, df: int) -> float:
+    """The x with P(X ≤ x) = p, by bisection on `chi2_cdf` (p in (0, 1))."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"chi2_quantile: p must lie in (0, 1), got {p}")
+    lo, hi = 0.0, max(10.0, 4.0 * df)
+    while chi2_cdf(hi, df) < p:
+        hi *= 2.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if chi2_cdf(mid, df) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def spread_factor(q: float, df: int, outside: bool) -> float:
+    """A one-sided confidence bound at level q on the true pair spread, in units of one estimated from `df`
+    degrees of freedom: (df · ŝ² / σ²) is χ² on df (a pair spread's square is twice the baselines' variance), so
+    σ / ŝ lies below √(df / χ²_q) and above √(df / χ²_{1−q}), each with probability 1 − q. `outside`: the upper
+    bound, for a size an effect must clear; else the lower, for a margin it must stay inside."""
+    return math.sqrt(df / chi2_quantile(q if outside else 1.0 - q, df))
+
+
 # --- one set of paired effects -------------------------------------------------------------------
 
 
@@ -143,11 +206,11 @@ def _interval(mean: float, se: float, df: int, level: float) -> tuple[float, flo
     return (mean - h, mean + h)
 
 
-def mde(sd: float, n: int, power: float = POWER) -> float:
-    """The true mean effect a two-sided 0.05 t test detects with `power` at n seeds of this sd."""
+def mde(sd: float, n: int, power: float = POWER, alpha: float = 0.05) -> float:
+    """The true mean effect a two-sided `alpha` t test detects with `power` at n seeds of this sd."""
     if n < 2:
         return math.inf
-    return (t_quantile(0.975, n - 1) + t_quantile(power, n - 1)) * sd / math.sqrt(n)
+    return (t_quantile(1.0 - alpha / 2, n - 1) + t_quantile(power, n - 1)) * sd / math.sqrt(n)
 
 
 def seeds_needed(effect: float, sd: float, power: float = POWER) -> int | None:
@@ -195,6 +258,10 @@ class Part:
     margin: float = 1.0
     paper_effect: float = 1.0
     stated: bool = False
+    # The degrees of freedom of the pair spread the effects are in, estimated from spread_df + 1 baselines
+    # (None: a spread known exactly). Then a size or margin of the spread's, not the paper's, is a random
+    # distance, and each test that reads one spends half its level on the spread's χ² bound (`bound`).
+    spread_df: int | None = None
 
     def __post_init__(self):
         if self.shape not in SHAPES:
@@ -202,6 +269,8 @@ class Part:
         for name in ("margin", "paper_effect"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"Part.{name} must be > 0, got {getattr(self, name)}")
+        if self.spread_df is not None and self.spread_df < 1:
+            raise ValueError(f"Part.spread_df must be at least 1 (two baselines), got {self.spread_df}")
         if self.stated and self.margin > self.size:  # else one interval could show the size and its absence
             raise ValueError(f"a stated size's absence margin must not exceed the size, got {self.margin} > "
                              f"{self.size}")
@@ -212,20 +281,69 @@ class Part:
         whose rules read a margin instead."""
         return self.size if self.shape in ("directional", "departure", "comparative") else 0.0
 
-    def detectable(self, mde_from_zero: float) -> float:
-        """The true effect this part's rule reproduces with POWER: the MDE against no effect, beyond the size it
-        must clear (its interval must clear that size, not 0)."""
-        return mde_from_zero + self.clears
+    def bounded(self, c: float) -> bool:
+        """Whether a size or margin of c spreads is the estimated spread's own: not 0, not the paper's (a stated
+        size cancels with the spread it is divided by), and the spread estimated."""
+        return self.spread_df is not None and c != 0 and not self.stated
+
+    def bound(self, c: float, side: int, a: float) -> tuple[float, float]:
+        """(the threshold, the mean's one-sided level) of a one-sided test at level `a` that the mean effect
+        lies above (`side` +1) or below (−1) c spreads. Where c is the estimated spread's (`bounded`), the test
+        is split by Bonferroni: the mean's bound at a/2 against c at the spread's bound at a/2, on the strict
+        side: a threshold the effect must clear away from 0 grows (the spread's upper bound), one it must stay
+        within shrinks (the lower)."""
+        if not self.bounded(c):
+            return c, a
+        return c * spread_factor(a / 2, self.spread_df, outside=side * c > 0), a / 2
+
+    def detectable(self, sd: float, n: int) -> float:
+        """The true effect this part's rule reproduces with POWER at n seeds of this sd: for a signed part the
+        MDE at the level of its test of the size, beyond that size as the test reads it (its interval must
+        clear the size, not 0); for the others the MDE against no effect."""
+        if n < 2 or not math.isfinite(sd):
+            return math.inf
+        if self.shape not in ("directional", "departure", "comparative"):
+            return mde(sd, n)
+        c, a = self.bound(self.clears, +1, 0.025)
+        return mde(sd, n, alpha=2 * a) + c
 
     def seeds_for(self, effect: float, sd: float) -> int | None:
         """The fewest seeds at which this part's rule reproduces a true `effect` with POWER (None: none do): its
         `detectable` effect reaches it for a signed part; for an equivalence part the true distance must lie
-        inside the margin by the MDE, for a non-inferiority part above −margin by it."""
-        if self.shape == "equivalence":
-            return seeds_needed(self.margin - abs(effect), sd)
-        if self.shape == "noninferior":
-            return seeds_needed(effect + self.margin, sd)
-        return seeds_needed(abs(effect) - self.clears, sd)
+        inside the margin by the MDE, for a non-inferiority part above −margin by it. Where the spread is
+        estimated, from as many baselines as seeds, so its bound narrows as seeds are added."""
+        c = self.margin if self.shape in ("equivalence", "noninferior") else self.clears
+        if not self.bounded(c):
+            if self.shape == "equivalence":
+                return seeds_needed(self.margin - abs(effect), sd)
+            if self.shape == "noninferior":
+                return seeds_needed(effect + self.margin, sd)
+            return seeds_needed(abs(effect) - self.clears, sd)
+        # the bound lies beyond the nominal size or margin at every seed count, so these are never shown
+        beyond = {"equivalence": abs(effect) >= c, "noninferior": effect <= -c}.get(self.shape, abs(effect) <= c)
+        if beyond or not (math.isfinite(effect) and math.isfinite(sd)):
+            return None
+
+        def enough(n: int) -> bool:  # more seeds narrow both the mean's interval and the spread's bound
+            p = replace(self, spread_df=n - 1)
+            if self.shape == "equivalence":
+                m, a = p.bound(self.margin, -1, 0.05)
+                return mde(sd, n, alpha=a) <= m - abs(effect)
+            if self.shape == "noninferior":
+                m, a = p.bound(-self.margin, +1, 0.025)
+                return mde(sd, n, alpha=2 * a) <= effect - m
+            return p.detectable(sd, n) <= abs(effect)
+
+        hi = 2
+        while not enough(hi):
+            if hi >= MAX_SEEDS:
+                return None
+            hi = min(2 * hi, MAX_SEEDS)
+        lo = hi // 2  # enough(hi), and not enough(lo) unless lo < 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+        return max(hi, 2)
 
 
 @dataclass(frozen=True)
@@ -252,12 +370,44 @@ def spreads(x: float) -> str:
     return "0" if x == 0 else f"{x:.3g} spread" + ("" if x == 1 else "s")
 
 
+def _ci(a: float) -> str:
+    """The two-sided interval whose end is a one-sided bound at level a: CI95 for 0.025, CI97.5 for 0.0125."""
+    return f"CI{100 * (1 - 2 * a):.3g}"
+
+
+def _end(s: Summary, a: float, side: int) -> float:
+    """The mean's one-sided confidence bound at level a: the lower (`side` −1) or upper (+1) end of `_ci(a)`."""
+    known = {0.025: s.ci95, 0.05: s.ci90}.get(a)
+    if known is not None:
+        return known[0 if side < 0 else 1]
+    if not math.isfinite(s.sd):  # fewer than 2 seeds, or a diverged run: no interval
+        return side * math.inf
+    return s.mean + side * t_quantile(1.0 - a, s.n - 1) * s.sd / math.sqrt(s.n)
+
+
+def _shown(s: Summary, p: Part, c: float, side: int, a: float) -> tuple[bool, str, str]:
+    """Whether the one-sided test at level a shows the mean effect above (`side` +1) or below (−1) c spreads,
+    and the words of what it compared: the interval, and the threshold with its bound where it has one."""
+    used, am = p.bound(c, side, a)
+    ok = _end(s, am, -side) > used if side > 0 else _end(s, am, -side) < used
+    return ok, f"{_ci(am)}", _threshold(p, c, used, a)
+
+
+def _threshold(p: Part, c: float, used: float, a: float) -> str:
+    if used == c:
+        return spreads(abs(c))
+    which = "upper" if abs(used) > abs(c) else "lower"
+    return (f"{spreads(abs(used))} ({spreads(abs(c))} at the spread's {100 * (1 - a / 2):.4g} % {which} bound, "
+            f"{p.spread_df} df)")
+
+
 def _above(s: Summary, p: Part, opposite: str) -> tuple[str, str, str] | None:
-    """The signed rules' first two outcomes: CI95 above the part's size, or below 0 (the `opposite`)."""
-    lo, hi = s.ci95
-    if lo > p.size:
-        return REPRODUCED, ABOVE, f"CI95 lies above {spreads(p.size)}"
-    if hi < 0:
+    """The signed rules' first two outcomes: the mean above the part's size (CI95, or its split), or CI95 below 0
+    (the `opposite`)."""
+    ok, ci, thr = _shown(s, p, p.size, +1, 0.025)
+    if ok:
+        return REPRODUCED, ABOVE, f"{ci} lies above {thr}"
+    if s.ci95[1] < 0:
         return CONTRADICTED, OPPOSITE, f"CI95 lies below 0: the opposite {opposite}"
     return None
 
@@ -265,7 +415,7 @@ def _above(s: Summary, p: Part, opposite: str) -> tuple[str, str, str] | None:
 def _absent_or_open(s: Summary, p: Part) -> tuple[str, str, str]:
     """Contradicted where the paper states the size and an absence is shown with the power to see the paper's
     effect; open otherwise. An effect smaller than the part's size but of the paper's sign does not oppose a
-    claim whose size is not the paper's."""
+    claim whose size is not the paper's. A stated size is the paper's, so no spread's bound enters here."""
     l90, h90 = s.ci90
     if p.stated and -p.margin < l90 and h90 < p.margin and s.mde <= p.paper_effect:
         return CONTRADICTED, ABSENT, (f"absence shown: CI90 inside ±{spreads(p.margin)}, with the power to tell "
@@ -275,8 +425,10 @@ def _absent_or_open(s: Summary, p: Part) -> tuple[str, str, str]:
 
 
 def _open(p: Part) -> tuple[str, str, str]:
-    where = f"outside ±{spreads(p.size)}" if p.shape == "departure" else f"above {spreads(p.size)}"
-    return NOT_REPRODUCED, OPEN, f"CI95 does not lie {where}: not shown at the seeds run"
+    used, am = p.bound(p.size, +1, 0.025)
+    thr = _threshold(p, p.size, used, 0.025)
+    where = f"outside ±{thr}" if p.shape == "departure" else f"above {thr}"
+    return NOT_REPRODUCED, OPEN, f"{_ci(am)} does not lie {where}: not shown at the seeds run"
 
 
 def _directional(s: Summary, p: Part) -> tuple[str, str, str]:
@@ -284,9 +436,10 @@ def _directional(s: Summary, p: Part) -> tuple[str, str, str]:
 
 
 def _departure(s: Summary, p: Part) -> tuple[str, str, str]:
-    lo, hi = s.ci95
-    if lo > p.size or hi < -p.size:
-        return REPRODUCED, OUTSIDE, f"CI95 lies outside ±{spreads(p.size)}"
+    up, ci, thr = _shown(s, p, p.size, +1, 0.025)
+    down = _shown(s, p, -p.size, -1, 0.025)[0]
+    if up or down:
+        return REPRODUCED, OUTSIDE, f"{ci} lies outside ±{thr}"
     return _absent_or_open(s, p)
 
 
@@ -295,22 +448,25 @@ def _comparative(s: Summary, p: Part) -> tuple[str, str, str]:
 
 
 def _equivalence(s: Summary, p: Part) -> tuple[str, str, str]:
-    l90, h90 = s.ci90
-    if -p.margin < l90 and h90 < p.margin:
-        return REPRODUCED, INSIDE, f"TOST: CI90 inside ±{spreads(p.margin)}"
-    lo, hi = s.ci95
-    if lo > p.margin or hi < -p.margin:
-        return CONTRADICTED, OUTSIDE, f"CI95 lies outside ±{spreads(p.margin)}"
-    return NOT_REPRODUCED, OPEN, f"CI90 reaches ±{spreads(p.margin)}: not decided at the seeds run"
+    low, ci, thr = _shown(s, p, -p.margin, +1, 0.05)
+    high = _shown(s, p, p.margin, -1, 0.05)[0]
+    if low and high:
+        return REPRODUCED, INSIDE, f"TOST: {ci} inside ±{thr}"
+    above, ci95, out = _shown(s, p, p.margin, +1, 0.025)
+    below = _shown(s, p, -p.margin, -1, 0.025)[0]
+    if above or below:
+        return CONTRADICTED, OUTSIDE, f"{ci95} lies outside ±{out}"
+    return NOT_REPRODUCED, OPEN, f"{ci} reaches ±{thr}: not decided at the seeds run"
 
 
 def _noninferior(s: Summary, p: Part) -> tuple[str, str, str]:
-    lo, hi = s.ci95
-    if lo > -p.margin:
-        return REPRODUCED, ABOVE, f"CI95 lies above −{spreads(p.margin)}"
-    if hi < -p.margin:
-        return CONTRADICTED, BELOW, f"CI95 lies below −{spreads(p.margin)}"
-    return NOT_REPRODUCED, OPEN, f"CI95 reaches −{spreads(p.margin)}: not decided at the seeds run"
+    above, ci, thr = _shown(s, p, -p.margin, +1, 0.025)
+    if above:
+        return REPRODUCED, ABOVE, f"{ci} lies above −{thr}"
+    below, ci_b, thr_b = _shown(s, p, -p.margin, -1, 0.025)
+    if below:
+        return CONTRADICTED, BELOW, f"{ci_b} lies below −{thr_b}"
+    return NOT_REPRODUCED, OPEN, f"{ci} reaches −{thr}: not decided at the seeds run"
 
 
 def _t(s: Summary, c: float) -> float:
@@ -330,32 +486,66 @@ def _p_below(s: Summary, c: float) -> float:
     return t_cdf(_t(s, c), s.n - 1)
 
 
+def _p_one(s: Summary, p: Part, c: float, side: int) -> float:
+    """The smallest one-sided level at which `_shown` shows the mean above (`side` +1) or below (−1) c spreads.
+    For a bounded c (`Part.bound`), the level a at which the mean's p-value against c at the spread's bound
+    at a/2 is a/2 itself: found by bisection on the χ² point x of that bound (√(df/x) times c), where both
+    halves move one way."""
+    one = _p_above if side > 0 else _p_below
+    if not p.bounded(c):
+        return one(s, c)
+    df, outside = p.spread_df, side * c > 0
+
+    def level(x: float) -> float:  # the spread's one-sided level at which its bound is √(df/x)
+        return chi2_cdf(x, df) if outside else 1.0 - chi2_cdf(x, df)
+
+    def holds(x: float) -> bool:
+        return one(s, c * math.sqrt(df / x)) <= level(x)
+
+    # outside: a larger x is a laxer bound at a higher level, so the test holds from some x on; inside the
+    # other way round
+    lo, hi = math.log(1e-12), math.log(1e6 * df)
+    if holds(math.exp(lo if not outside else hi)) is False:
+        return 1.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if holds(math.exp(mid)) == outside:
+            hi = mid
+        else:
+            lo = mid
+    return min(1.0, 2 * level(math.exp(hi if outside else lo)))
+
+
 def p_values(part: Part, s: Summary) -> tuple[float, float]:
     """(p_reproduced, p_contradicted): the p-values of the tests whose rejection at 0.05 gives the part's rule its
     "reproduced" and its "contradicted". A bound of a CI95 is a one-sided test at 0.025, so its p-value is
     doubled; each of a TOST's two one-sided tests is at 0.05 (its CI90), so the larger of the two is the
-    TOST's p-value. An absence counts only with its power condition met; where two routes lead to one
-    verdict (the opposite effect, or a stated size shown absent) the smaller p-value is the verdict's: the
-    two hold at different boundaries (an effect of 0 and one at the stated size), so the smaller stays
-    about at its level there (below 0.05 in 5.2 % of 6,000 simulated reproductions of 5 seeds with the
-    effect at a stated size of 2 spreads, 4.2 % of 10 seeds at 1 spread). 1 for no
-    interval (fewer than 2 seeds, a diverged run)."""
+    TOST's p-value. A test against a size or margin of the estimated spread is the smallest level at which
+    its Bonferroni split (`Part.bound`) rejects. An absence counts only with its power condition met; where
+    two routes lead to one verdict (the opposite effect, or a stated size shown absent) the smaller p-value
+    is the verdict's: the two hold at different boundaries (an effect of 0 and one at the stated size), so
+    the smaller stays about at its level there (below 0.05 in 5.2 % of 6,000 simulated reproductions of 5
+    seeds with the effect at a stated size of 2 spreads, 4.2 % of 10 seeds at 1 spread). 1 for no interval
+    (fewer than 2 seeds, a diverged run)."""
     if s.n < 2 or not math.isfinite(s.sd):
         return 1.0, 1.0
     m, size = part.margin, part.size
-    tost = max(_p_above(s, -m), _p_below(s, m))
-    absent = tost if part.stated and s.mde <= part.paper_effect else 1.0
+    absent = max(_p_above(s, -m), _p_below(s, m)) if part.stated and s.mde <= part.paper_effect else 1.0
     if part.shape in ("directional", "comparative"):
-        repro, contra = 2 * _p_above(s, size), 2 * _p_below(s, 0.0)
+        repro, contra = 2 * _p_one(s, part, size, +1), 2 * _p_below(s, 0.0)
         if part.shape == "directional":
             contra = min(contra, absent)
     elif part.shape == "departure":
-        repro, contra = 2 * min(_p_above(s, size), _p_below(s, -size)), absent
+        repro, contra = 2 * min(_p_one(s, part, size, +1), _p_one(s, part, -size, -1)), absent
     elif part.shape == "equivalence":
-        repro, contra = tost, 2 * min(_p_above(s, m), _p_below(s, -m))
+        repro = max(_p_one(s, part, -m, +1), _p_one(s, part, m, -1))
+        contra = 2 * min(_p_one(s, part, m, +1), _p_one(s, part, -m, -1))
     else:  # noninferior
-        repro, contra = 2 * _p_above(s, -m), 2 * _p_below(s, -m)
+        repro, contra = 2 * _p_one(s, part, -m, +1), 2 * _p_one(s, part, -m, -1)
     return min(1.0, repro), min(1.0, contra)
+
+
+_p_values = p_values  # `decide`'s keyword of the same name hides it there
 
 
 def holm(ps: list[float], alpha: float = 0.05) -> list[bool]:
@@ -374,13 +564,14 @@ _RULES = {"directional": _directional, "departure": _departure, "comparative": _
           "equivalence": _equivalence, "noninferior": _noninferior}
 
 
-def decide(part: Part, effects: list[float]) -> Decision:
-    """The verdict on one part from its per-seed signed effects (in spreads)."""
+def decide(part: Part, effects: list[float], p_values: bool = True) -> Decision:
+    """The verdict on one part from its per-seed signed effects (in spreads). `p_values`: False leaves them at 1,
+    for a simulation that counts verdicts only (a bounded test's p-value is a search)."""
     s = summarize(effects)
     verdict, route, rule = _RULES[part.shape](s, part)
     margin = part.margin if part.shape in ("equivalence", "noninferior") or route == ABSENT else None
-    p_reproduced, p_contradicted = p_values(part, s)
-    return Decision(verdict, part.shape, s.mean, s.ci95, part.detectable(s.mde), margin, rule, s.n, route=route,
+    p_reproduced, p_contradicted = _p_values(part, s) if p_values else (1.0, 1.0)
+    return Decision(verdict, part.shape, s.mean, s.ci95, part.detectable(s.sd, s.n), margin, rule, s.n, route=route,
                     mde_from_zero=s.mde, p_reproduced=p_reproduced, p_contradicted=p_contradicted)
 
 
@@ -456,8 +647,11 @@ KINDS = {k.name: k for k in (
 )}
 
 
+SPREADS = ("bounded", "estimated", "known")  # how `simulate` measures the unit of the effects
+
+
 def simulate(kind: Kind, effect: float, seeds: int, trials: int = 2000, noise: float = 1.0,
-             rng_seed: int = 0, estimated_spread: bool = False) -> dict:
+             rng_seed: int = 0, spread: str = "known") -> dict:
     """Each verdict's frequency over `trials` simulated reproductions of `kind`, with `seeds` paired seeds
     whose per-seed effect is normal, of mean `effect` and sd `noise` (both in spreads).
 
@@ -466,29 +660,33 @@ def simulate(kind: Kind, effect: float, seeds: int, trials: int = 2000, noise: f
     joined kind hold the paper's other statement exactly (effect 0), so the frequencies are those of the
     first part as the joined claim sees it.
 
-    `estimated_spread`: the effects are divided, as `judge` divides them, by a pair spread estimated from
-    `seeds` simulated baselines (the root mean square of their pairwise differences; its true value 1)
-    rather than by the true spread, so the frequencies include the spread's own sampling error."""
+    `spread`: "known", the effects are in the true spread; "bounded", as `judge` measures them: divided by a
+    pair spread estimated from `seeds` simulated baselines (the root mean square of their pairwise
+    differences; its true value 1), the rules told its degrees of freedom (`Part.spread_df`) so that they
+    bound it; "estimated", divided by that estimate with the rules not told, so that the frequencies show
+    what the spread's own error does to rules that take it as exact."""
     if seeds < 2:
         raise ValueError(f"--seeds must be at least 2 for an interval, got {seeds}")
     if trials < 1:
         raise ValueError(f"--trials must be at least 1, got {trials}")
     if not (math.isfinite(effect) and math.isfinite(noise)) or noise <= 0:
         raise ValueError(f"the effect must be finite and the noise finite and > 0, got {effect} and {noise}")
+    if spread not in SPREADS:
+        raise ValueError(f"unknown spread {spread!r}; choose one of: {', '.join(SPREADS)}")
     rng = random.Random(rng_seed)
+    parts = tuple(replace(p, spread_df=seeds - 1) for p in kind.parts) if spread == "bounded" else kind.parts
     counts = dict.fromkeys(VERDICTS, 0)
     for _ in range(trials):
-        scale = _estimated_spread(rng, seeds) if estimated_spread else 1.0
+        scale = 1.0 if spread == "known" else _estimated_spread(rng, seeds)
         decisions = []
-        for i, part in enumerate(kind.parts):
+        for i, part in enumerate(parts):
             mu = effect if i == 0 else 0.0
-            decisions.append(decide(part, [rng.gauss(mu, noise) / scale for _ in range(seeds)]))
+            decisions.append(decide(part, [rng.gauss(mu, noise) / scale for _ in range(seeds)], p_values=False))
         counts[join(decisions).verdict] += 1
     return {"kind": kind.name, "shape": kind.shape, "effect": effect, "seeds": seeds, "trials": trials,
-            "noise": noise, "verdicts": {v: c / trials for v, c in counts.items()},
+            "noise": noise, "spread": spread, "verdicts": {v: c / trials for v, c in counts.items()},
             "size": kind.parts[0].clears, "margin": kind.margin,
-            "mde": kind.parts[0].detectable(mde(noise, seeds)),
-            "seeds_for_effect": kind.parts[0].seeds_for(effect, noise)}
+            "mde": parts[0].detectable(noise, seeds), "seeds_for_effect": parts[0].seeds_for(effect, noise)}
 
 
 def _estimated_spread(rng: random.Random, seeds: int) -> float:
