@@ -277,9 +277,10 @@ def test_docs_print_the_power_grid_the_code_gives():
     from pathlib import Path
 
     doc = (Path(__file__).parents[2] / "docs" / "reproduce.md").read_text()
-    table = r.grid_markdown(r.power_grid())
-    assert table in doc
-    assert len(table.splitlines()) == 2 + len(r.KINDS) * len(r.GRID_SEEDS)
+    for spread in ("known", "bounded"):
+        table = r.grid_markdown(r.power_grid(spread=spread))
+        assert table in doc, spread
+        assert len(table.splitlines()) == 2 + len(r.KINDS) * len(r.GRID_SEEDS)
 
 
 @pytest.mark.parametrize("seeds", [5, 10])

@@ -10,7 +10,9 @@ statistic; `paired.pair_spread`). Before any rule, in this order, a claim is
   optimizer rule already fails there: the optimizer-rule check, `measure.track_table`);
 - not testable at this preset, where the preset lacks the mechanism the claim needs (`mechanisms`).
 
-What the rules would have said is kept beside those three (`verdict_if_applicable`). σ below is +1 for a
+A part's size or margin of one spread is bounded by the rules, given the spread's degrees of freedom
+(`scale_df`: one fewer than the baselines). What the rules would have said is kept beside those three
+(`verdict_if_applicable`). σ below is +1 for a
 metric where higher is better, −1 otherwise; Δ_X(s) = run X of seed s − baseline of seed s, over the run
 (its mean) or at the end; g_X(s) the gap, |Δ| likewise.
 

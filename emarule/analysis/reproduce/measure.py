@@ -226,6 +226,8 @@ def track_table(family: Family, tables: dict, base: list, settings: dict, since:
     worse than its seed's baseline, −σ·Δ, from `since` where the standard settings leave κ=1), against the
     baselines' pair spread. It STRAYS when the effect's CI95 lies above one spread (`rules`' directional
     rule, of size 1), TRACKS when its CI90 lies inside ±1 spread (equivalence), and sits BETWEEN otherwise.
+    Its spread is the estimate as it stands, not bounded as a claim's is (`rules.Part.bound`): a screen that
+    sets EMA claims aside would set fewer aside on the same evidence if its "strays" were harder to meet.
     `blind` says whether the target metric is blind to the EMA (else a gap there may be the EMA's own, and
     no claim is set aside on it); a family's `target_blind_until` restricts it to the part of the run where
     it is (pseudo-labeling's pre-training)."""

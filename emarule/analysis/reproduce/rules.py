@@ -28,6 +28,11 @@ have been seen may only make them stricter, never move a verdict towards the pap
                    contradicted   CI95's high end lies below −margin
                    otherwise      not reproduced at this preset, with the MDE
 
+A size or margin of one spread, the estimated spread's own and not the paper's, is bounded (`Part.bound`):
+each test that reads one gives half its level to a χ² bound on the spread, which moves the threshold to
+its strict side (a margin shrinks, a size grows), and half to the mean's interval (so CI90 becomes CI95 and
+CI95 becomes CI97.5). A sign, and a size the paper states, are not bounded.
+
 CI95 and CI90 are paired Student-t intervals of the mean effect (two-sided 95 % and 90 %); a t interval keeps
 its coverage at 5 seeds, where a percentile bootstrap of the mean covers about 84 % (docs/reproduce.md,
 "Rules by claim shape", prints both, measured). The minimum detectable effect is the true effect that a
@@ -725,9 +730,9 @@ GRID_SEEDS = (5, 10)
 GRID_TRIALS = 1000
 
 
-def power_grid(effects=GRID_EFFECTS, seeds=GRID_SEEDS, trials: int = GRID_TRIALS) -> list[dict]:
-    """`simulate` for every kind, effect and seed count: the table docs/reproduce.md prints."""
-    return [simulate(k, e, n, trials) for k in KINDS.values() for n in seeds for e in effects]
+def power_grid(effects=GRID_EFFECTS, seeds=GRID_SEEDS, trials: int = GRID_TRIALS, spread: str = "known") -> list[dict]:
+    """`simulate` for every kind, effect and seed count: the tables docs/reproduce.md prints."""
+    return [simulate(k, e, n, trials, spread=spread) for k in KINDS.values() for n in seeds for e in effects]
 
 
 def grid_markdown(rows: list[dict]) -> str:
