@@ -56,3 +56,27 @@ def test_default_kappas_scale_under_the_default_preset(family):
     for kappa in f.kappas:
         for rule in ("exponential", None):
             scale(spec, kappa, rule)  # raises ScalingError on an invalid value
+
+
+class _BeforeTraining(Exception):
+    pass
+
+
+@pytest.mark.parametrize("family", [f.name for f in K.FAMILIES.values() if f.kind == "sweep"])
+def test_default_kappas_fit_the_tiny_preset(tmp_path, monkeypatch, family):
+    """`emarule reproduce FAMILY --preset tiny` at the family's own κ (and arms) passes every check made
+    before training, the batch at the largest κ against the tiny training set included: the CI preset
+    runs the reproduction as a user types it. Stopped where training would start."""
+    from emarule.analysis import sweep
+
+    checked, real = [], sweep.check_before_training
+
+    def check_then_stop(ctxs, build_parts):
+        real(ctxs, build_parts)
+        checked.append(len(ctxs))
+        raise _BeforeTraining
+
+    monkeypatch.setattr(sweep, "check_before_training", check_then_stop)
+    res = runner.invoke(app, ["reproduce", family, "--preset", "tiny", "--seeds", "1", "--out", str(tmp_path)])
+    assert isinstance(res.exception, _BeforeTraining), res.output
+    assert checked and checked[0] == 1 + 2 * (len(K.FAMILIES[family].kappas) - 1) + len(K.FAMILIES[family].arms)

@@ -48,7 +48,7 @@ def test_polyak_tiny_kappa2_logs_seconds_batches_wers_and_scaled_momenta(tmp_pat
     for key in ("wer", "ema_wer", "ema_wer/0.9999", "ema_wer/0.999", "wer/test-clean", "ema_wer/test-clean"):
         assert 0.0 <= last[key] <= 400.0, key
     hp = json.loads((out / "hparams.json").read_text())
-    assert hp["batch_unit"] == "seconds" and hp["task"]["labeled_utterances"] == 48
+    assert hp["batch_unit"] == "seconds" and hp["task"]["labeled_utterances"] == 72
 
 
 def test_pseudo_label_tiny_starts_on_time_and_logs_pl_wer(tmp_path):
