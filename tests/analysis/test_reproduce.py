@@ -193,7 +193,7 @@ RUN, END = J.STATISTIC["signed", "run"], J.STATISTIC["signed", "end"]
 
 
 def test_polyak_claims_reproduced_when_the_rule_closes_the_gap(tmp_path):
-    m = M.measure(K.POLYAK, polyak_runs(tmp_path, ema_with=0.1, ema_without=-3.0, target_with=0.0))
+    m = M.measure(K.POLYAK, polyak_runs(tmp_path, ema_with=0.1, ema_without=-4.0, target_with=0.0))
     v = verdicts(m)
     assert v[("rule_needed", 2.0, RUN)] == R.REPRODUCED
     assert v[("rule_needed", 4.0, END)] == R.REPRODUCED
@@ -205,35 +205,39 @@ def test_polyak_claims_reproduced_when_the_rule_closes_the_gap(tmp_path):
     assert row["gaps"]["run"] == pytest.approx(0.4) and row["gaps"]["signed_run"] == pytest.approx(math.sqrt(0.18))
     assert row["unpaired"]["run"] == pytest.approx(0.3)  # leave-one-out: (0.45 + 0 + 0.45) / 3
     claim = next(c for c in m["claims"] if c["kind"] == "rule_needed" and c["kappa"] == 2.0)
-    # Paired: each seed against its own baseline, −0.1 and +3 (worse) for every seed, whatever its offset.
+    # Paired: each seed against its own baseline, −0.1 and +4 (worse) for every seed, whatever its offset.
     without, with_ = claim["parts"]
-    assert without["per_seed"] == pytest.approx([3.0] * 3) and with_["per_seed"] == pytest.approx([-0.1] * 3)
-    assert claim["effect"] == pytest.approx(3.0) and claim["effect_ci"] == pytest.approx([3.0, 3.0])
-    # no noise: the smallest effect the "does not match" part reproduces is its size, one spread
+    assert without["per_seed"] == pytest.approx([4.0] * 3) and with_["per_seed"] == pytest.approx([-0.1] * 3)
+    assert claim["effect"] == pytest.approx(4.0) and claim["effect_ci"] == pytest.approx([4.0, 4.0])
+    # no noise: the smallest effect the "does not match" part reproduces is its size, one spread, at the upper
+    # bound of a spread estimated from 3 baselines (2 df): 8.92 spreads, which the 9.43 of +4 clears
     assert claim["spread"] == pytest.approx(math.sqrt(0.18)) and claim["n"] == 3
-    assert claim["mde"] == pytest.approx(claim["spread"])
+    assert (without["spread_df"], with_["spread_df"]) == (2, 2)
+    assert claim["mde"] == pytest.approx(claim["spread"] * R.spread_factor(0.0125, 2, True))
+    assert 8.9 < R.spread_factor(0.0125, 2, True) < 4.0 / math.sqrt(0.18)
     assert with_["margin"] == pytest.approx(math.sqrt(0.18)) and with_["shape"] == "equivalence"
-    assert claim["numbers"]["gap_A"] == pytest.approx(0.1) and claim["numbers"]["gap_B"] == pytest.approx(3.0)
+    assert claim["numbers"]["gap_A"] == pytest.approx(0.1) and claim["numbers"]["gap_B"] == pytest.approx(4.0)
     # Unpaired (against the baselines' mean) the offsets come back: |−0.3 + 0.1|, |0.1|, |0.3 + 0.1|.
     unpaired = m["tables"]["ema_top1"]["rows"][("with", 2.0)]["unpaired"]
     assert unpaired["run"] == pytest.approx(0.7 / 3)
 
 
 def test_polyak_claims_contradicted_and_set_aside(tmp_path):
-    # The rule makes it worse (3 below the baseline, against a spread of 0.42); the target model tracks.
-    m = M.measure(K.POLYAK, polyak_runs(tmp_path, ema_with=-3.0, ema_without=-1.0, target_with=0.0))
+    # The rule makes it worse (8 below the baseline, against a spread of 0.42 whose upper bound from 3 baselines
+    # is 3.8); the target model tracks.
+    m = M.measure(K.POLYAK, polyak_runs(tmp_path, ema_with=-8.0, ema_without=-4.0, target_with=0.0))
     v = verdicts(m)
     assert v[("rule_needed", 2.0, RUN)] == R.CONTRADICTED
     c = next(c for c in m["claims"] if c["kind"] == "rule_needed" and c["kappa"] == 2.0)
     assert [p["verdict"] for p in c["parts"]] == [R.REPRODUCED, R.CONTRADICTED]  # without drops; with drops more
-    assert c["parts"][1]["rule"] == "CI95 lies outside ±1 spread"
+    assert c["parts"][1]["rule"] == "CI97.5 lies outside ±8.92 spreads (1 spread at the spread's 98.75 % upper bound, 2 df)"
     # the EMA strays with the rule, the target model does not: the claim states only a sign, so no absence
     # contradicts it; an opposite effect (the target better than its baseline) does
     assert v[("target_explains", 4.0, "top1: " + RUN)] == R.NOT_REPRODUCED
-    m = M.measure(K.POLYAK, polyak_runs(tmp_path / "up", ema_with=-3.0, ema_without=-1.0, target_with=2.0))
+    m = M.measure(K.POLYAK, polyak_runs(tmp_path / "up", ema_with=-8.0, ema_without=-4.0, target_with=2.0))
     assert verdicts(m)[("target_explains", 4.0, "top1: " + RUN)] == R.CONTRADICTED
     # Now the target strays as well: the optimizer rule is to blame, and the EMA claims are set aside.
-    m = M.measure(K.POLYAK, polyak_runs(tmp_path / "b", ema_with=-3.0, ema_without=-6.0, target_with=-3.0))
+    m = M.measure(K.POLYAK, polyak_runs(tmp_path / "b", ema_with=-8.0, ema_without=-12.0, target_with=-3.0))
     assert verdicts(m)[("target_explains", 4.0, "top1: " + RUN)] == R.REPRODUCED
     c = next(c for c in m["claims"] if c["kind"] == "rule_needed" and c["kappa"] == 2.0)
     assert c["verdict"] == R.SET_ASIDE and c["verdict_if_applicable"] == R.CONTRADICTED
@@ -371,7 +375,7 @@ def test_progressive_runs_are_compared_from_their_transition(tmp_path):
     for s, o in enumerate((-1.0, 0.0, 1.0)):
         early = lambda t, o=o: t + (o if t < 6 else 0.1 * o)  # noqa: E731 — noisy early, quiet after 6
         dirs.append(write_run(tmp_path, f"k1-s{s}", 1.0, "exponential", s, {"ema_top1": early, "top1": early}))
-        for rule, off in (("exponential", 0.05 * (s - 1)), (None, -2.0)):
+        for rule, off in (("exponential", 0.01 * (s - 1)), (None, -2.0)):
             late = lambda t, e=early, off=off: e(t) + (off if t >= 6 else 0.0)  # noqa: E731
             dirs.append(write_run(tmp_path, f"k2-{rule}-s{s}", 2.0, rule, s, {"ema_top1": late, "top1": early},
                                   layout=step))
@@ -383,7 +387,7 @@ def test_progressive_runs_are_compared_from_their_transition(tmp_path):
     assert c["statistic"] == f"{RUN} from epoch 6" and m["since_epoch"] == 6.0
     # The late, quiet part's pair spread (offsets −0.1, 0, 0.1: RMS of Δ √0.02), not the early one's.
     assert c["spread"] == pytest.approx(math.sqrt(0.02))
-    assert c["effect"] == pytest.approx(2.0) and c["parts"][1]["per_seed"] == pytest.approx([0.05, 0.0, -0.05])
+    assert c["effect"] == pytest.approx(2.0) and c["parts"][1]["per_seed"] == pytest.approx([0.01, 0.0, -0.01])
     assert c["verdict"] == R.REPRODUCED
 
 

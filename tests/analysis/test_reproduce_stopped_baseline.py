@@ -59,7 +59,7 @@ def _fading_target_runs(root, target_with: float) -> list:
                               {"ema_top1": lambda t, o=o: t + o, "top1": lambda t, o=o: t - 1 + o},
                               layout=polyak_layout(1.0), spec=POLYAK_SPEC))
         for k in (2.0, 4.0):
-            for rule, name, ema in (("exponential", "rule", -3.0), (None, "norule", -1.0)):
+            for rule, name, ema in (("exponential", "rule", -8.0), (None, "norule", -1.0)):
                 dirs.append(write_run(root, f"k{k:g}-{name}-s{s}", k, rule, s, {
                     "ema_top1": lambda t, o=o, e=ema: t + o + e,
                     "top1": lambda t, o=o, r=rule: t - 1 + o - (target_with * (1 - t / 10) if r else 0.0)},

@@ -135,8 +135,10 @@ def markdown(data: dict, family) -> str:
         lines += ["Each effect is signed so that the paper's direction is positive, in the metric's units: a mean "
                   "over paired seeds (each run against its own seed's baseline) with its 95 % t interval. MDE: "
                   "the minimum detectable effect at the seeds run (80 % power): for a signed claim, the true effect "
-                  "its rule reproduces (beyond the part's size where it has one); for a \"matches\" claim, the "
-                  "effect the seeds tell from none. Beside it, the baselines' pair spread it is measured against.", "",
+                  "its rule reproduces (beyond the part's size where it has one, a size of one spread at the "
+                  "spread's upper bound); for a \"matches\" claim, the effect the seeds tell from none. Beside it, "
+                  "the baselines' pair spread it is measured against, estimated from the baselines: a size or "
+                  "margin of one spread is taken at its χ² bound (each part's rule says where).", "",
                   "| # | claim | paper | metric | κ | shape | statistic | effect [95 % CI] | MDE | verdict |",
                   "|---:|---|---|---|---:|---|---|---|---|---|"]
         for i, c in enumerate(data["claims"], 1):
