@@ -883,3 +883,11 @@ def test_docs_print_each_study_rule_the_code_records():
     assert S.rules_markdown() in doc and set(S.RULES) == set(S.CHECKS)
     assert S.precision_fp16_variance({"records": []}).rule == S.RULES["precision_fp16_variance"]
     assert S.parabola_tracks_rho_star([]).rule == S.RULES["parabola_tracks_rho_star"] + S.PRE
+
+
+def test_the_spreads_degrees_of_freedom_drop_with_the_pairs_it_left_out():
+    table = lambda seeds, pairs: {"rows": {("baseline", 1.0): {"gaps": {"seeds": seeds, "pairs": pairs}}}}  # noqa: E731
+    assert J.scale_df(table(5, 20)) == 4
+    assert J.scale_df(table(5, 12)) == 3  # 12 ordered pairs: the most that 4 baselines make
+    assert J.scale_df(table(5, 2)) == 1
+    assert J.scale_df(table(1, 0)) is None and J.scale_df({"rows": {("baseline", 1.0): {"gaps": None}}}) is None

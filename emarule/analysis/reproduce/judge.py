@@ -135,9 +135,16 @@ def scale(table: dict, kind: str, over: str) -> float | None:
 
 
 def scale_df(table: dict) -> int | None:
-    """The degrees of freedom of the baselines' pair spread: one fewer than the baselines it was measured on."""
+    """The degrees of freedom of the baselines' pair spread: one fewer than the baselines it was measured on,
+    or, where pairs sharing no evaluation point were left out of it, than the most baselines whose every pair
+    would fit in the pairs it kept (fewer degrees of freedom: a wider, safer bound)."""
     g = table["rows"][("baseline", 1.0)]["gaps"]
-    return g["seeds"] - 1 if g and g.get("seeds", 0) >= 2 else None
+    if not g or g.get("seeds", 0) < 2:
+        return None
+    m = g["seeds"]
+    while m > 2 and m * (m - 1) > g.get("pairs", m * (m - 1)):
+        m -= 1
+    return m - 1
 
 
 def _paired(*maps: dict) -> list:

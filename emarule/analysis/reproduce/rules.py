@@ -38,7 +38,8 @@ its coverage at 5 seeds, where a percentile bootstrap of the mean covers about 8
 "Rules by claim shape", prints both, measured). The minimum detectable effect is the true effect that a
 one-sample t test at two-sided level 0.05 detects with 80 % power at the seeds run, from the effects' own
 standard deviation: (t₀.₉₇₅ + t₀.₈₀) · sd / √n, on n − 1 degrees of freedom; for a signed part with a size,
-that much beyond the size, as its interval must clear the size. An absence's power condition compares
+that much beyond the size, as its interval must clear the size; for a bounded size, the MDE at two-sided
+0.025 beyond the size at its bound. An absence's power condition compares
 the MDE against no effect, (t₀.₉₇₅ + t₀.₈₀) · sd / √n, with the paper's effect.
 
 A claim that joins parts ("with the rule the EMA matches, without it it does not") is judged on each part:
@@ -304,7 +305,9 @@ class Part:
     def detectable(self, sd: float, n: int) -> float:
         """The true effect this part's rule reproduces with POWER at n seeds of this sd: for a signed part the
         MDE at the level of its test of the size, beyond that size as the test reads it (its interval must
-        clear the size, not 0); for the others the MDE against no effect."""
+        clear the size, not 0); for the others the MDE against no effect. A bounded size enters at its bound
+        with the estimated spread as the unit, as `judge` reports it: counted in true spreads, the spread's own
+        error lowers the power below POWER (docs/reproduce.md, "A margin of one estimated spread")."""
         if n < 2 or not math.isfinite(sd):
             return math.inf
         if self.shape not in ("directional", "departure", "comparative"):
@@ -318,6 +321,8 @@ class Part:
         inside the margin by the MDE, for a non-inferiority part above −margin by it. Where the spread is
         estimated, from as many baselines as seeds, so its bound narrows as seeds are added."""
         c = self.margin if self.shape in ("equivalence", "noninferior") else self.clears
+        if self.shape in ("directional", "comparative") and not effect > 0:
+            return None  # the paper's direction is positive: an effect against it is never reproduced
         if not self.bounded(c):
             if self.shape == "equivalence":
                 return seeds_needed(self.margin - abs(effect), sd)
@@ -509,7 +514,7 @@ def _p_one(s: Summary, p: Part, c: float, side: int) -> float:
 
     # outside: a larger x is a laxer bound at a higher level, so the test holds from some x on; inside the
     # other way round
-    lo, hi = math.log(1e-12), math.log(1e6 * df)
+    lo, hi = math.log(1e-200), math.log(1e6 * df)
     if holds(math.exp(lo if not outside else hi)) is False:
         return 1.0
     for _ in range(100):
