@@ -230,7 +230,8 @@ def test_polyak_claims_contradicted_and_set_aside(tmp_path):
     assert v[("rule_needed", 2.0, RUN)] == R.CONTRADICTED
     c = next(c for c in m["claims"] if c["kind"] == "rule_needed" and c["kappa"] == 2.0)
     assert [p["verdict"] for p in c["parts"]] == [R.REPRODUCED, R.CONTRADICTED]  # without drops; with drops more
-    assert c["parts"][1]["rule"] == "CI97.5 lies outside ±8.92 spreads (1 spread at the spread's 98.75 % upper bound, 2 df)"
+    assert c["parts"][1]["rule"] == ("CI97.5 lies outside ±8.92 spreads (1 spread at the spread's 98.75 % upper "
+                                     "bound, 2 df)")
     # the EMA strays with the rule, the target model does not: the claim states only a sign, so no absence
     # contradicts it; an opposite effect (the target better than its baseline) does
     assert v[("target_explains", 4.0, "top1: " + RUN)] == R.NOT_REPRODUCED
