@@ -317,6 +317,13 @@ BYOL = Family(
     ),
     full_scale=_full_scale("byol", "--preset full --data /datasets/cifar10 --kappas 1,2,4",
                            "100 epochs of CIFAR-10 per run; the κ=8 arms run beside them"),
+    extra_claims=(
+        Claim("We show that this result is consistent for a range of base learning rates η_B and momenta ρ_B",
+              "§3.4, App. H.8", "rule_needed", OFFLINE_PROBE.name, 4.0, "end", "L888",
+              note="a grid of reproductions over η_B and ρ_B, each cell as long as this family's (6 runs a seed), "
+                   "is not run; one cell is `emarule sweep byol-r18 --preset cpu --kappas 1,4 --seeds 5 --set "
+                   "optimizer.lr=… --set ema.momentum=…`"),
+    ),
     # The claim on the final teachers: at the cpu preset the tracking probe's last reading sits at the level
     # of a teacher at initialization (32.7 against 32.3 on the tuning seeds 200–202, where the converged
     # probe of the trained teachers reads 49.9), so it cannot tell how far a teacher is from its baseline.
@@ -445,6 +452,15 @@ DINO = Family(
     ),
     full_scale=_full_scale("dino", "--preset full --data /datasets/cifar10 --kappas 1,2,4",
                            "280 epochs of a ViT-B/16 per run"),
+    extra_claims=(
+        Claim("We also attempted to use a sharp batch size transition …, which leads to the collapse pheonomena "
+              "observed in prior work. This collapse happens with and without the EMA Scaling Rule",
+              "App. H.11", "rule_departs", "dino_loss", 4.0, "run", "L3098–3100",
+              note="the paper gives no criterion for a collapse, and ties it to DINO's early phase at ViT-B/16 "
+                   "scale (a step at epoch 100 of 280); a check needs one fixed in advance, such as the teacher's "
+                   "output entropy at its maximum, and runs with the step (`--progressive`), which this family "
+                   "does not run"),
+    ),
 )
 
 # The short-horizon control EMA of App. G: the spec's smallest `ema.also` momentum.
@@ -516,6 +532,15 @@ CTC_PL = Family(
     ),
     full_scale=_full_scale("ctc-pseudo-label", "--preset full --data /datasets/LibriSpeech --kappas 0.5,1,2,4,8",
                            "500k steps"),
+    extra_claims=(
+        Claim("We see … that Progressive Scaling enables us to scale pseudo-labeling to κ=16 with … and without … "
+              "the EMA Scaling Rule. Second, models with the EMA Scaling Rule track the baseline much closer than "
+              "models without the EMA Scaling Rule, although a small gap is present",
+              "App. G (κ=16)", "rule_closer", "pl_wer", 16.0, "run", "L2366–2371",
+              note="needs pre-training at κ=8 and a step to κ=16 where pseudo-labeling begins; at the cpu preset the "
+                   "Adam rule already strays in pre-training from κ=2 (the optimizer-rule check), so no EMA claim "
+                   "applies at κ=16 there"),
+    ),
 )
 
 FAMILIES = {f.name: f for f in (PARABOLA, PRECISION, POLYAK, BYOL, BYOL_VIT, BYOL_R50_LARS, DINO, CTC_POLYAK, CTC_PL)}

@@ -72,7 +72,8 @@ def payload(family, args: dict, claims: list, measured: dict | None, figures: li
         "probe_check": (measured or {}).get("probe_check") or None,
         "figures": figures, "timing": timing,
         "decision_rule": decision_rules() if family.kind == "sweep" else STUDY_RULES,
-        "not_judged_here": [{"claim": c.text, "paper": c.paper, "why": c.note} for c in family.extra_claims],
+        "not_judged_here": [{"claim": c.text, "paper": c.paper, "where": c.where, "why": c.note}
+                            for c in family.extra_claims],
     })
 
 
@@ -223,10 +224,11 @@ def markdown(data: dict, family) -> str:
         lines += ["", f"{pc['summary']}.", ""]
     lines += ["## How a verdict is reached", "", data["decision_rule"], ""]
     if data["not_judged_here"]:
-        lines += ["## Claims this preset cannot judge (full scale)", ""]
+        lines += ["## Claims of this section not judged", "",
+                  "Listed so that the table's silence is not read as a verdict; each says what judging it needs.", ""]
         for c in data["not_judged_here"]:
-            lines.append(f"- {c['paper']}: \"{c['claim']}\" — {c['why']}.")
-        lines += ["", f"Full scale: {family.full_scale}.", ""]
+            lines.append(f"- {c['paper']} ({c['where']}): \"{c['claim']}\" — {c['why']}.")
+        lines += ["", f"The family at full scale: {family.full_scale}.", ""]
     return "\n".join(lines)
 
 
