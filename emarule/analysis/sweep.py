@@ -104,7 +104,7 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, ta
             max_device_batch: int | None = None, wandb: str = "off", metric: str | None = None,
             jobs: int | None = 1, follow_up: Callable | None = None,
             num_workers: int | None = None, figures: list | None = None,
-            on_run_end: Callable[[], None] | None = None, executor=None) -> list[dict]:
+            on_run_end: Callable[[], None] | None = None, executor=None, judge_only: bool = False) -> list[dict]:
     """Resolve and check every run first (a bad κ, rule, batch, --data or --metric fails before any
     training and before anything is written), run them in turn, compare.
 
@@ -116,6 +116,8 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, ta
     comparison is not drawn: not the main process, or no run done).
     `on_run_end()`: called as each run ends (a reproduction's ledger line counts it).
     `executor` (`emarule.analysis.executors.Executor`): None or local trains here; else each run is a job.
+    `judge_only`: train nothing; every run must be in the root already, finished by its records
+    (`from_records`), and is returned as it is.
     """
     from emarule.engine.context import RunContext, default_run_name
 
@@ -138,6 +140,8 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, ta
                                preset=s.get("preset"), data=data, seed=r.seed, wandb=wandb,
                                max_device_batch=max_device_batch, num_workers=num_workers))
     link_forks(runs, ctxs)
+    if judge_only:
+        return from_records(console, runs, ctxs, metric, figures)
     if executor is not None and executor.submits:  # each run its own job, checked as its turn comes
         return _execute_as_jobs(console, runs, ctxs, executor, metric, tasks, figures, on_run_end, jobs)
     check_before_training(ctxs, tasks.build_parts)
@@ -240,6 +244,57 @@ def _run_all(console, runs: list[SweepRun], ctxs: list, metric: str | None, task
         if figures is not None:
             figures.extend(Path(c["figure"]) for c in compared if c.get("figure"))
     return done_list
+
+
+def finished_by_records(run) -> bool:
+    """Whether a run's log shows it ended: it reached its planned end, or it diverged (a non-finite value
+    logged, as a run that stops on one records it); a log that merely stops is a run still training or
+    killed. A run that records no planned end counts as ended."""
+    from emarule.analysis.compare import DIVERGED
+
+    return not run.stopped_early() or any(v in DIVERGED for r in run.rows for v in r.values())
+
+
+def from_records(console, runs: list[SweepRun], ctxs: list, metric: str | None, figures: list | None) -> list[dict]:
+    """The planned runs as their records in the root have them, training nothing: each must hold
+    hparams.json and metrics.jsonl made with these settings and have ended (`finished_by_records`). Its
+    checkpoint is not read, so a root copied without its checkpoints can be judged again."""
+    import json
+
+    from emarule.analysis.compare import load_run
+    from emarule.engine import distributed, preflight
+    from emarule.engine.rundir import HPARAMS, METRICS
+
+    missing, unfinished = [], []
+    for ctx in ctxs:
+        if not ((ctx.out / HPARAMS).is_file() and (ctx.out / METRICS).is_file()):
+            missing.append(ctx.out.name)
+            continue
+        try:
+            recorded = json.loads((ctx.out / HPARAMS).read_text()).get("fingerprint")
+        except (ValueError, AttributeError):
+            raise UserError(f"{ctx.out / HPARAMS} is damaged; judge a root whose records are whole") from None
+        if recorded is not None:
+            preflight.check_same_settings(ctx, recorded, fix="--judge-only judges a root with the settings it "
+                                                            "was made with: give its --preset, --seeds and --kappas")
+        if not finished_by_records(load_run(ctx.out)):
+            unfinished.append(ctx.out.name)
+    for what, names, fix in (("has no records of", missing, "train"), ("holds unfinished records of", unfinished,
+                                                                        "finish")):
+        if names:
+            shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+            raise UserError(f"--judge-only: {ctxs[0].out.parent} {what} {len(names)} of the {len(ctxs)} runs this "
+                            f"reproduction reads ({shown}); run it without --judge-only to {fix} them")
+    done = [{"run": str(c.out), "kappa": r.kappa, "rule": r.label, "seed": r.seed, "wall_s": 0.0, "resumed": True,
+             "result": {}, "arm": r.arm.name if r.arm is not None else None} for r, c in zip(runs, ctxs, strict=True)]
+    if distributed.is_main():
+        console.print(f"judging the {len(done)} runs in {ctxs[0].out.parent} from their records; nothing trains",
+                      highlight=False)
+        compared = compare_after(console, [Path(d["run"]) for d in done if d["arm"] is None], ctxs[0].out.parent,
+                                 metric, registry.training_losses())
+        if figures is not None:
+            figures.extend(Path(c["figure"]) for c in compared if c.get("figure"))
+    return done
 
 
 def check_before_training(ctxs: list, build_parts: Callable) -> None:

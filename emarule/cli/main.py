@@ -607,6 +607,9 @@ def reproduce(
     headline: bool = typer.Option(False, "--headline",
                                   help="judge the family's headline claim only, on only the runs it reads (for a "
                                        "check on new seeds: --headline --seeds 100-104)"),
+    judge_only: bool = typer.Option(False, "--judge-only",
+                                    help="train nothing: judge the runs --out holds from their records "
+                                         "(hparams.json, metrics.jsonl, probe caches), checkpoints or not"),
     executor: str = ExecutorOpt,
     slurm_params: Optional[Path] = SlurmParamsOpt,
     partition: Optional[str] = PartitionOpt,
@@ -642,7 +645,8 @@ def reproduce(
 
     run_reproduction(console, family, preset=preset, seeds=seed_list,
                      kappas=distinct_kappas(numbers(kappas, "--kappas"), kappas), out=out,
-                     data=data, resolver=resolver, jobs=n_jobs, headline=headline, executor=where)
+                     data=data, resolver=resolver, jobs=n_jobs, headline=headline, executor=where,
+                     judge_only=judge_only)
 
 
 @app.command(cls=Help)

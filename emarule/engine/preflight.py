@@ -79,8 +79,9 @@ def differences(a, b, prefix: str = "") -> list[str]:
     return [] if a == b else [prefix or "(root)"]
 
 
-def check_same_settings(ctx: RunContext, fp: dict | None) -> None:
-    """A run continued in `ctx.out` was made with these settings (`fp`: its recorded fingerprint)."""
+def check_same_settings(ctx: RunContext, fp: dict | None, fix: str | None = None) -> None:
+    """A run continued in `ctx.out` was made with these settings (`fp`: its recorded fingerprint). `fix`: what
+    the error tells the user to do, where the caller is neither a sweep nor --resume."""
     import json
 
     def plain(x):  # as hparams.json holds it: tuples as lists, on both sides
@@ -95,13 +96,15 @@ def check_same_settings(ctx: RunContext, fp: dict | None) -> None:
     spec = theirs.get("spec") if isinstance(theirs, dict) else None
     other = spec.get("name") if isinstance(spec, dict) else None
     if isinstance(other, str) and other != ctx.experiment:  # another experiment's run: say whose
-        fix = "give the sweep a new --out or remove that run" if ctx.resume_hint else \
-            f"pass --out with a {ctx.experiment} run's directory, or a new --out"
-        raise UserError(f"{'' if ctx.resume_hint else '--resume: '}{ctx.out} holds a run of {other}, not "
-                        f"{ctx.experiment}; {fix}")
+        how = fix or ("give the sweep a new --out or remove that run" if ctx.resume_hint else
+                      f"pass --out with a {ctx.experiment} run's directory, or a new --out")
+        raise UserError(f"{'' if ctx.resume_hint or fix else '--resume: '}{ctx.out} holds a run of {other}, not "
+                        f"{ctx.experiment}; {how}")
     diff = differences(compared(theirs), compared(ours))
     if diff:
         shown = ", ".join(diff[:6]) + (f" and {len(diff) - 6} more" if len(diff) > 6 else "")
+        if fix:
+            raise UserError(f"{ctx.out} was made with other settings ({shown} differ); {fix}")
         if ctx.resume_hint:  # a sweep continuing what its root holds
             raise UserError(f"{ctx.out} was made with other settings ({shown} differ); give the sweep a new --out "
                             f"or remove that run")

@@ -137,12 +137,18 @@ def command_text(family: Family, preset: str | None, seeds: tuple | None, kappas
 
 def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, kappas: list[float] | None,
               out: str | None, data: Path | None, resolver: Callable, jobs: int | None = None,
-              headline: bool = False, executor=None) -> dict:
+              headline: bool = False, executor=None, judge_only: bool = False) -> dict:
     """`resolver(experiment, preset)` → `resolve_run(kappa, rule, baseline, arm=None)` as `emarule sweep`
     builds it; an arm (`claims.Arm`) adds its --set overrides and --progressive schedule. `seeds`: the
     seeds (`emarule.request.seeds.parse_seeds`), None for the family's default. `executor`
-    (`emarule.analysis.executors.Executor`): where a sweep family's runs train."""
+    (`emarule.analysis.executors.Executor`): where a sweep family's runs train. `judge_only`: train nothing and
+    judge the runs the root holds from their records (`sweep.from_records`)."""
     family = family_of(name)
+    if judge_only and family.kind != "sweep":
+        raise UserError(f"reproduce {name} --judge-only: the {name} study computes its claims in one run; drop "
+                        f"--judge-only (a finished study's results.json is reused as it is)")
+    if judge_only and executor is not None and executor.submits:
+        raise UserError(f"reproduce {name} --judge-only trains nothing, so it submits no job; drop --executor")
     if executor is not None and executor.submits and family.kind != "sweep":
         raise UserError(f"reproduce {name} --executor {executor.kind}: the {name} study is one run on this machine; "
                         f"drop --executor")
@@ -182,7 +188,7 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
                 if family.kind == "sweep":
                     args["arms"] = R.arms_rows(family, spec_preset)
                     result = _sweep(console, family, args, root, data, resolve_run, jobs,
-                                    beat.poke if distributed.is_main() else None, executor)
+                                    beat.poke if distributed.is_main() else None, executor, judge_only)
                 else:
                     result = _study(console, family, root, resolve_run)
         except BaseException as e:  # Ctrl-C or a failure: the time its finished runs took is still counted
@@ -257,7 +263,8 @@ def _forget(root: Path, token: str) -> None:
 
 
 def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, resolve_run,
-           jobs: int | None = None, on_run_end: Callable[[], None] | None = None, executor=None) -> tuple | None:
+           jobs: int | None = None, on_run_end: Callable[[], None] | None = None, executor=None,
+           judge_only: bool = False) -> tuple | None:
     from emarule import tasks
     from emarule.analysis import sweep
     from emarule.request.seeds import seeds_label
@@ -272,7 +279,7 @@ def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, r
     drawn: list = []  # the comparison figures the sweep wrote, this time
     done = sweep.execute(console, runs, resolve_run, root, tasks, data=data, metric=family.target_metric.name,
                          jobs=jobs, follow_up=P.follow_up(runs, arms=finals) if probes else None, figures=drawn,
-                         on_run_end=on_run_end, executor=executor)
+                         on_run_end=on_run_end, executor=executor, judge_only=judge_only)
     from emarule.engine import distributed
 
     if not distributed.is_main():
