@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH := torch==2.14.1 torchvision==0.29.1
 export WANDB_MODE ?= disabled
 
-.PHONY: run test bench lint venv clean repro
+.PHONY: run test bench lint venv clean repro rejudge
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -40,22 +40,36 @@ test: $(STAMP)
 # rewritten from their verdict.json files and figures, with the wall time of it all.
 # A stopped root thus holds whole families. Finished runs are kept: stopped, the same command resumes.
 # Before each family a line says where it is: `make repro: [3/9] polyak, 2 min in`.
+# `make rejudge`: the same root judged again when only the analysis changed, training nothing: the training
+# families with `--judge-only` (their runs' records suffice, checkpoints or not), the studies reusing their
+# results.json (computed, a minute or two, where it is missing); then the same rewrite, without a wall time of
+# its own.
 # Not part of CI; the wall times are under the README's table.
 REPRO_OUT := runs/reproduce
 REPRO_SEEDS_NEW := 100-104
+JUDGE :=
 
-repro: $(STAMP)
+define REPRO_ALL
 	@start=$$(date +%s); \
 	families=$$($(BIN)/python -c 'from emarule.analysis.reproduce.claims import FAMILIES; print(*(f"{n}:{f.kind}" for n, f in FAMILIES.items()))'); \
 	n=$$(echo $$families | wc -w); i=0; \
 	for fk in $$families; do f=$${fk%%:*}; i=$$((i + 1)); \
-	  echo "make repro: [$$i/$$n] $$f, $$(( ($$(date +%s) - start) / 60 )) min in"; \
-	  $(BIN)/emarule reproduce $$f --out $(REPRO_OUT)/$$f || echo "make repro: $$f did not complete"; \
+	  echo "make $@: [$$i/$$n] $$f, $$(( ($$(date +%s) - start) / 60 )) min in"; \
+	  if [ "$${fk#*:}" = sweep ]; then judge="$(JUDGE)"; else judge=""; fi; \
+	  $(BIN)/emarule reproduce $$f --out $(REPRO_OUT)/$$f $$judge || echo "make $@: $$f did not complete"; \
 	  if [ "$${fk#*:}" = sweep ]; then $(BIN)/emarule reproduce $$f --headline --seeds $(REPRO_SEEDS_NEW) \
-	    --out $(REPRO_OUT)/$$f-headline || echo "make repro: $$f --headline did not complete"; fi; done; \
+	    --out $(REPRO_OUT)/$$f-headline $$judge || echo "make $@: $$f --headline did not complete"; fi; done; \
 	$(BIN)/python -m emarule.analysis.reproduce.table $(REPRO_OUT) --readme README.md --pages emarule/experiments \
-	  --figures docs/figures --wall-s $$(( $$(date +%s) - start )) \
-	  && echo "make repro: README.md's table of claims, the family pages' results and docs/figures rewritten from $(REPRO_OUT)"
+	  --figures docs/figures $(if $(JUDGE),,--wall-s $$(( $$(date +%s) - start ))) \
+	  && echo "make $@: README.md's table of claims, the family pages' results and docs/figures rewritten from $(REPRO_OUT)"
+endef
+
+repro: $(STAMP)
+	$(REPRO_ALL)
+
+rejudge: JUDGE := --judge-only
+rejudge: $(STAMP)
+	$(REPRO_ALL)
 
 # Each prints its measured ratio; BENCH_ARGS=--quick for a smoke test of all six (seconds).
 # The loop benchmark pins torch to 1 thread for both loops; OMP_NUM_THREADS=1 keeps the parabola's BLAS alike.
