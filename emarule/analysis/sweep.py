@@ -259,8 +259,6 @@ def from_records(console, runs: list[SweepRun], ctxs: list, metric: str | None, 
     """The planned runs as their records in the root have them, training nothing: each must hold
     hparams.json and metrics.jsonl made with these settings and have ended (`finished_by_records`). Its
     checkpoint is not read, so a root copied without its checkpoints can be judged again."""
-    import json
-
     from emarule.analysis.compare import load_run
     from emarule.engine import distributed, preflight
     from emarule.engine.rundir import HPARAMS, METRICS
@@ -270,14 +268,12 @@ def from_records(console, runs: list[SweepRun], ctxs: list, metric: str | None, 
         if not ((ctx.out / HPARAMS).is_file() and (ctx.out / METRICS).is_file()):
             missing.append(ctx.out.name)
             continue
-        try:
-            recorded = json.loads((ctx.out / HPARAMS).read_text()).get("fingerprint")
-        except (ValueError, AttributeError):
-            raise UserError(f"{ctx.out / HPARAMS} is damaged; judge a root whose records are whole") from None
+        run = load_run(ctx.out)  # a damaged hparams.json is its one-line error
+        recorded = run.hparams.get("fingerprint")
         if recorded is not None:
             preflight.check_same_settings(ctx, recorded, fix="--judge-only judges a root with the settings it "
                                                             "was made with: give its --preset, --seeds and --kappas")
-        if not finished_by_records(load_run(ctx.out)):
+        if not finished_by_records(run):
             unfinished.append(ctx.out.name)
     for what, names, fix in (("has no records of", missing, "train"), ("holds unfinished records of", unfinished,
                                                                         "finish")):

@@ -236,7 +236,7 @@ def print_power(console: Console, result: dict, fmt_: str) -> None:
     for verdict, share in result["verdicts"].items():
         t.add_row(verdict, f"{share:.3f}")
     console.print(t)
-    power = "80 % power" if result.get("spread", "known") == "known" else "80 % power at the estimated spread"
+    power = "80 % power" if result["spread"] == "known" else "80 % power at the estimated spread"
     console.print(f"minimum detectable effect at {result['seeds']} seeds: {result['mde']:.3g} spreads ({power}); "
                   + _seeds_said(result), markup=False, highlight=False, soft_wrap=True)
 

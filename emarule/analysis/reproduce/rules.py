@@ -323,19 +323,13 @@ class Part:
         c = self.margin if self.shape in ("equivalence", "noninferior") else self.clears
         if self.shape in ("directional", "comparative") and not effect > 0:
             return None  # the paper's direction is positive: an effect against it is never reproduced
-        if not self.bounded(c):
-            if self.shape == "equivalence":
-                return seeds_needed(self.margin - abs(effect), sd)
-            if self.shape == "noninferior":
-                return seeds_needed(effect + self.margin, sd)
-            return seeds_needed(abs(effect) - self.clears, sd)
-        # the bound lies beyond the nominal size or margin at every seed count, so these are never shown
+        # at or beyond the nominal size or margin no seed count shows it (a bound only moves it further)
         beyond = {"equivalence": abs(effect) >= c, "noninferior": effect <= -c}.get(self.shape, abs(effect) <= c)
         if beyond or not (math.isfinite(effect) and math.isfinite(sd)):
             return None
 
-        def enough(n: int) -> bool:  # more seeds narrow both the mean's interval and the spread's bound
-            p = replace(self, spread_df=n - 1)
+        def enough(n: int) -> bool:  # more seeds narrow the mean's interval, and any spread's bound too
+            p = self if self.spread_df is None else replace(self, spread_df=n - 1)
             if self.shape == "equivalence":
                 m, a = p.bound(self.margin, -1, 0.05)
                 return mde(sd, n, alpha=a) <= m - abs(effect)
@@ -344,7 +338,7 @@ class Part:
                 return mde(sd, n, alpha=2 * a) <= effect - m
             return p.detectable(sd, n) <= abs(effect)
 
-        hi = 2
+        hi = 2  # enough() only grows with n: double to a count that is enough, then bisect below it
         while not enough(hi):
             if hi >= MAX_SEEDS:
                 return None
@@ -555,9 +549,6 @@ def p_values(part: Part, s: Summary) -> tuple[float, float]:
     return min(1.0, repro), min(1.0, contra)
 
 
-_p_values = p_values  # `decide`'s keyword of the same name hides it there
-
-
 def holm(ps: list[float], alpha: float = 0.05) -> list[bool]:
     """Holm's step-down correction: which of the hypotheses stand with a family-wise error rate of `alpha`,
     under any dependence between them (the rows of one table share runs)."""
@@ -574,13 +565,13 @@ _RULES = {"directional": _directional, "departure": _departure, "comparative": _
           "equivalence": _equivalence, "noninferior": _noninferior}
 
 
-def decide(part: Part, effects: list[float], p_values: bool = True) -> Decision:
-    """The verdict on one part from its per-seed signed effects (in spreads). `p_values`: False leaves them at 1,
-    for a simulation that counts verdicts only (a bounded test's p-value is a search)."""
+def decide(part: Part, effects: list[float], with_p_values: bool = True) -> Decision:
+    """The verdict on one part from its per-seed signed effects (in spreads). `with_p_values`: False leaves them
+    at 1, for a simulation that counts verdicts only (a bounded test's p-value is a search)."""
     s = summarize(effects)
     verdict, route, rule = _RULES[part.shape](s, part)
     margin = part.margin if part.shape in ("equivalence", "noninferior") or route == ABSENT else None
-    p_reproduced, p_contradicted = _p_values(part, s) if p_values else (1.0, 1.0)
+    p_reproduced, p_contradicted = p_values(part, s) if with_p_values else (1.0, 1.0)
     return Decision(verdict, part.shape, s.mean, s.ci95, part.detectable(s.sd, s.n), margin, rule, s.n, route=route,
                     mde_from_zero=s.mde, p_reproduced=p_reproduced, p_contradicted=p_contradicted)
 
@@ -691,7 +682,8 @@ def simulate(kind: Kind, effect: float, seeds: int, trials: int = 2000, noise: f
         decisions = []
         for i, part in enumerate(parts):
             mu = effect if i == 0 else 0.0
-            decisions.append(decide(part, [rng.gauss(mu, noise) / scale for _ in range(seeds)], p_values=False))
+            decisions.append(decide(part, [rng.gauss(mu, noise) / scale for _ in range(seeds)],
+                                    with_p_values=False))
         counts[join(decisions).verdict] += 1
     return {"kind": kind.name, "shape": kind.shape, "effect": effect, "seeds": seeds, "trials": trials,
             "noise": noise, "spread": spread, "verdicts": {v: c / trials for v, c in counts.items()},
