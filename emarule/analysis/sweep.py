@@ -5,7 +5,8 @@ For each seed: the baseline at κ=1 once (with and without the rule are the same
 ROOT/<experiment>/<name> with `emarule.engine.context.default_run_name` names (tiny-k1-rule-s0,
 tiny-k4-norule-s0, ...). Every run is resolved and checked before the first one trains. A run
 directory that already holds a checkpoint is resumed — a finished run is kept as it is — so an
-interrupted sweep picks up where it stopped with the same command. A run that diverges
+interrupted sweep picks up where it stopped with the same command; a finished run kept as its records alone
+(its checkpoint gone) is read from them and not trained again. A run that diverges
 (`TrainingDiverged`) is recorded as such and the sweep goes on: compare shows it as stopped early, with an
 infinite gap (run again, it resumes from its last good checkpoint). Each run ends with its figures
 and summary (`emarule.analysis.run_report`); at the end the runs are compared (`emarule.analysis.compare`) on the
@@ -140,15 +141,22 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, ta
                                preset=s.get("preset"), data=data, seed=r.seed, wandb=wandb,
                                max_device_batch=max_device_batch, num_workers=num_workers))
     link_forks(runs, ctxs)
-    if judge_only:
+    kept = kept_by_records(ctxs)
+    if judge_only or len(kept) == len(ctxs):
         return from_records(console, runs, ctxs, metric, figures)
+    if kept:
+        from emarule.engine import distributed
+
+        if distributed.is_main():
+            console.print(f"{len(kept)} of the {len(ctxs)} runs ended before and kept only their records (their "
+                          f"checkpoints are gone): judged from those, they do not train again", highlight=False)
     if executor is not None and executor.submits:  # each run its own job, checked as its turn comes
-        return _execute_as_jobs(console, runs, ctxs, executor, metric, tasks, figures, on_run_end, jobs)
-    check_before_training(ctxs, tasks.build_parts)
+        return _execute_as_jobs(console, runs, ctxs, executor, metric, tasks, figures, on_run_end, jobs, kept)
+    check_before_training([c for i, c in enumerate(ctxs) if i not in kept], tasks.build_parts)
     from emarule.engine.runlock import lock_dir
 
     with lock_dir(ctxs[0].out.parent, "sweep"):  # ROOT/<experiment>: its runs and compare figures
-        return _run_all(console, runs, ctxs, metric, tasks, jobs, follow_up, figures, on_run_end)
+        return _run_all(console, runs, ctxs, metric, tasks, jobs, follow_up, figures, on_run_end, kept)
 
 
 def link_forks(runs: list[SweepRun], ctxs: list) -> None:
@@ -172,7 +180,8 @@ def link_forks(runs: list[SweepRun], ctxs: list) -> None:
 
 def _run_all(console, runs: list[SweepRun], ctxs: list, metric: str | None, tasks, jobs: int | None = 1,
              follow_up: Callable | None = None, figures: list | None = None,
-             on_run_end: Callable[[], None] | None = None) -> list[dict]:
+             on_run_end: Callable[[], None] | None = None, kept: frozenset = frozenset()) -> list[dict]:
+    """Train the runs not `kept` (`kept_by_records`: their records stand for them), `jobs` at a time."""
     from emarule.engine import distributed
     from emarule.analysis import parallel
     from emarule.analysis.run_report import print_report, report
@@ -181,7 +190,8 @@ def _run_all(console, runs: list[SweepRun], ctxs: list, metric: str | None, task
     main = distributed.is_main()
     for ctx in ctxs:
         ctx.resume = (ctx.out / CHECKPOINT).exists()
-    jobs = parallel.jobs_for(jobs, len(runs), distributed.world_size())
+    order = [i for i in range(len(runs)) if i not in kept]  # the runs that train
+    jobs = parallel.jobs_for(jobs, len(order), distributed.world_size())
 
     def header(i: int) -> str:
         r, ctx, p = runs[i], ctxs[i], ctxs[i].plan
@@ -189,19 +199,19 @@ def _run_all(console, runs: list[SweepRun], ctxs: list, metric: str | None, task
         return (f"[{i + 1}/{len(runs)}] {ctx.out}: κ={ctx.kappa:g} {r.label}, B={p['batch_size']:g}"
                 + (f", ρ={rho:.6g}" if rho is not None else "") + (" (resuming what is there)" if ctx.resume else ""))
 
-    done: dict[int, dict] = {}
+    done: dict[int, dict] = {i: entry(runs[i], ctxs[i]) for i in kept}
 
     def finished(i: int, result: dict, wall: float) -> None:
         r, ctx = runs[i], ctxs[i]
         if main:
             print_report(console, report(ctx.out, wall))
-        done[i] = {"run": str(ctx.out), "kappa": r.kappa, "rule": r.label, "seed": r.seed, "wall_s": wall,
-                   "resumed": ctx.resume, "result": result, "arm": r.arm.name if r.arm is not None else None}
+        done[i] = entry(r, ctx, wall, ctx.resume, result)
         if on_run_end is not None:
             on_run_end()
 
     if jobs > 1:
-        def side_by_side_done(i: int, result: dict, wall: float, output: str) -> None:
+        def side_by_side_done(j: int, result: dict, wall: float, output: str) -> None:
+            i = order[j]
             console.print(header(i) + f", finished in {wall:.0f} s", highlight=False)
             for w in ctxs[i].plan.warnings:
                 console.print(f"  warning: {w}", markup=False, highlight=False)
@@ -211,15 +221,15 @@ def _run_all(console, runs: list[SweepRun], ctxs: list, metric: str | None, task
 
         # Each seed's κ=1 baseline finishes before that seed's other runs start, as one after another:
         # a run may read its seed's baseline (ctc-pseudo-label's start threshold).
-        base_of = {r.seed: i for i, r in enumerate(runs) if r.baseline}
-        after = [None if r.baseline else base_of.get(r.seed) for r in runs]
         t0 = time.monotonic()
-        parallel.run_side_by_side(console, [Path(c.out).name for c in ctxs], ctxs, jobs, side_by_side_done,
-                                  after=after, follow_up=None if follow_up is None else
-                                  (lambda i: follow_up(i, Path(ctxs[i].out))))
+        parallel.run_side_by_side(console, [Path(ctxs[i].out).name for i in order], [ctxs[i] for i in order], jobs,
+                                  side_by_side_done, after=waits_for([runs[i] for i in order]),
+                                  follow_up=None if follow_up is None else
+                                  (lambda j: follow_up(order[j], Path(ctxs[order[j]].out))))
         side_by_side_s = time.monotonic() - t0
     else:
-        for i, ctx in enumerate(ctxs):
+        for i in order:
+            ctx = ctxs[i]
             if main:
                 console.print(header(i), highlight=False)
                 for w in ctx.plan.warnings:
@@ -246,6 +256,18 @@ def _run_all(console, runs: list[SweepRun], ctxs: list, metric: str | None, task
     return done_list
 
 
+def entry(r: SweepRun, ctx, wall_s: float = 0.0, resumed: bool = True, result: dict | None = None) -> dict:
+    """A sweep's line for one run (`execute` returns them); by default a run it did not train."""
+    return {"run": str(ctx.out), "kappa": r.kappa, "rule": r.label, "seed": r.seed, "wall_s": wall_s,
+            "resumed": resumed, "result": result or {}, "arm": r.arm.name if r.arm is not None else None}
+
+
+def waits_for(runs: list[SweepRun]) -> list[int | None]:
+    """For each run, the index of the run it waits for: its seed's κ=1 baseline, where that is among `runs`."""
+    base_of = {r.seed: i for i, r in enumerate(runs) if r.baseline}
+    return [None if r.baseline else base_of.get(r.seed) for r in runs]
+
+
 def finished_by_records(run) -> bool:
     """Whether a run's log shows it ended: it reached its planned end, or it diverged (a non-finite value
     logged, as a run that stops on one records it); a log that merely stops is a run still training or
@@ -255,25 +277,45 @@ def finished_by_records(run) -> bool:
     return not run.stopped_early() or any(v in DIVERGED for r in run.rows for v in r.values())
 
 
+def ended_by_records(ctx, fix: str | None = None) -> bool | None:
+    """Whether the run `ctx` plans has ended by its records (`finished_by_records`); None where it has none
+    (hparams.json and metrics.jsonl). Records made with other settings are one error line, `fix` its advice."""
+    from emarule.analysis.compare import load_run
+    from emarule.engine import preflight
+    from emarule.engine.rundir import HPARAMS, METRICS
+
+    if not ((ctx.out / HPARAMS).is_file() and (ctx.out / METRICS).is_file()):
+        return None
+    run = load_run(ctx.out)  # a damaged hparams.json is its one-line error
+    recorded = run.hparams.get("fingerprint")
+    if recorded is not None:
+        preflight.check_same_settings(ctx, recorded, fix=fix)
+    return finished_by_records(run)
+
+
+def kept_by_records(ctxs: list) -> frozenset:
+    """The runs whose checkpoint is gone but whose records show they ended (a root kept as its records, as
+    results/cpu-root keeps one): those records stand for them, and they do not train again. A run with no
+    checkpoint whose log stops short is left to `check_before_training`, which refuses it."""
+    from emarule.engine.rundir import UNSAVED
+
+    return frozenset(i for i, c in enumerate(ctxs) if not (c.out / CHECKPOINT).exists()
+                     and not (c.out / UNSAVED).exists() and ended_by_records(c))
+
+
 def from_records(console, runs: list[SweepRun], ctxs: list, metric: str | None, figures: list | None) -> list[dict]:
     """The planned runs as their records in the root have them, training nothing: each must hold
     hparams.json and metrics.jsonl made with these settings and have ended (`finished_by_records`). Its
     checkpoint is not read, so a root copied without its checkpoints can be judged again."""
-    from emarule.analysis.compare import load_run
-    from emarule.engine import distributed, preflight
-    from emarule.engine.rundir import HPARAMS, METRICS
+    from emarule.engine import distributed
 
     missing, unfinished = [], []
     for ctx in ctxs:
-        if not ((ctx.out / HPARAMS).is_file() and (ctx.out / METRICS).is_file()):
+        ended = ended_by_records(ctx, fix="--judge-only judges a root with the settings it was made with: give its "
+                                          "--preset, --seeds and --kappas")
+        if ended is None:
             missing.append(ctx.out.name)
-            continue
-        run = load_run(ctx.out)  # a damaged hparams.json is its one-line error
-        recorded = run.hparams.get("fingerprint")
-        if recorded is not None:
-            preflight.check_same_settings(ctx, recorded, fix="--judge-only judges a root with the settings it "
-                                                            "was made with: give its --preset, --seeds and --kappas")
-        if not finished_by_records(run):
+        elif not ended:
             unfinished.append(ctx.out.name)
     for what, names, fix in (("has no records of", missing, "train"), ("holds unfinished records of", unfinished,
                                                                         "finish")):
@@ -281,8 +323,7 @@ def from_records(console, runs: list[SweepRun], ctxs: list, metric: str | None, 
             shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
             raise UserError(f"--judge-only: {ctxs[0].out.parent} {what} {len(names)} of the {len(ctxs)} runs this "
                             f"reproduction reads ({shown}); run it without --judge-only to {fix} them")
-    done = [{"run": str(c.out), "kappa": r.kappa, "rule": r.label, "seed": r.seed, "wall_s": 0.0, "resumed": True,
-             "result": {}, "arm": r.arm.name if r.arm is not None else None} for r, c in zip(runs, ctxs, strict=True)]
+    done = [entry(r, c) for r, c in zip(runs, ctxs, strict=True)]
     if distributed.is_main():
         console.print(f"judging the {len(done)} runs in {ctxs[0].out.parent} from their records; nothing trains",
                       highlight=False)
@@ -312,10 +353,11 @@ def check_before_training(ctxs: list, build_parts: Callable) -> None:
         record = [n for n in (HPARAMS, METRICS) if (ctx.out / n).exists()]
         if record and not (ctx.out / CHECKPOINT).exists() and not (ctx.out / UNSAVED).exists():
             # a run stopped before its first checkpoint is marked UNSAVED and starts again; this one had one
-            # (deleted since), and training it again would write over its record
-            raise UserError(f"{ctx.out} holds a run ({' and '.join(record)}) whose checkpoint is gone, so it can be "
-                            f"neither reused nor resumed; delete {ctx.out} to train it again, or give the sweep "
-                            f"a new --out")
+            # (deleted since) and its log does not show it ended (`kept_by_records` keeps one that did), and
+            # training it again would write over its record
+            raise UserError(f"{ctx.out} holds a run ({' and '.join(record)}) whose checkpoint is gone and whose "
+                            f"log stops before its end, so it can be neither reused nor resumed; delete {ctx.out} "
+                            f"to train it again, or give the sweep a new --out")
         if (ctx.out / CHECKPOINT).exists() and (ctx.out / HPARAMS).is_file():
             try:
                 recorded = json.loads((ctx.out / HPARAMS).read_text()).get("fingerprint")
@@ -379,35 +421,38 @@ def compare_after(console, run_dirs: list[Path], root: Path, metric: str | None,
 
 
 def _execute_as_jobs(console, runs: list, ctxs: list, executor, metric: str | None, tasks,
-                    figures: list | None = None, on_run_end=None, jobs: int | None = None) -> list[dict]:
+                    figures: list | None = None, on_run_end=None, jobs: int | None = None,
+                    kept: frozenset = frozenset()) -> list[dict]:
     """`sweep.execute` for submitted runs, its checks done: the jobs, then each run's summary, the sweep's table
-    and its comparison, as on this machine. `jobs` (--jobs): submitit-local's jobs at a time (`parallel.jobs_for`)."""
+    and its comparison, as on this machine. `jobs` (--jobs): submitit-local's jobs at a time (`parallel.jobs_for`).
+    The `kept` runs (`kept_by_records`) are not submitted: their records stand for them."""
     from emarule.analysis import parallel
     from emarule.analysis.jobs import JOBS_DIR, drop_empty, run_as_jobs
     from emarule.analysis.run_report import print_report, report
     from emarule.engine.runlock import lock_dir
 
-    # Each seed's κ=1 baseline finishes before that seed's other runs start, as on this machine.
-    base_of = {r.seed: i for i, r in enumerate(runs) if r.baseline}
-    after = [None if r.baseline else base_of.get(r.seed) for r in runs]
+    order = [i for i in range(len(runs)) if i not in kept]  # the runs submitted
+    sub_runs, sub_ctxs = [runs[i] for i in order], [ctxs[i] for i in order]
     nodes, per_node = executor.world
-    at_once = parallel.jobs_for(jobs, len(runs), 1) if executor.kind == "submitit-local" else None
-    console.print(f"{len(ctxs)} runs, each its own {executor.kind} job of {nodes} node{'s' if nodes > 1 else ''} × "
+    at_once = parallel.jobs_for(jobs, len(order), 1) if executor.kind == "submitit-local" else None
+    console.print(f"{len(order)} runs, each its own {executor.kind} job of {nodes} node{'s' if nodes > 1 else ''} × "
                   f"{per_node} process{'es' if per_node > 1 else ''}"
                   + (f", {at_once} at a time (--jobs)" if at_once is not None else "")
                   + f"; job files in {Path(ctxs[0].out).parent / JOBS_DIR}", highlight=False)
     with lock_dir(Path(ctxs[0].out).parent, "sweep"):
         resumed = {i: (Path(c.out) / CHECKPOINT).exists() for i, c in enumerate(ctxs)}
         try:
-            ended = run_as_jobs(console, runs, ctxs, executor, after, tasks, check_before_training, on_run_end, at_once)
+            # Each seed's κ=1 baseline finishes before that seed's other runs start, as on this machine.
+            ended = run_as_jobs(console, sub_runs, sub_ctxs, executor, waits_for(sub_runs), tasks,
+                                check_before_training, on_run_end, at_once)
         finally:
             drop_empty(Path(ctxs[0].out).parent / JOBS_DIR / "%j")  # LocalExecutor's controller makes it
-        done = []
-        for i, result, wall in ended:
-            r, ctx = runs[i], ctxs[i]
-            print_report(console, report(ctx.out, wall))
-            done.append({"run": str(ctx.out), "kappa": r.kappa, "rule": r.label, "seed": r.seed, "wall_s": wall,
-                         "resumed": resumed[i], "result": result, "arm": r.arm.name if r.arm is not None else None})
+        by_index = {i: entry(runs[i], ctxs[i]) for i in kept}
+        for j, result, wall in ended:
+            i = order[j]
+            print_report(console, report(ctxs[i].out, wall))
+            by_index[i] = entry(runs[i], ctxs[i], wall, resumed[i], result)
+        done = [by_index[i] for i in sorted(by_index)]
         print_summary(console, done)
         compared = compare_after(console, [Path(d["run"]) for d in done if d["arm"] is None],
                                  Path(ctxs[0].out).parent, metric, registry.training_losses())

@@ -189,7 +189,8 @@ def run_dir(out: Path, resume: bool, experiment: str | None = None) -> None:
     checkpoint (`rundir.UNSAVED`). A study has no checkpoint, so `--resume` refuses its directory too.
     A directory another live process has locked is named with its holder.
     Only `emarule run` calls this: a sweep resumes its own runs where a checkpoint is, restarts those
-    stopped before their first one, and refuses one whose checkpoint is gone (`sweep.check_before_training`).
+    stopped before their first one, reads a finished one whose checkpoint is gone from its records
+    (`sweep.kept_by_records`), and refuses an unfinished one whose checkpoint is gone (`sweep.check_before_training`).
     """
     check_free(out, "run")
     # a sweep or reproduction holds its experiment folder: a run started in it would take one of its runs'

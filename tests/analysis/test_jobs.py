@@ -60,6 +60,25 @@ def test_jobs_log_the_rows_of_a_local_sweep_and_a_rerun_submits_nothing(tmp_path
     assert "sweep: runs" in again.output
 
 
+def test_a_run_kept_as_its_records_is_not_submitted_and_the_others_do_not_wait_for_it(tmp_path):
+    import shutil
+
+    here = runner.invoke(app, [*SWEEP, "--kappas", "2", "--out", str(tmp_path / "local")])
+    assert here.exit_code == 0, here.output
+    base = tmp_path / "jobs" / "polyak-r50" / "tiny-k1-rule-s0"  # the baseline, its checkpoint gone
+    shutil.copytree(tmp_path / "local" / "polyak-r50" / "tiny-k1-rule-s0", base,
+                    ignore=shutil.ignore_patterns("*.pt"))
+    kept = (base / "metrics.jsonl").read_bytes()
+    sub = runner.invoke(app, [*SWEEP, "--kappas", "2", "--out", str(tmp_path / "jobs"), "--executor", "submitit-local"])
+    assert sub.exit_code == 0, sub.output
+    assert "1 of the 2 runs ended before and kept only their records" in " ".join(sub.output.split())
+    assert list(job_ids(tmp_path / "jobs" / "polyak-r50")) == ["tiny-k2-rule-s0"]
+    assert rows(tmp_path / "jobs" / "polyak-r50" / "tiny-k2-rule-s0") == \
+        rows(tmp_path / "local" / "polyak-r50" / "tiny-k2-rule-s0")
+    assert (base / "metrics.jsonl").read_bytes() == kept and not (base / "checkpoint.pt").exists()
+    assert "sweep: runs" in sub.output and "tiny-k1-rule-s0" in sub.output.split("sweep: runs")[1]
+
+
 def _children(pid: int) -> list[int]:
     out = []
     for stat in Path("/proc").glob("[0-9]*/stat"):

@@ -44,6 +44,26 @@ def test_a_root_without_its_checkpoints_is_judged_again_from_its_records(root, t
     assert last["runs"] == 4 and last["reused"] == 4
 
 
+def test_a_plain_reproduce_judges_runs_kept_as_records_and_trains_only_what_is_missing(root, tmp_path):
+    copy = tmp_path / "polyak"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns("checkpoint.pt"))
+    before = _logs(copy)
+    res = runner.invoke(app, [*ARGS, "--out", str(copy)])  # every run kept as its records: none trains
+    assert res.exit_code == 0, res.output
+    assert "judging the 4 runs in" in res.output and _logs(copy) == before
+    gone = next(copy.glob("*/tiny-k2-norule-s0"))
+    shutil.rmtree(gone)
+    res = runner.invoke(app, [*ARGS, "--out", str(copy)])  # three kept, the fourth trains again
+    assert res.exit_code == 0, res.output
+    assert "3 of the 4 runs ended before and kept only their records" in " ".join(res.output.split())
+    assert {p: b for p, b in _logs(copy).items() if gone not in p.parents} == \
+        {p: b for p, b in before.items() if gone not in p.parents}
+    assert (gone / "checkpoint.pt").exists() and len(list(copy.glob("*/*/checkpoint.pt"))) == 1
+    old, new = (json.loads((d / "verdict.json").read_text()) for d in (root, copy))
+    fields = ("verdict", "effect", "effect_ci", "mde", "spread")  # the run trained again is the same run
+    assert [[c.get(f) for f in fields] for c in new["claims"]] == [[c.get(f) for f in fields] for c in old["claims"]]
+
+
 @pytest.mark.parametrize("break_it,said", [
     ("empty", "has no records of 4 of the 4 runs this reproduction reads (tiny-k1-rule-s0, tiny-k2-rule-s0, "
               "tiny-k2-norule-s0, tiny-k2-rule-arm-bn-scale-s0); run it without --judge-only to train them"),

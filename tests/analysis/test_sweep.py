@@ -154,7 +154,7 @@ def test_a_record_edited_after_the_run_is_said_to_be_edited_not_made_otherwise(t
     assert res.exit_code == 2 and len(lines) == 1 and "was made with other settings" in lines[0], lines
 
 
-def test_a_finished_run_whose_checkpoint_was_deleted_is_not_trained_over(tmp_path):
+def test_a_run_whose_checkpoint_was_deleted_is_kept_as_its_records_if_it_ended_and_refused_if_not(tmp_path):
     from engine_util import toy_spec
 
     torch.set_num_threads(1)
@@ -164,10 +164,17 @@ def test_a_finished_run_whose_checkpoint_was_deleted_is_not_trained_over(tmp_pat
     (run / "checkpoint.pt").unlink()
     record = {n: (run / n).read_bytes() for n in ("hparams.json", "metrics.jsonl")}
     res = _toy_sweep(tmp_path, spec, "--kappas", "2", "--rule", "with")
+    assert res.exit_code == 0, res.output
+    assert "1 of the 2 runs ended before and kept only their records" in " ".join(res.output.split()), res.output
+    assert {n: (run / n).read_bytes() for n in record} == record and not (run / "checkpoint.pt").exists()
+    rows = record["metrics.jsonl"].decode().splitlines()  # killed half-way: its log stops before its end
+    (run / "metrics.jsonl").write_text("\n".join(rows[: len(rows) // 2]) + "\n")
+    cut = (run / "metrics.jsonl").read_bytes()
+    res = _toy_sweep(tmp_path, spec, "--kappas", "2", "--rule", "with")
     assert res.exit_code == 2, res.output
     lines = res.output.strip().splitlines()
-    assert len(lines) == 1 and "whose checkpoint is gone" in lines[0] and f"delete {run}" in lines[0], lines
-    assert {n: (run / n).read_bytes() for n in record} == record
+    assert len(lines) == 1 and "whose checkpoint is gone and whose log stops before its end" in lines[0], lines
+    assert f"delete {run}" in lines[0] and (run / "metrics.jsonl").read_bytes() == cut
 
 
 def test_two_kappas_that_name_the_same_run_fail_before_the_baseline_trains(tmp_path):
