@@ -114,8 +114,9 @@ def _linear_range(name: str, what: str, x: float, kappa: float, v: float, of: st
     if 0.0 <= v < 1.0:
         return None
     if v >= 1.0:
-        # 1 − κ(1 − x) reads as 1 once κ(1 − x) < 5e-16 (_linear's 15 digits); 1e-15 is the first step kept
-        least = 1e-15 / (1.0 - x)
+        # 1 − κ(1 − x), rounded once, reads as 1 while κ(1 − x) ≤ 2^-54 (half a step of float64 below 1); twice
+        # a whole step, 2^-52, stays below 1 with room for the 3 digits the message prints
+        least = 2.0**-52 / (1.0 - x)
         return (f"{name}: {what}{of} rounds to 1 at κ={kappa:.10g} (κ(1 − {x:g}) = {kappa * (1.0 - x):.3g} is below "
                 f"float64's resolution): the average would never move; use κ ≥ {least:.3g}")
     most = float(1 / (1 - Decimal(repr(float(x)))))

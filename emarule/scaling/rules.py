@@ -8,7 +8,7 @@ rule's name. References are to Busbridge et al. (2023), "How to Scale Your EMA".
 from __future__ import annotations
 
 import math
-from decimal import Decimal
+from fractions import Fraction
 
 from emarule.errors import ScalingError
 
@@ -21,10 +21,11 @@ def ema_exponential(rho: float, kappa: float) -> float:
 
 
 def linear(x: float, kappa: float) -> float:
-    """1 − κ(1 − x), computed exactly on the decimal values written (Decimal of their shortest repr) and then
-    rounded once: in floats, 1 − 1000(1 − 0.999) is −8.9e-16, not the 0 it is, and 1 − 10(1 − 0.9) 2.2e-16."""
-    exact = 1 - Decimal(repr(float(kappa))) * (1 - Decimal(repr(float(x))))
-    return float(f"{float(exact):.15g}")
+    """1 − κ(1 − x), computed exactly on the decimal values written (their shortest repr) and then
+    rounded once: in floats, 1 − 1000(1 − 0.999) is −8.9e-16, not the 0 it is, and 1 − 10(1 − 0.9) 2.2e-16.
+    At κ=1 it is x itself, whatever its digits."""
+    exact = 1 - Fraction(repr(float(kappa))) * (1 - Fraction(repr(float(x))))  # Decimal would keep 28 digits
+    return float(exact)
 
 
 def ema_linear(rho: float, kappa: float) -> float:

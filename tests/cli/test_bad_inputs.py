@@ -219,8 +219,8 @@ CASES = [
     ("plan-wd-nan", ["plan", "byol-r18", "--kappa", "1e300", "--set", "optimizer.lr=1e10", "--set",
                      "optimizer.weight_decay_rule=auto", "-f", "json"], "past float64's range"),
     ("plan-beta-rounds-to-one", ["plan", "ctc-pseudo-label", "--kappa", "1e-14"], "rounds to 1 at κ=1e-14"),
-    ("plan-linear-rounds-to-one", ["plan", "byol-r18", "--kappa", "1e-14", "--ema-rule", "linear"],
-     "use κ ≥ 1.25e-13"),
+    ("plan-linear-rounds-to-one", ["plan", "byol-r18", "--kappa", "1e-15", "--ema-rule", "linear"],
+     "use κ ≥ 2.78e-14"),
     # --progressive replaces the spec's schedule: a --set of its shape would be dropped unseen
     ("plan-progressive-and-set-shape", ["plan", "byol-r18", "-k", "4", "--progressive", "step:10", "--set",
                                         "progressive.from_kappa=2"], "--set progressive.from_kappa and --progressive"),
@@ -400,7 +400,7 @@ def test_distributed_variables_without_torchrun_are_one_line(workdir, capsys, mo
 
 def test_the_betas_bound_named_is_one_every_beta_meets(workdir, capsys):
     """The smallest κ a rounds-to-1 error names is the binding β's, so the plan at that κ stands."""
-    refused_in_one_line(["plan", "ctc-polyak", "--kappa", "1e-14"], capsys, "use κ ≥ 1e-12")
+    refused_in_one_line(["plan", "ctc-polyak", "--kappa", "1e-14"], capsys, "use κ ≥ 2.22e-13")
     with pytest.raises(SystemExit) as e:
-        main(["plan", "ctc-polyak", "--kappa", "1e-12", "-f", "json"])
+        main(["plan", "ctc-polyak", "--kappa", "2.22e-13", "-f", "json"])
     assert e.value.code == 0

@@ -30,17 +30,20 @@ def test_just_past_the_largest_kappa_names_it():
 @pytest.mark.parametrize("name,rule,needle", [
     # both betas round to 1; the bound named is the larger β's, which the smaller meets too
     ("ctc-pseudo-label", "exponential", r"optimizer.betas\[1\]: 1 − κ\(1 − β\) for β=0.999 rounds to 1 at "
-                                         r"κ=1e-14 .* use κ ≥ 1e-12"),
-    ("byol-r18", "linear", r"ema.momentum: the linear EMA rule 1 − κ\(1 − ρ\) rounds to 1 at κ=1e-14 .* "
-                           r"use κ ≥ 1.25e-13"),
+                                         r"κ=1e-15 .* use κ ≥ 2.22e-13"),
+    ("byol-r18", "linear", r"ema.momentum: the linear EMA rule 1 − κ\(1 − ρ\) rounds to 1 at κ=1e-15 .* "
+                           r"use κ ≥ 2.78e-14"),
 ])
 def test_a_linear_rule_that_rounds_to_one_names_the_smallest_kappa(name, rule, needle):
     with pytest.raises(ScalingError, match=needle):
-        scale(load_spec(name), 1e-14, rule)
+        scale(load_spec(name), 1e-15, rule)
 
 
-def test_the_named_smallest_kappa_works():
-    assert scale(load_spec("byol-r18"), 1.25e-13, "linear")["ema.momentum"] < 1.0
+def test_the_named_smallest_kappa_works_and_float64_is_used_to_its_last_step():
+    assert scale(load_spec("byol-r18"), 2.78e-14, "linear")["ema.momentum"] < 1.0
+    # κ(1 − ρ) = 8e-17 is past half a step below 1 (2^-54 ≈ 5.6e-17): 1 − 2^-53, not 1
+    assert scale(load_spec("byol-r18"), 1e-14, "linear")["ema.momentum"] == 1.0 - 2.0**-53
+    assert scale(load_spec("ctc-pseudo-label"), 2.22e-13)["optimizer.betas"][1] < 1.0
 
 
 def test_step_counts_past_float64_name_the_key_and_the_smallest_kappa():

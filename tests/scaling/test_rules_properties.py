@@ -23,6 +23,18 @@ def test_kappa_one_is_identity(name):
         assert all(math.isclose(a, b, rel_tol=1e-12) for a, b in zip(base, scaled, strict=True)), key
 
 
+@settings(max_examples=300, deadline=None)
+@given(x=st.floats(min_value=-2.0, max_value=1.0), kappa=kappa_st)
+def test_the_linear_rule_is_the_exact_value_rounded_once(x, kappa):
+    from fractions import Fraction
+
+    assert rules.linear(x, 1.0) == x  # every digit kept, not only the first 15
+    exact = 1 - Fraction(repr(kappa)) * (1 - Fraction(repr(x)))
+    got = Fraction(rules.linear(x, kappa))
+    assert all(abs(got - exact) <= abs(Fraction(n) - exact) for n in (math.nextafter(float(got), -math.inf),
+                                                                        math.nextafter(float(got), math.inf)))
+
+
 @settings(max_examples=200, deadline=None)
 @given(rho=rho_st, k1=kappa_st, k2=kappa_st)
 def test_exponential_rule_composes(rho, k1, k2):
