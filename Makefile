@@ -38,7 +38,8 @@ test: $(STAMP)
 # on seeds 100-104 (`--headline`: only the runs that claim reads) into runs/reproduce/<family>-headline/; last,
 # the README's table of claims, each family page's results block and the README's figures (docs/figures/) are
 # rewritten from their verdict.json files and figures, with the wall time of it all.
-# A stopped root thus holds whole families. Finished runs are kept: stopped, the same command resumes.
+# A stopped root thus holds whole families. Finished runs are kept: stopped, the same command resumes; runs kept
+# as their records alone (results/cpu-root/*.tgz extracted here) are judged from those and do not train again.
 # Before each family a line says where it is: `make repro: [3/9] polyak, 2 min in`.
 # `make rejudge`: the same root judged again when only the analysis changed, training nothing: the training
 # families with `--judge-only` (their runs' records suffice, checkpoints or not), the studies reusing their
