@@ -141,8 +141,10 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, ta
                                preset=s.get("preset"), data=data, seed=r.seed, wandb=wandb,
                                max_device_batch=max_device_batch, num_workers=num_workers))
     link_forks(runs, ctxs)
+    if judge_only:
+        return from_records(console, runs, ctxs, metric, figures)
     kept = kept_by_records(ctxs)
-    if judge_only or len(kept) == len(ctxs):
+    if len(kept) == len(ctxs):
         return from_records(console, runs, ctxs, metric, figures)
     if kept:
         from emarule.engine import distributed
@@ -293,6 +295,9 @@ def ended_by_records(ctx, fix: str | None = None) -> bool | None:
     return finished_by_records(run)
 
 
+KEPT_FIX = "give the sweep a new --out or remove that run"  # as a sweep says it of a run it would resume
+
+
 def kept_by_records(ctxs: list) -> frozenset:
     """The runs whose checkpoint is gone but whose records show they ended (a root kept as its records, as
     results/cpu-root keeps one): those records stand for them, and they do not train again. A run with no
@@ -300,7 +305,7 @@ def kept_by_records(ctxs: list) -> frozenset:
     from emarule.engine.rundir import UNSAVED
 
     return frozenset(i for i, c in enumerate(ctxs) if not (c.out / CHECKPOINT).exists()
-                     and not (c.out / UNSAVED).exists() and ended_by_records(c))
+                     and not (c.out / UNSAVED).exists() and ended_by_records(c, fix=KEPT_FIX))
 
 
 def from_records(console, runs: list[SweepRun], ctxs: list, metric: str | None, figures: list | None) -> list[dict]:

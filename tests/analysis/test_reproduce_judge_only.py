@@ -103,3 +103,18 @@ def test_a_final_teachers_probe_is_read_from_its_cache_when_the_checkpoint_is_go
     assert P.offline_probe(tmp_path)["offline_probe_top1"] == 47.5
     (tmp_path / P.CACHE).write_text(json.dumps(cache | {"method": "another fit"}))
     assert P.offline_probe(tmp_path) is None  # not this code's fit: nothing to read
+
+
+def test_records_made_with_other_settings_are_one_line_for_judge_only_and_for_a_plain_reproduce(root, tmp_path):
+    copy = tmp_path / "polyak"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns("checkpoint.pt"))
+    hp = next(copy.glob("*/tiny-k2-rule-s0/hparams.json"))
+    record = json.loads(hp.read_text())
+    record["fingerprint"]["spec"]["schedule"]["epochs"] += 1
+    hp.write_text(json.dumps(record))
+    for extra, fix in ((["--judge-only"], "--judge-only judges a root with the settings it was made with"),
+                       ([], "give the sweep a new --out or remove that run")):
+        res = runner.invoke(app, [*ARGS, "--out", str(copy), *extra])
+        said = " ".join(res.output.split())
+        assert res.exit_code == 2 and "was made with other settings (spec.schedule.epochs differ)" in said, said
+        assert fix in said and "--resume" not in said and res.output.count("\n") <= 2, said

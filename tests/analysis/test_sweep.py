@@ -214,3 +214,56 @@ def test_a_diverging_run_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch
     assert (tmp_path / "sw" / "toy" / "k4-rule-s0" / "checkpoint.pt").is_file()
     row = next(x for x in out.splitlines() if "k2-rule-s0" in x and "stopped early" in x)
     assert row.count("∞") == 2  # compare: max and mean |Δ|
+
+
+def test_a_kept_run_made_with_other_settings_is_one_line_for_a_sweep(tmp_path):
+    from engine_util import toy_spec
+
+    torch.set_num_threads(1)
+    assert _toy_sweep(tmp_path, toy_spec(**{"schedule.epochs": 1}), "--kappas", "2", "--rule", "with").exit_code == 0
+    for ck in (tmp_path / "sw").rglob("checkpoint.pt"):
+        ck.unlink()
+    res = _toy_sweep(tmp_path, toy_spec(**{"schedule.epochs": 2}), "--kappas", "2", "--rule", "with")
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and "was made with other settings (spec.schedule.epochs differ); give the sweep a new " \
+        "--out or remove that run" in lines[0] and "--resume" not in lines[0], lines
+
+
+def test_runs_side_by_side_are_the_runs_not_kept_each_waiting_for_its_own_seeds_baseline(tmp_path, monkeypatch):
+    """`_run_all` hands `run_side_by_side` the runs that train, numbered among themselves: the waits, the
+    follow-ups and the results are mapped back to the right run, and a kept baseline is waited for by none."""
+    from types import SimpleNamespace
+
+    from emarule.analysis import parallel
+
+    runs = [S.SweepRun(1.0, "exponential", 0, True), S.SweepRun(2.0, "exponential", 0, False),
+            S.SweepRun(2.0, None, 0, False), S.SweepRun(1.0, "exponential", 1, True),
+            S.SweepRun(2.0, "exponential", 1, False)]
+
+    class Plan(dict):
+        warnings: list = []
+
+    ctxs = [SimpleNamespace(out=tmp_path / f"run{i}", kappa=r.kappa, plan=Plan(batch_size=32))
+            for i, r in enumerate(runs)]
+    seen = {}
+
+    def side_by_side(console, labels, sub, jobs, on_done, after=None, follow_up=None):
+        seen.update(labels=labels, after=after, follow=[follow_up(j) for j in range(len(sub))])
+        for j in range(len(sub)):
+            on_done(j, {"steps": j}, 1.0, "")
+
+    monkeypatch.setattr(parallel, "run_side_by_side", side_by_side)
+    monkeypatch.setattr(parallel, "jobs_for", lambda jobs, n, world: 2)
+    monkeypatch.setattr(report, "report", lambda out, wall: None)
+    monkeypatch.setattr(report, "print_report", lambda console, r: None)
+    monkeypatch.setattr(S, "compare_after", lambda *a, **k: [])
+    monkeypatch.setattr(S, "print_summary", lambda console, done: None)
+    console = SimpleNamespace(print=lambda *a, **k: None)
+    done = S._run_all(console, runs, ctxs, None, None, jobs=2, follow_up=lambda i, d: (i, d.name),
+                      kept=frozenset({0, 2}))  # seed 0's baseline and one of its runs kept
+    assert seen["labels"] == ["run1", "run3", "run4"]
+    assert seen["after"] == [None, None, 1]  # run1's baseline is kept; run4 waits for run3, its seed's baseline
+    assert seen["follow"] == [(1, "run1"), (3, "run3"), (4, "run4")]
+    assert [(d["run"], d["result"]) for d in done] == [(str(tmp_path / f"run{i}"), r) for i, r in enumerate(
+        [{}, {"steps": 0}, {}, {"steps": 1}, {"steps": 2}])]
