@@ -144,8 +144,8 @@ def execute(console, runs: list[SweepRun], resolve_run: Callable, root: Path, ta
     if judge_only:
         return from_records(console, runs, ctxs, metric, figures)
     kept = kept_by_records(ctxs)
-    if len(kept) == len(ctxs):
-        return from_records(console, runs, ctxs, metric, figures)
+    if len(kept) == len(ctxs):  # each already read and checked
+        return judged_as_recorded(console, runs, ctxs, metric, figures)
     if kept:
         from emarule.engine import distributed
 
@@ -312,8 +312,6 @@ def from_records(console, runs: list[SweepRun], ctxs: list, metric: str | None, 
     """The planned runs as their records in the root have them, training nothing: each must hold
     hparams.json and metrics.jsonl made with these settings and have ended (`finished_by_records`). Its
     checkpoint is not read, so a root copied without its checkpoints can be judged again."""
-    from emarule.engine import distributed
-
     missing, unfinished = [], []
     for ctx in ctxs:
         ended = ended_by_records(ctx, fix="--judge-only judges a root with the settings it was made with: give its "
@@ -328,6 +326,15 @@ def from_records(console, runs: list[SweepRun], ctxs: list, metric: str | None, 
             shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
             raise UserError(f"--judge-only: {ctxs[0].out.parent} {what} {len(names)} of the {len(ctxs)} runs this "
                             f"reproduction reads ({shown}); run it without --judge-only to {fix} them")
+    return judged_as_recorded(console, runs, ctxs, metric, figures)
+
+
+def judged_as_recorded(console, runs: list[SweepRun], ctxs: list, metric: str | None,
+                       figures: list | None) -> list[dict]:
+    """The runs, every one ended by records made with these settings (`from_records`, `kept_by_records`), as
+    `execute` returns them, with the sweep's comparison; nothing trains."""
+    from emarule.engine import distributed
+
     done = [entry(r, c) for r, c in zip(runs, ctxs, strict=True)]
     if distributed.is_main():
         console.print(f"judging the {len(done)} runs in {ctxs[0].out.parent} from their records; nothing trains",
