@@ -243,7 +243,6 @@ def track_table(family: Family, tables: dict, base: list, settings: dict, since:
         if until is not None:
             table, window = metric_table(t, base, settings, until, since), until
     s = J.scale(table, "signed", "run")
-    sigma = 1.0 if t.higher_is_better else -1.0
     rows = {}
     for rule, k in table["rows"]:
         if rule == "baseline":
@@ -251,7 +250,7 @@ def track_table(family: Family, tables: dict, base: list, settings: dict, since:
         d = J.signed(table, (rule, k), "run")
         state, effect, ci = None, None, None
         if d is not None and s and math.isfinite(s):
-            e = [-sigma * v / s for v in d.values()]
+            e = [-J.sigma(t) * v / s for v in d.values()]
             sm = R.summarize(e)
             effect, ci = sm.mean * s, (sm.ci95[0] * s, sm.ci95[1] * s)
             if R.decide(R.Part("directional", size=1.0), e).verdict == R.REPRODUCED:
