@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from emarule.analysis.compare import finite_number, mean_curve
 from emarule.errors import UserError
 from emarule.analysis.reproduce import judge as J
 from emarule.analysis.reproduce import mechanisms
@@ -38,13 +39,13 @@ def metric_table(metric: Metric, base: list, settings: dict, until: float | None
     (on the epochs in [since, until] only, when given)."""
 
     def curve(r):
-        xs, ys = final_reading(r, metric) if metric.file else V.run_curve(r, metric.name, metric.smooth_epochs)
+        xs, ys = final_reading(r, metric) if metric.file else V.smooth(r.curve(metric.name), metric.smooth_epochs)
         keep = [i for i, x in enumerate(xs) if (until is None or x <= until + 1e-9)
                 and (since is None or x >= since - 1e-9)]
         return [xs[i] for i in keep], [ys[i] for i in keep]
 
     base_curves = [curve(r) for r in base]
-    bgrid, bmean, bstd = V.baseline_curve(base_curves)
+    bgrid, bmean, bstd = mean_curve(base_curves)
     if not bgrid:
         raise UserError(f"the baseline runs logged no {metric.name!r} values in common; "
                         f"check {base[0].path if base else 'the run directories'}/metrics.jsonl")
@@ -75,8 +76,8 @@ def final_reading(run, metric: Metric) -> tuple[list, list]:
     from emarule.engine.rundir import read_json
 
     got = read_json(run.path / metric.file)
-    v = V.finite_number(got.get(metric.name)) if isinstance(got, dict) else None
-    ends = [V.finite_number(st.get("end_epoch")) for st in run.hparams.get("layout") or [] if isinstance(st, dict)]
+    v = finite_number(got.get(metric.name)) if isinstance(got, dict) else None
+    ends = [finite_number(st.get("end_epoch")) for st in run.hparams.get("layout") or [] if isinstance(st, dict)]
     end = max((e for e in ends if e is not None), default=None)
     if end is None:
         end = max((x for x in map(run.epoch_of, run.rows) if x is not None), default=None)
@@ -85,7 +86,7 @@ def final_reading(run, metric: Metric) -> tuple[list, list]:
 
 def finals_of(curves: list, stopped: list) -> list:
     """Each curve's final value; none for a run that stopped before its end."""
-    return [None if st else V.final(c) for c, st in zip(curves, stopped, strict=True)]
+    return [None if st or not c[1] else finite_number(c[1][-1]) for c, st in zip(curves, stopped, strict=True)]
 
 
 def stopped_early(run) -> bool | None:

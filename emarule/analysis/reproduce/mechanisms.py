@@ -21,11 +21,6 @@ def _plan(run, key: str) -> float | None:
     return float(v) if isinstance(v, (int, float)) else None
 
 
-def _steps_per_epoch(run) -> float | None:
-    layout = run.hparams.get("layout") or []
-    return float(layout[0]["steps_per_epoch"]) if layout and layout[0].get("steps_per_epoch") else None
-
-
 def _total_steps(run) -> float | None:
     """The baseline's steps: from its layout's epochs, or, where a batch is counted in seconds of audio and an
     epoch has no fixed step count, from the plan's step-counted `schedule.total_steps` at the base batch."""
@@ -44,8 +39,9 @@ def horizon_vs_last_stage(claim, base: list, tables: dict) -> dict:
     horizon 1/(1 − ρ_B) (in epochs at the base batch) against the length of the last lr stage. The paper:
     ρ_B = 0.9999 at B = 1024 on ImageNet is 10⁴ steps ≈ 8 epochs, against the 10 epochs after the decay at
     epoch 80 of 90 (L741–744): 0.8."""
-    run = base[0]
-    rho, spe = _plan(run, "ema.momentum"), _steps_per_epoch(run)
+    run, layout = base[0], base[0].hparams.get("layout") or []
+    rho = _plan(run, "ema.momentum")
+    spe = float(layout[0]["steps_per_epoch"]) if layout and layout[0].get("steps_per_epoch") else None
     spec = run.hparams.get("spec") or {}
     epochs, milestones = value(spec, "schedule.epochs"), value(spec, "schedule.milestones_epochs")
     name = "the EMA's horizon against the last lr stage"

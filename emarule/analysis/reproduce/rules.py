@@ -1,27 +1,32 @@
 """Decision rules by the shape of a claim, on signed per-seed paired effects. Pure Python, torch-free.
 
-Every effect handed to `decide` is one number per seed, signed so that the paper's direction is positive, and
-in units of the family's baseline pair spread (a margin of 1 is one spread; every number the rules' words print
-is in spreads). The rules are written in docs/reproduce.md ("Decision rules") and applied here exactly as
-written; a change to them once verdicts have been seen may only make them stricter, never move a verdict
-towards the paper. A part neither reproduced nor contradicted is not reproduced at this preset, with its MDE:
+Every effect handed to `decide` is one number per seed, signed so that the paper's direction is positive,
+and in units of the family's baseline pair spread (so a margin of 1 is one spread). The rules are written in
+docs/reproduce.md ("Decision rules") and applied here exactly as written; a change to them once verdicts
+have been seen may only make them stricter, never move a verdict towards the paper:
 
     directional    reproduced     CI95 lies above the part's size (0 for a sign alone)
                    contradicted   CI95 lies below 0 (the opposite effect), or, where the paper states the
                                   size, TOST shows |effect| < margin AND the seeds run had the power
                                   (the MDE against no effect ≤ the paper's effect)
+                   otherwise      not reproduced at this preset, with the MDE
     departure      (a directional claim whose paper gives no sign: "diverges", "does not match")
                    reproduced     CI95 lies wholly above +size or wholly below −size
-                   contradicted   where the paper states the size, its absence shown as for directional
+                   contradicted   where the paper states the size, TOST shows |effect| < margin AND the MDE
+                                  against no effect ≤ the paper's effect
+                   otherwise      not reproduced at this preset, with the MDE
     comparative    (on paired differences of gaps: "closer", "≈ 3× smaller")
                    reproduced     CI95 lies above the size the claim states
-                   contradicted   CI95 lies below 0 (the opposite ordering, at the ratio the claim states);
-                                  never by an absence: a difference of two gaps cannot bound an absent
-                                  effect (each gap has a noise floor)
+                   contradicted   CI95 lies below 0 (the opposite ordering, at the ratio the claim states)
+                   otherwise      not reproduced at this preset, with the MDE. A difference of two gaps
+                                  cannot bound an absent effect (each gap has a noise floor), so no
+                                  equivalence test contradicts a comparative claim.
     equivalence    reproduced     TOST at level 0.05: the CI90 lies inside ±margin
                    contradicted   CI95 lies wholly outside ±margin
+                   otherwise      not reproduced at this preset, with the MDE
     noninferior    reproduced     CI95's low end lies above −margin ("matches or surpasses")
                    contradicted   CI95's high end lies below −margin
+                   otherwise      not reproduced at this preset, with the MDE
 
 A size or margin of one spread, the estimated spread's own and not the paper's, is bounded (`Part.bound`):
 each test that reads one gives half its level to a χ² bound on the spread, which moves the threshold to
@@ -30,13 +35,19 @@ CI95 becomes CI97.5). A sign, and a size the paper states, are not bounded.
 
 CI95 and CI90 are paired Student-t intervals of the mean effect (two-sided 95 % and 90 %); a t interval keeps
 its coverage at 5 seeds, where a percentile bootstrap of the mean covers about 84 % (docs/reproduce.md,
-"Rules by claim shape", prints both, measured). The minimum detectable effect is the true effect a part's
-test detects with 80 % power at the seeds run, from the effects' own sd (`mde`, `Part.detectable`).
+"Rules by claim shape", prints both, measured). The minimum detectable effect is the true effect that a
+one-sample t test at two-sided level 0.05 detects with 80 % power at the seeds run, from the effects' own
+standard deviation: (t₀.₉₇₅ + t₀.₈₀) · sd / √n, on n − 1 degrees of freedom; for a signed part with a size,
+that much beyond the size, as its interval must clear the size; for a bounded size, the MDE at two-sided
+0.025 beyond the size at its bound. An absence's power condition compares
+the MDE against no effect, (t₀.₉₇₅ + t₀.₈₀) · sd / √n, with the paper's effect.
 
 A claim that joins parts ("with the rule the EMA matches, without it it does not") is judged on each part:
 reproduced only when every part is, contradicted when any part is, otherwise not reproduced. Its "does not
 match" part has the size of its "matches" part's margin (one spread), so the two parts cannot both hold of
 one setting; that size is ours, not the paper's, so no absence contradicts it.
+
+Every number a rule's words print is in spreads.
 """
 
 from __future__ import annotations
