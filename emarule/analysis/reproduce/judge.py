@@ -129,9 +129,7 @@ def scale(table: dict, kind: str, over: str) -> float | None:
     """The baselines' pair spread of the statistic: RMS of Δ between two baselines ("signed"), or their mean
     gap ("gap")."""
     g = table["rows"][("baseline", 1.0)]["gaps"]
-    if g is None:
-        return None
-    return g[f"signed_{over}"] if kind == "signed" else g[over]
+    return None if g is None else g[f"signed_{over}" if kind == "signed" else over]
 
 
 def scale_df(table: dict) -> int | None:
@@ -279,11 +277,10 @@ def judge(family: Family, claim: Claim, tables: dict, kappas: list, gate: dict |
           mechanism: dict | None) -> Verdict:
     """The claim's verdict on the measured tables (`measure.metric_table`, one per metric)."""
     keys = tuple(setting_key(family, n, claim.kappa) for n in claim.settings)
-    kappa = keys[0][1] if keys[0][0] not in STANDARD else claim.kappa
-    if claim.kind == "with_better" and kappas:
-        kappa = kappas[-1]
     v = Verdict.of(claim)
-    v.kappa = kappa
+    v.kappa = keys[0][1] if keys[0][0] not in STANDARD else claim.kappa
+    if claim.kind == "with_better" and kappas:
+        v.kappa = kappas[-1]
     if claim.settings != STANDARD:  # the kinds that read one setting name only A
         one = claim.kind in ("gap_remains", "matches_or_better")
         v.settings = {"A": _label(*keys[0])} | ({} if one else {"B": _label(*keys[1])})
@@ -342,8 +339,7 @@ def _numbers(table: dict, keys: tuple, over: str) -> dict:
     for name, key in zip(("A", "B"), keys, strict=True):
         g = gaps(table, key, over)
         if g:
-            vals = list(g.values())
-            out[f"gap_{name}"] = sum(vals) / len(vals)
+            out[f"gap_{name}"] = sum(g.values()) / len(g)
     out["gap_baselines"] = scale(table, "gap", over)
     return out
 

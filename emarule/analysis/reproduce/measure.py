@@ -70,9 +70,8 @@ def metric_table(metric: Metric, base: list, settings: dict, until: float | None
 
 def final_reading(run, metric: Metric) -> tuple[list, list]:
     """A metric measured once on the finished run (`Metric.file`) as a curve of one point, at the run's
-    planned end (its layout's last epoch; its last logged one where it records none), so that every run of
-    a comparison puts it at the same epoch; a run that stopped before it is `stopped_early`'s to mark. No
-    point where the file or its value is missing."""
+    planned end (its layout's last epoch, else its last logged one), so that every run of a comparison puts it
+    at the same epoch. No point where the file or its value is missing."""
     from emarule.engine.rundir import read_json
 
     got = read_json(run.path / metric.file)
@@ -90,8 +89,7 @@ def finals_of(curves: list, stopped: list) -> list:
 
 
 def stopped_early(run) -> bool | None:
-    """Whether the run's log ends before its planned end; None where the run does not record its end
-    (`compare.Run.stopped_early`, which memoises it)."""
+    """Whether the run's log ends before its planned end; None where it records no end (`compare.Run`'s)."""
     return run.stopped_early()
 
 
@@ -133,21 +131,16 @@ def measure(family: Family, runs: list, arms: dict | None = None) -> dict:
             span = f" up to epoch {until:.3g} ({c.until})"
         if x and c.over == "run":
             span = f" from epoch {x:g}" + span
-        broken = sorted({s for n in _metrics_read(family, c) if n in ts for s in stopped_baselines(ts[n])}, key=str)
-        if broken:
-            v = J.Verdict.of(c, why=_stopped_why(broken))
-        else:
-            v = J.judge(family, c, ts, kappas, gate, mechanisms.check(c, base, ts))
+        read = [c.metric] + ([family.target_metric.name] if c.kind in ("target_explains", "ema_above_target") else [])
+        broken = sorted({s for n in read if n in ts for s in stopped_baselines(ts[n])}, key=str)
+        v = (J.Verdict.of(c, why=_stopped_why(broken)) if broken
+             else J.judge(family, c, ts, kappas, gate, mechanisms.check(c, base, ts)))
         if span and v.statistic:
             v.statistic += span
         claims.append(v.as_dict())
     return {"tables": tables, "claims": claims, "kappas": kappas, "baseline_seeds": len(base),
             "seeds": [r.seed for r in base], "since_epoch": since,
             "optimizer_check": optimizer_check(family, gate, kappas)}
-
-
-def _metrics_read(family: Family, c: Claim) -> list:
-    return [c.metric] + ([family.target_metric.name] if c.kind in ("target_explains", "ema_above_target") else [])
 
 
 def transition_epoch(runs: list) -> float | None:
@@ -179,8 +172,7 @@ def expand(claims, kappas: list) -> list[Claim]:
     takes stand-ins (`Claim.stand_in_beyond`: judged in place of the paper's range, and labelled so)."""
     out = []
     for c in claims:
-        top = math.inf if c.stand_in_beyond else c.kappa
-        ks = [k for k in kappas if k != 1 and (k <= c.kappa or (c.stand_in_beyond and k <= top))] if c.up_to else []
+        ks = [k for k in kappas if k != 1 and (k <= c.kappa or c.stand_in_beyond)] if c.up_to else []
         out.extend([replace(c, kappa=k) for k in ks] or [c])
     return out
 
@@ -245,21 +237,16 @@ def track_table(family: Family, tables: dict, base: list, settings: dict, since:
             table, window = metric_table(t, base, settings, until, since), until
     s = J.scale(table, "signed", "run")
     rows = {}
-    for rule, k in table["rows"]:
-        if rule == "baseline":
-            continue
+    for rule, k in (key for key in table["rows"] if key[0] != "baseline"):
         d = J.signed(table, (rule, k), "run")
         state, effect, ci = None, None, None
         if d is not None and s and math.isfinite(s):
             e = [-J.sigma(t) * v / s for v in d.values()]
             sm = R.summarize(e)
             effect, ci = sm.mean * s, (sm.ci95[0] * s, sm.ci95[1] * s)
-            if R.decide(R.Part("directional", size=1.0), e).verdict == R.REPRODUCED:
-                state = "strays"
-            elif R.decide(R.Part("equivalence", margin=1.0), e).verdict == R.REPRODUCED:
-                state = "tracks"
-            elif math.isfinite(sm.mean):
-                state = "between"
+            state = ("strays" if R.decide(R.Part("directional", size=1.0), e).verdict == R.REPRODUCED
+                     else "tracks" if R.decide(R.Part("equivalence", margin=1.0), e).verdict == R.REPRODUCED
+                     else "between" if math.isfinite(sm.mean) else None)
         rows[(rule, k)] = {"metric": t.name, "effect": effect, "ci": ci, "spread": s, "state": state}
     return {"metric": t.name, "blind": (not t.depends_on_ema) or window is not None, "spread": s, "rows": rows,
             "until_epoch": window, "until": family.target_blind_until or None, "since_epoch": since,

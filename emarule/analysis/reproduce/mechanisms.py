@@ -37,8 +37,7 @@ def _total_steps(run) -> float | None:
 def horizon_vs_last_stage(claim, base: list, tables: dict) -> dict:
     """§3.2's drop at the end needs an EMA that still averages weights from before the last lr decay: its
     horizon 1/(1 − ρ_B) (in epochs at the base batch) against the length of the last lr stage. The paper:
-    ρ_B = 0.9999 at B = 1024 on ImageNet is 10⁴ steps ≈ 8 epochs, against the 10 epochs after the decay at
-    epoch 80 of 90 (L741–744): 0.8."""
+    ρ_B = 0.9999 at B = 1024 on ImageNet, ≈ 8 epochs, against the 10 after the decay at 80 of 90 (L741–744)."""
     run, layout = base[0], base[0].hparams.get("layout") or []
     rho = _plan(run, "ema.momentum")
     spe = float(layout[0]["steps_per_epoch"]) if layout and layout[0].get("steps_per_epoch") else None

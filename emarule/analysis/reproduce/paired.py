@@ -100,10 +100,9 @@ def differences(a: list, b: list) -> list:
 
 
 def paired_gaps(curves: list, base_curves: list, stopped: list | None = None) -> dict:
-    """Each seed's run against ITS OWN seed's baseline (`curves[i]` and `base_curves[i]` share the seed,
-    hence the initial weights and the data order): per seed the gap (mean |Δ| over the run, |Δ| at the end)
-    and the signed Δ = run − baseline (its mean over the run, its value at the end); the gaps' means over
-    seeds with a t interval of each. A run that stopped early: gap ∞, signed Δ none. `stopped` as in `gaps`."""
+    """Each seed's run against ITS OWN seed's baseline (`curves[i]` and `base_curves[i]` share the seed): per
+    seed the gap and the signed Δ, over the run and at the end; the gaps' means over seeds with a t interval of
+    each. A run that stopped early: gap ∞, signed Δ none. `stopped` as in `gaps`."""
     empty = {"run": None, "end": None, "seeds": len(curves), "incomplete": 0, "missing": 0, "per_seed_run": [],
              "per_seed_end": [], "ci_run": None, "ci_end": None, "signed_run": [], "signed_end": []}
     missing = sum(1 for c in curves if not c[0])
@@ -128,9 +127,8 @@ def paired_gaps(curves: list, base_curves: list, stopped: list | None = None) ->
 
 
 def pair_spread(curves: list, stopped: list | None = None) -> dict | None:
-    """The noise scale of a paired comparison: each baseline seed against each OTHER baseline seed, one run
-    against one run as a paired comparison is, over the n(n − 1) ordered pairs that share evaluation points:
-    the mean of the gap ("run", "end") and the root mean square of the signed Δ ("signed_run",
+    """The noise scale of a paired comparison, over the ordered pairs of baseline seeds that share evaluation
+    points: the mean of the gap ("run", "end") and the root mean square of the signed Δ ("signed_run",
     "signed_end"). None below 2 seeds, or without such a pair. `stopped` as in `gaps`."""
     keep = [i for i, c in enumerate(curves) if c[0]]
     if len(keep) < 2:

@@ -180,10 +180,9 @@ def chi2_quantile(p: float, df: int) -> float:
 
 
 def spread_factor(q: float, df: int, outside: bool) -> float:
-    """A one-sided confidence bound at level q on the true pair spread, in units of one estimated from `df`
-    degrees of freedom: (df · ŝ² / σ²) is χ² on df (a pair spread's square is twice the baselines' variance), so
-    σ / ŝ lies below √(df / χ²_q) and above √(df / χ²_{1−q}), each with probability 1 − q. `outside`: the upper
-    bound, for a size an effect must clear; else the lower, for a margin it must stay inside."""
+    """A one-sided bound at level q on the true pair spread σ, in units of one ŝ estimated on `df` degrees of
+    freedom: df · ŝ² / σ² is χ² on df. `outside`: the upper bound √(df / χ²_q), for a size an effect must clear;
+    else the lower √(df / χ²_{1−q}), for a margin it must stay inside."""
     return math.sqrt(df / chi2_quantile(q if outside else 1.0 - q, df))
 
 
@@ -245,12 +244,10 @@ def summarize(effects: list[float]) -> Summary:
 class Part:
     """One tested statement of a claim: its shape and the sizes fixed in advance, in spreads.
 
-    `size`: the smallest effect a directional or departure part must show (0: only a sign). `stated`: that size
-    is the paper's own ("0.2 % to 0.3 % higher"); only then can its absence be shown. `margin`: the equivalence
-    or non-inferiority margin; for a stated size, the margin inside which its absence counts as shown.
-    `paper_effect`: the effect the paper reports, which a shown absence must have had the power to see. A part
-    whose size is not the paper's (a sign alone, or "does not match" beyond the matching margin) has no size
-    to be absent: only the opposite effect contradicts it."""
+    `size`: the smallest effect a signed part must show (0: only a sign). `stated`: that size is the paper's own
+    ("0.2 % to 0.3 % higher"); only then can its absence be shown. `margin`: the equivalence or non-inferiority
+    margin; for a stated size, the margin inside which its absence counts as shown. `paper_effect`: the effect
+    the paper reports, which a shown absence must have had the power to see."""
 
     shape: str
     size: float = 0.0
@@ -276,8 +273,7 @@ class Part:
 
     @property
     def clears(self) -> float:
-        """The size a signed part's interval must clear (directional, departure, comparative); 0 for the others,
-        whose rules read a margin instead."""
+        """The size a signed part's interval must clear; 0 for the others, whose rules read a margin instead."""
         return self.size if self.shape in ("directional", "departure", "comparative") else 0.0
 
     def bounded(self, c: float) -> bool:
@@ -289,17 +285,15 @@ class Part:
         """(the threshold, the mean's one-sided level) of a one-sided test at level `a` that the mean effect
         lies above (`side` +1) or below (−1) c spreads. Where c is the estimated spread's (`bounded`), the test
         is split by Bonferroni: the mean's bound at a/2 against c at the spread's bound at a/2, on the strict
-        side: a threshold the effect must clear away from 0 grows (the spread's upper bound), one it must stay
-        within shrinks (the lower)."""
+        side (a threshold to clear away from 0 grows, one to stay within shrinks)."""
         if not self.bounded(c):
             return c, a
         return c * spread_factor(a / 2, self.spread_df, outside=side * c > 0), a / 2
 
     def detectable(self, sd: float, n: int) -> float:
         """The true effect this part's rule reproduces with POWER at n seeds of this sd: for a signed part the
-        MDE at the level of its test of the size, beyond that size as the test reads it (its interval must
-        clear the size, not 0); for the others the MDE against no effect. A bounded size enters at its bound
-        with the estimated spread as the unit, as `judge` reports it: counted in true spreads, the spread's own
+        MDE at the level of its test of the size, beyond that size at its bound (its interval must clear the
+        size, not 0); for the others the MDE against no effect. Counted in true spreads, a bounded size's own
         error lowers the power below POWER (docs/reproduce.md, "A margin of one estimated spread")."""
         if n < 2 or not math.isfinite(sd):
             return math.inf
@@ -310,9 +304,8 @@ class Part:
 
     def seeds_for(self, effect: float, sd: float) -> int | None:
         """The fewest seeds at which this part's rule reproduces a true `effect` with POWER (None: none do): its
-        `detectable` effect reaches it for a signed part; for an equivalence part the true distance must lie
-        inside the margin by the MDE, for a non-inferiority part above −margin by it. Where the spread is
-        estimated, from as many baselines as seeds, so its bound narrows as seeds are added."""
+        `detectable` effect reaches it, or for a margin the true effect lies inside it by the MDE. An estimated
+        spread comes from as many baselines as seeds, so its bound narrows as seeds are added."""
         c = self.margin if self.shape in ("equivalence", "noninferior") else self.clears
         if self.shape in ("directional", "comparative") and not effect > 0:
             return None  # the paper's direction is positive: an effect against it is never reproduced
@@ -462,8 +455,7 @@ def _t(s: Summary, c: float) -> float:
 def _p_one(s: Summary, p: Part, c: float, side: int) -> float:
     """The smallest one-sided level at which `_shown` shows the mean above (`side` +1) or below (−1) c spreads.
     For a bounded c (`Part.bound`), the level a at which the mean's p-value against c at the spread's bound
-    at a/2 is a/2 itself: found by bisection on the χ² point x of that bound (√(df/x) times c), where both
-    halves move one way."""
+    at a/2 is a/2 itself: by bisection on the χ² point x of that bound (√(df/x) times c)."""
 
     def one(at: float) -> float:  # against a fixed `at`; P(T > t) read as P(T < −t), where small p keeps its digits
         return t_cdf(-side * _t(s, at), s.n - 1)
@@ -491,15 +483,12 @@ def _p_one(s: Summary, p: Part, c: float, side: int) -> float:
 
 def p_values(part: Part, s: Summary) -> tuple[float, float]:
     """(p_reproduced, p_contradicted): the p-values of the tests whose rejection at 0.05 gives the part's rule its
-    "reproduced" and its "contradicted". A bound of a CI95 is a one-sided test at 0.025, so its p-value is
-    doubled; each of a TOST's two one-sided tests is at 0.05 (its CI90), so the larger of the two is the
-    TOST's p-value. A test against a size or margin of the estimated spread is the smallest level at which
-    its Bonferroni split (`Part.bound`) rejects. An absence counts only with its power condition met; where
-    two routes lead to one verdict (the opposite effect, or a stated size shown absent) the smaller p-value
-    is the verdict's: the two hold at different boundaries (an effect of 0 and one at the stated size), so
-    the smaller stays about at its level there (below 0.05 in 5.2 % of 6,000 simulated reproductions of 5
-    seeds with the effect at a stated size of 2 spreads, 4.2 % of 10 seeds at 1 spread). 1 for no interval
-    (fewer than 2 seeds, a diverged run)."""
+    "reproduced" and its "contradicted" (`_tests`); a TOST's is the larger of its two. An absence counts only
+    with its power condition met; where two routes lead to one verdict (the opposite effect, or a stated size
+    shown absent) the smaller p-value is the verdict's: the two hold at different boundaries (an effect of 0
+    and one at the stated size), so the smaller stays about at its level there (below 0.05 in 5.2 % of 6,000
+    simulated reproductions of 5 seeds with the effect at a stated size of 2 spreads, 4.2 % of 10 seeds at 1
+    spread). 1 for no interval (fewer than 2 seeds, a diverged run)."""
     if s.n < 2 or not math.isfinite(s.sd):
         return 1.0, 1.0
     reproduce, contradict = _tests(part)
@@ -537,11 +526,10 @@ def decide(part: Part, effects: list[float], with_p_values: bool = True) -> Deci
 
 
 def join(decisions: list[Decision], lead: int = 0) -> Decision:
-    """A claim of several parts: reproduced only when every part is, contradicted when any part is.
-    Its shape, effect and interval are part `lead`'s, the part in the paper's direction. Its p-value of
-    "reproduced" is its parts' largest (every part must pass: an intersection–union test); of "contradicted",
-    any part suffices, so it is the smallest times the number of parts (Bonferroni), a valid p-value however
-    many κ a claim joins, which may lie above 0.05 where one part alone reads contradicted."""
+    """A claim of several parts: reproduced only when every part is, contradicted when any part is. Its shape,
+    effect and interval are part `lead`'s, the part in the paper's direction. Its p-value of "reproduced" is
+    its parts' largest (an intersection–union test); of "contradicted", the smallest times the number of parts
+    (Bonferroni), valid however many κ a claim joins, so it may lie above 0.05 where one part reads contradicted."""
     verdicts = {d.verdict for d in decisions}
     verdict = (REPRODUCED if verdicts == {REPRODUCED} else CONTRADICTED if CONTRADICTED in verdicts
                else NOT_REPRODUCED)
@@ -569,8 +557,7 @@ class Kind:
 
     @property
     def margin(self) -> float | None:
-        """The first part's margin; None for a signed part (a kind states no size of the paper's, so no absence
-        can be shown)."""
+        """The first part's margin; None for a signed part."""
         p = self.parts[0]
         return p.margin if p.shape in ("equivalence", "noninferior") else None
 
@@ -610,16 +597,12 @@ SPREADS = ("bounded", "estimated", "known")  # how `simulate` measures the unit 
 def simulate(kind: Kind, effect: float, seeds: int, trials: int = 2000, noise: float = 1.0,
              rng_seed: int = 0, spread: str = "known") -> dict:
     """Each verdict's frequency over `trials` simulated reproductions of `kind`, with `seeds` paired seeds
-    whose per-seed effect is normal, of mean `effect` and sd `noise` (both in spreads).
-
-    The first part carries `effect`: for a directional or non-inferiority part, the true effect in the paper's
-    direction; for an equivalence part, the true distance between the two settings. Further parts of a
-    joined kind hold the paper's other statement exactly (effect 0), so the frequencies are those of the
-    first part as the joined claim sees it.
+    whose per-seed effect is normal, of mean `effect` and sd `noise` (both in spreads). The first part carries
+    `effect` (for an equivalence part, the true distance between the two settings); further parts of a joined
+    kind hold the paper's other statement exactly (effect 0).
 
     `spread`: "known", the effects are in the true spread; "bounded", as `judge` measures them: divided by a
-    pair spread estimated from `seeds` simulated baselines (the root mean square of their pairwise
-    differences; its true value 1), the rules told its degrees of freedom (`Part.spread_df`) so that they
+    pair spread estimated from `seeds` simulated baselines, the rules told its degrees of freedom so that they
     bound it; "estimated", divided by that estimate with the rules not told, so that the frequencies show
     what the spread's own error does to rules that take it as exact."""
     if seeds < 2:
