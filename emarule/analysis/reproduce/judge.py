@@ -197,14 +197,12 @@ def part_effects(family: Family, claim: Claim, tables: dict, keys: tuple, kappas
         out = [worse(ka, f"{_label(*ka)} ends worse than the baseline")]
     elif kind in ("rule_closer", "arm_closer"):
         ga, gb = gaps(table, ka, over), gaps(table, kb, over)
-        r = claim.ratio if kind == "rule_closer" else 1.0
+        r, out = claim.ratio if kind == "rule_closer" else 1.0, [None]
         if ga is not None and gb is not None:
             seeds = _paired(ga, gb)
             vals = P.differences([r * ga[s] for s in seeds], [gb[s] for s in seeds])
             what = f"gap of {_label(*kb)} − {f'{r:g} × ' if r != 1 else ''}gap of {_label(*ka)}"
             out = [Effects(what, vals, scale(table, "gap", over), STATISTIC["gap", over], tuple(seeds))]
-        else:
-            out = [None]
     elif kind == "matches_or_better":
         out = [_from_baseline(table, ka, "end", sig, f"{_label(*ka)} − the baseline, at the end")]
     elif kind == "with_better":

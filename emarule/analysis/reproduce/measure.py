@@ -5,6 +5,7 @@ Reads the run directories (`emarule.analysis.compare.load_runs`); torch-free.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import replace
 
@@ -108,12 +109,10 @@ def measure(family: Family, runs: list, arms: dict | None = None) -> dict:
     # Each comparison starts where its own settings first leave κ=1: which other settings (arms) were run
     # must not change a claim's statistic, so a --headline check reads its claim as the full reproduction does.
     since = transition_epoch([r for (_, rule), rs in settings.items() if rule in (*STANDARD, "linear") for r in rs])
-    cache: dict = {}
 
+    @functools.cache
     def tables_from(x: float | None) -> dict:
-        if x not in cache:
-            cache[x] = {m.name: metric_table(m, base, settings, since=x) for m in metrics}
-        return cache[x]
+        return {m.name: metric_table(m, base, settings, since=x) for m in metrics}
 
     tables = tables_from(since)
     kappas = sorted({k for k, rule in settings if rule in STANDARD or rule == "linear"})
@@ -215,15 +214,12 @@ def _stopped_why(seeds: list) -> str:
 
 
 def track_table(family: Family, tables: dict, base: list, settings: dict, since: float | None) -> dict | None:
-    """The optimizer-rule check: for every setting, the target model's signed effect over the run (how much
-    worse than its seed's baseline, −σ·Δ, from `since` where the standard settings leave κ=1), against the
-    baselines' pair spread. It STRAYS when the effect's CI95 lies above one spread (`rules`' directional
-    rule, of size 1), TRACKS when its CI90 lies inside ±1 spread (equivalence), and sits BETWEEN otherwise.
-    Its spread is the estimate as it stands, not bounded as a claim's is (`rules.Part.bound`): a screen that
-    sets EMA claims aside would set fewer aside on the same evidence if its "strays" were harder to meet.
-    `blind` says whether the target metric is blind to the EMA (else a gap there may be the EMA's own, and
-    no claim is set aside on it); a family's `target_blind_until` restricts it to the part of the run where
-    it is (pseudo-labeling's pre-training)."""
+    """The optimizer-rule check: for every setting, the target model's −σ·Δ over the run (from `since`) against
+    the baselines' pair spread: it STRAYS when its CI95 lies above one spread, TRACKS when its CI90 lies inside
+    ±1 spread, and sits BETWEEN otherwise. Its spread is not bounded as a claim's is (`rules.Part.bound`): a
+    screen that sets EMA claims aside would set fewer aside on the same evidence if "strays" were harder to meet.
+    `blind`: whether the target metric is blind to the EMA (else a gap there may be the EMA's own, and no claim
+    is set aside on it), up to a family's `target_blind_until` where it has one (pseudo-labeling's pre-training)."""
     t = family.target_metric
     if t is None or t.name not in tables:
         return None

@@ -54,9 +54,8 @@ def horizon_vs_last_stage(claim, base: list, tables: dict) -> dict:
 
 def training_vs_horizon(claim, base: list, tables: dict) -> dict:
     """§3.2's ASR claim (L763–764): the final EMA converges either way because training is long against the
-    EMA's horizon. Measured as the number of horizons 1/(1 − ρ_B) (the no-rule EMA's, in steps) that the
-    run at the claim's κ trains for. The paper: 400k base steps at ρ_B = 0.99995 (a 20k-step horizon), so
-    20/κ horizons at κ."""
+    EMA's horizon: the horizons 1/(1 − ρ_B) (the no-rule EMA's, in steps) the run at the claim's κ trains for.
+    The paper: 400k base steps at ρ_B = 0.99995 (a 20k-step horizon), so 20/κ horizons at κ."""
     run, k = base[0], float(claim.kappa or 1.0)
     rho, steps = _plan(run, "ema.momentum"), _total_steps(run)
     name = "training length against the EMA's horizon"
@@ -98,6 +97,4 @@ MECHANISMS = {"horizon_vs_last_stage": horizon_vs_last_stage, "training_vs_horiz
 
 def check(claim, base: list, tables: dict) -> dict | None:
     """The claim's mechanism, measured; None for a claim that names none."""
-    if not claim.mechanism:
-        return None
-    return MECHANISMS[claim.mechanism](claim, base, tables)
+    return MECHANISMS[claim.mechanism](claim, base, tables) if claim.mechanism else None

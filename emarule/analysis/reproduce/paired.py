@@ -91,12 +91,8 @@ def mean_ci(values: list, level: float = 0.95) -> tuple[float, float] | None:
 
 def differences(a: list, b: list) -> list:
     """Per seed b_i − a_i (paired: the same seed's runs). Two runs that both stopped early differ by 0."""
-    out = []
-    for x, y in zip(a, b, strict=True):
-        if x is None or y is None:
-            continue
-        out.append(0.0 if math.isinf(x) and math.isinf(y) else y - x)
-    return out
+    return [0.0 if math.isinf(x) and math.isinf(y) else y - x for x, y in zip(a, b, strict=True)
+            if x is not None and y is not None]
 
 
 def paired_gaps(curves: list, base_curves: list, stopped: list | None = None) -> dict:
@@ -152,16 +148,11 @@ def spread(curves: list) -> dict | None:
     curves = [c for c in curves if c[0]]
     if len(curves) < 2:
         return None
-    runs, ends = [], []
-    for i, c in enumerate(curves):
-        others = mean_curve(curves[:i] + curves[i + 1:])
-        g = gaps([c], (others[0], others[1]))
-        if g["run"] is not None:
-            runs.append(g["run"])
-            ends.append(g["end"])
-    if not runs:
+    loo = [gaps([c], mean_curve(curves[:i] + curves[i + 1:])[:2]) for i, c in enumerate(curves)]
+    loo = [g for g in loo if g["run"] is not None]
+    if not loo:
         return None
-    return {"run": _mean(runs), "end": _mean(ends), "seeds": len(curves)}
+    return {"run": _mean([g["run"] for g in loo]), "end": _mean([g["end"] for g in loo]), "seeds": len(curves)}
 
 
 def loo_spread(values: list) -> float | None:

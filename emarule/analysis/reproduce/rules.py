@@ -219,10 +219,7 @@ def seeds_needed(effect: float, sd: float, power: float = POWER) -> int | None:
         return None
     if sd == 0:
         return 2
-    for n in range(2, MAX_SEEDS + 1):
-        if mde(sd, n, power) <= effect:
-            return n
-    return None
+    return next((n for n in range(2, MAX_SEEDS + 1) if mde(sd, n, power) <= effect), None)
 
 
 def summarize(effects: list[float]) -> Summary:
