@@ -105,33 +105,31 @@ class Verdict:
 # --- per-seed effects ------------------------------------------------------------------------------
 
 
-def _row(table: dict, key: tuple) -> dict | None:
-    return table["rows"].get(key)
+def _measured(table: dict, key: tuple) -> dict | None:
+    """The setting's gaps; None where the setting was not run or has no Δ."""
+    row = table["rows"].get(key)
+    return row if row is not None and row["gaps"] and row["gaps"]["run"] is not None else None
 
 
 def signed(table: dict, key: tuple, over: str) -> dict | None:
     """{seed: Δ} of a setting (run − its seed's baseline); None where the setting was not run or has no Δ."""
-    row = _row(table, key)
-    if row is None or not row["gaps"] or row["gaps"]["run"] is None:
+    row = _measured(table, key)
+    if row is None:
         return None
     vals = row["gaps"][f"signed_{over}"]
     return {s: (math.inf if v is None else v) for s, v in zip(row["seeds"], vals, strict=True)}
 
 
 def gaps(table: dict, key: tuple, over: str) -> dict | None:
-    row = _row(table, key)
-    if row is None or not row["gaps"] or row["gaps"]["run"] is None:
-        return None
-    return dict(zip(row["seeds"], row["gaps"][f"per_seed_{over}"], strict=True))
+    row = _measured(table, key)
+    return None if row is None else dict(zip(row["seeds"], row["gaps"][f"per_seed_{over}"], strict=True))
 
 
 def scale(table: dict, kind: str, over: str) -> float | None:
     """The baselines' pair spread of the statistic: RMS of Δ between two baselines ("signed"), or their mean
     gap ("gap")."""
     g = table["rows"][("baseline", 1.0)]["gaps"]
-    if g is None:
-        return None
-    return g[f"signed_{over}"] if kind == "signed" else g[over]
+    return None if g is None else g[f"signed_{over}" if kind == "signed" else over]
 
 
 def scale_df(table: dict) -> int | None:
@@ -149,11 +147,11 @@ def scale_df(table: dict) -> int | None:
 
 def _paired(*maps: dict) -> list:
     """The seeds every map has, in order."""
-    seeds = [s for s in maps[0] if all(s in m for m in maps[1:])]
-    return seeds
+    return [s for s in maps[0] if all(s in m for m in maps[1:])]
 
 
-def _sigma(metric) -> float:
+def sigma(metric) -> float:
+    """+1 for a metric where higher is better, −1 otherwise: σ·Δ is positive where the run is better."""
     return 1.0 if metric.higher_is_better else -1.0
 
 
@@ -169,46 +167,44 @@ class Effects:
     df: int | None = None  # the scale's degrees of freedom (`scale_df`): the rules bound a spread so estimated
 
 
-def _worse(table, key, over, sigma, label) -> Effects | None:
+def _signed_effects(table: dict, over: str, label: str, values: list, seeds) -> Effects:
+    """Effects on the signed statistic, in the scale of the baselines' signed pair spread."""
+    return Effects(label, values, scale(table, "signed", over), STATISTIC["signed", over], tuple(seeds),
+                   scale_df(table))
+
+
+def _from_baseline(table: dict, key: tuple, over: str, sign: float, label: str) -> Effects | None:
+    """sign·Δ of a setting, per seed; None where it has no Δ."""
     d = signed(table, key, over)
-    if d is None:
-        return None
-    return Effects(label, [-sigma * v for v in d.values()], scale(table, "signed", over), STATISTIC["signed", over],
-                   tuple(d), scale_df(table))
+    return None if d is None else _signed_effects(table, over, label, [sign * v for v in d.values()], d)
 
 
 def part_effects(family: Family, claim: Claim, tables: dict, keys: tuple, kappas: list) -> list[Effects] | str:
     """The per-seed effects of each part of the claim, or the reason (a string) it is not measured."""
     table = tables[claim.metric]
-    metric = table["metric"]
-    sig, over = _sigma(metric), claim.over
+    sig, over = sigma(table["metric"]), claim.over
     ka, kb = keys
     kind = claim.kind
+
+    def worse(key: tuple, label: str) -> Effects | None:  # −σ·Δ: positive where the setting is worse
+        return _from_baseline(table, key, over, -sig, label)
+
     out: list = []
-    if kind in ("rule_needed", "rule_departs"):
-        out = [_worse(table, kb, over, sig, f"{_label(*kb)} departs from the baseline"),
-               _worse(table, ka, over, sig, f"{_label(*ka)} matches the baseline")]
+    if kind in ("rule_needed", "rule_departs", "same_either_way"):
+        first = "matches" if kind == "same_either_way" else "departs from"
+        out = [worse(kb, f"{_label(*kb)} {first} the baseline"), worse(ka, f"{_label(*ka)} matches the baseline")]
     elif kind == "gap_remains":
-        out = [_worse(table, ka, over, sig, f"{_label(*ka)} ends worse than the baseline")]
-    elif kind == "same_either_way":
-        out = [_worse(table, kb, over, sig, f"{_label(*kb)} matches the baseline"),
-               _worse(table, ka, over, sig, f"{_label(*ka)} matches the baseline")]
+        out = [worse(ka, f"{_label(*ka)} ends worse than the baseline")]
     elif kind in ("rule_closer", "arm_closer"):
         ga, gb = gaps(table, ka, over), gaps(table, kb, over)
-        r = claim.ratio if kind == "rule_closer" else 1.0
+        r, out = claim.ratio if kind == "rule_closer" else 1.0, [None]
         if ga is not None and gb is not None:
             seeds = _paired(ga, gb)
             vals = P.differences([r * ga[s] for s in seeds], [gb[s] for s in seeds])
-            what = f"gap of {_label(*kb)} − {r:g} × gap of {_label(*ka)}" if r != 1 else \
-                f"gap of {_label(*kb)} − gap of {_label(*ka)}"
+            what = f"gap of {_label(*kb)} − {f'{r:g} × ' if r != 1 else ''}gap of {_label(*ka)}"
             out = [Effects(what, vals, scale(table, "gap", over), STATISTIC["gap", over], tuple(seeds))]
-        else:
-            out = [None]
     elif kind == "matches_or_better":
-        d = signed(table, ka, "end")
-        out = [None if d is None else Effects(f"{_label(*ka)} − the baseline, at the end",
-                                              [sig * v for v in d.values()], scale(table, "signed", "end"),
-                                              STATISTIC["signed", "end"], tuple(d), scale_df(table))]
+        out = [_from_baseline(table, ka, "end", sig, f"{_label(*ka)} − the baseline, at the end")]
     elif kind == "with_better":
         for k in kappas:
             w, o = signed(table, ("with", k), "end"), signed(table, ("without", k), "end")
@@ -216,9 +212,8 @@ def part_effects(family: Family, claim: Claim, tables: dict, keys: tuple, kappas
                 out.append(None)
                 continue
             seeds = _paired(w, o)
-            out.append(Effects(f"with − without the rule at κ={k:g}, at the end",
-                               [sig * (w[s] - o[s]) for s in seeds], scale(table, "signed", "end"),
-                               STATISTIC["signed", "end"], tuple(seeds), scale_df(table)))
+            out.append(_signed_effects(table, "end", f"with − without the rule at κ={k:g}, at the end",
+                                       [sig * (w[s] - o[s]) for s in seeds], seeds))
     elif kind == "ema_above_target":
         ema, target = tables[family.ema_metric.name], tables[family.target_metric.name]
         e, t = ema["rows"][("baseline", 1.0)], target["rows"][("baseline", 1.0)]
@@ -228,7 +223,8 @@ def part_effects(family: Family, claim: Claim, tables: dict, keys: tuple, kappas
                        STATISTIC["signed", "end"])]
     elif kind in ("target_explains", "optimizer_strays"):
         t = tables[family.target_metric.name] if kind == "target_explains" else table
-        out = [_worse(t, ka, over, _sigma(t["metric"]), f"the target model {_label(*ka)} departs from the baseline")]
+        out = [_from_baseline(t, ka, over, -sigma(t["metric"]),
+                              f"the target model {_label(*ka)} departs from the baseline")]
     else:
         raise ValueError(f"{family.name}: unknown claim kind {kind!r}")
     if any(e is None for e in out) or not out:
@@ -253,20 +249,18 @@ def decide_parts(kind: str, effects: list[Effects], stated: float = 0.0) -> tupl
     shape_parts = R.KINDS[kind].parts
     decisions, records = [], []
     for i, e in enumerate(effects):
-        part = shape_parts[min(i, len(shape_parts) - 1)]
-        part = replace(part, spread_df=e.df)
-        if i == 0 and stated > 0 and e.scale and math.isfinite(e.scale):
+        part = replace(shape_parts[min(i, len(shape_parts) - 1)], spread_df=e.df)
+        scaled = bool(e.scale) and math.isfinite(e.scale)
+        if i == 0 and stated > 0 and scaled:
             part = replace(part, size=stated / e.scale, margin=stated / e.scale, paper_effect=stated / e.scale,
                            stated=True)
-        if not e.scale or not math.isfinite(e.scale):  # the effect stays measured, in the metric's units
-            decisions.append(R.Decision(R.NOT_REPRODUCED, part.shape, R.summarize(list(e.values)).mean,
-                                        (-math.inf, math.inf), math.inf, None,
-                                        "no finite baseline spread to scale the effect by", len(e.values),
-                                        route=R.OPEN))
-            d, sc = decisions[-1], 1.0
-        else:
-            decisions.append(R.decide(part, [v / e.scale for v in e.values]))
-            d, sc = decisions[-1], e.scale
+        if scaled:
+            d, sc = R.decide(part, [v / e.scale for v in e.values]), e.scale
+        else:  # the effect stays measured, in the metric's units
+            d, sc = R.Decision(R.NOT_REPRODUCED, part.shape, R.summarize(list(e.values)).mean, (-math.inf, math.inf),
+                               math.inf, None, "no finite baseline spread to scale the effect by", len(e.values),
+                               route=R.OPEN), 1.0
+        decisions.append(d)
         records.append({"label": e.label, "shape": d.shape, "statistic": e.statistic, "verdict": d.verdict,
                         "effect": d.effect * sc, "effect_ci": [d.effect_ci[0] * sc, d.effect_ci[1] * sc],
                         "mde": d.mde * sc, "mde_from_zero": d.mde_from_zero * sc,
@@ -281,11 +275,10 @@ def judge(family: Family, claim: Claim, tables: dict, kappas: list, gate: dict |
           mechanism: dict | None) -> Verdict:
     """The claim's verdict on the measured tables (`measure.metric_table`, one per metric)."""
     keys = tuple(setting_key(family, n, claim.kappa) for n in claim.settings)
-    kappa = keys[0][1] if keys[0][0] not in STANDARD else claim.kappa
-    if claim.kind == "with_better" and kappas:
-        kappa = kappas[-1]
     v = Verdict.of(claim)
-    v.kappa = kappa
+    v.kappa = keys[0][1] if keys[0][0] not in STANDARD else claim.kappa
+    if claim.kind == "with_better" and kappas:
+        v.kappa = kappas[-1]
     if claim.settings != STANDARD:  # the kinds that read one setting name only A
         one = claim.kind in ("gap_remains", "matches_or_better")
         v.settings = {"A": _label(*keys[0])} | ({} if one else {"B": _label(*keys[1])})
@@ -298,12 +291,11 @@ def judge(family: Family, claim: Claim, tables: dict, kappas: list, gate: dict |
         v.why = effects
         return v
     v.statistic = effects[0].statistic
-    if claim.kind == "target_explains":  # its effect is the target model's
-        v.statistic = f"{family.target_metric.name}: {v.statistic}"
     v.numbers = _numbers(tables[claim.metric], keys, claim.over)
-    if claim.kind == "target_explains":  # the mechanism: an EMA gap with the rule for the target to explain
-        sig = _sigma(tables[claim.metric]["metric"])
-        pre = _worse(tables[claim.metric], keys[0], claim.over, sig, "the EMA with the rule departs")
+    if claim.kind == "target_explains":  # its effect is the target model's; its mechanism an EMA gap with the rule
+        v.statistic = f"{family.target_metric.name}: {v.statistic}"
+        table = tables[claim.metric]
+        pre = _from_baseline(table, keys[0], claim.over, -sigma(table["metric"]), "the EMA with the rule departs")
         d, rec = decide_parts("gap_remains", [pre])  # a sign: its CI95 above 0, as the record says
         mechanism = {"name": "an EMA gap with the rule, for the target model to explain", "value": rec[0]["effect"],
                      "value_ci": rec[0]["effect_ci"], "threshold": 0.0, "present": d.verdict == R.REPRODUCED,
@@ -345,8 +337,7 @@ def _numbers(table: dict, keys: tuple, over: str) -> dict:
     for name, key in zip(("A", "B"), keys, strict=True):
         g = gaps(table, key, over)
         if g:
-            vals = list(g.values())
-            out[f"gap_{name}"] = sum(vals) / len(vals)
+            out[f"gap_{name}"] = sum(g.values()) / len(g)
     out["gap_baselines"] = scale(table, "gap", over)
     return out
 

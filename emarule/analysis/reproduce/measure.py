@@ -5,9 +5,11 @@ Reads the run directories (`emarule.analysis.compare.load_runs`); torch-free.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import replace
 
+from emarule.analysis.compare import finite_number, mean_curve
 from emarule.errors import UserError
 from emarule.analysis.reproduce import judge as J
 from emarule.analysis.reproduce import mechanisms
@@ -38,13 +40,13 @@ def metric_table(metric: Metric, base: list, settings: dict, until: float | None
     (on the epochs in [since, until] only, when given)."""
 
     def curve(r):
-        xs, ys = final_reading(r, metric) if metric.file else V.run_curve(r, metric.name, metric.smooth_epochs)
+        xs, ys = final_reading(r, metric) if metric.file else V.smooth(r.curve(metric.name), metric.smooth_epochs)
         keep = [i for i, x in enumerate(xs) if (until is None or x <= until + 1e-9)
                 and (since is None or x >= since - 1e-9)]
         return [xs[i] for i in keep], [ys[i] for i in keep]
 
     base_curves = [curve(r) for r in base]
-    bgrid, bmean, bstd = V.baseline_curve(base_curves)
+    bgrid, bmean, bstd = mean_curve(base_curves)
     if not bgrid:
         raise UserError(f"the baseline runs logged no {metric.name!r} values in common; "
                         f"check {base[0].path if base else 'the run directories'}/metrics.jsonl")
@@ -69,14 +71,13 @@ def metric_table(metric: Metric, base: list, settings: dict, until: float | None
 
 def final_reading(run, metric: Metric) -> tuple[list, list]:
     """A metric measured once on the finished run (`Metric.file`) as a curve of one point, at the run's
-    planned end (its layout's last epoch; its last logged one where it records none), so that every run of
-    a comparison puts it at the same epoch; a run that stopped before it is `stopped_early`'s to mark. No
-    point where the file or its value is missing."""
+    planned end (its layout's last epoch, else its last logged one), so that every run of a comparison puts it
+    at the same epoch. No point where the file or its value is missing."""
     from emarule.engine.rundir import read_json
 
     got = read_json(run.path / metric.file)
-    v = V.finite_number(got.get(metric.name)) if isinstance(got, dict) else None
-    ends = [V.finite_number(st.get("end_epoch")) for st in run.hparams.get("layout") or [] if isinstance(st, dict)]
+    v = finite_number(got.get(metric.name)) if isinstance(got, dict) else None
+    ends = [finite_number(st.get("end_epoch")) for st in run.hparams.get("layout") or [] if isinstance(st, dict)]
     end = max((e for e in ends if e is not None), default=None)
     if end is None:
         end = max((x for x in map(run.epoch_of, run.rows) if x is not None), default=None)
@@ -85,12 +86,11 @@ def final_reading(run, metric: Metric) -> tuple[list, list]:
 
 def finals_of(curves: list, stopped: list) -> list:
     """Each curve's final value; none for a run that stopped before its end."""
-    return [None if st else V.final(c) for c, st in zip(curves, stopped, strict=True)]
+    return [None if st or not c[1] else finite_number(c[1][-1]) for c, st in zip(curves, stopped, strict=True)]
 
 
 def stopped_early(run) -> bool | None:
-    """Whether the run's log ends before its planned end; None where the run does not record its end
-    (`compare.Run.stopped_early`, which memoises it)."""
+    """Whether the run's log ends before its planned end; None where it records no end (`compare.Run`'s)."""
     return run.stopped_early()
 
 
@@ -109,12 +109,10 @@ def measure(family: Family, runs: list, arms: dict | None = None) -> dict:
     # Each comparison starts where its own settings first leave κ=1: which other settings (arms) were run
     # must not change a claim's statistic, so a --headline check reads its claim as the full reproduction does.
     since = transition_epoch([r for (_, rule), rs in settings.items() if rule in (*STANDARD, "linear") for r in rs])
-    cache: dict = {}
 
+    @functools.cache
     def tables_from(x: float | None) -> dict:
-        if x not in cache:
-            cache[x] = {m.name: metric_table(m, base, settings, since=x) for m in metrics}
-        return cache[x]
+        return {m.name: metric_table(m, base, settings, since=x) for m in metrics}
 
     tables = tables_from(since)
     kappas = sorted({k for k, rule in settings if rule in STANDARD or rule == "linear"})
@@ -132,21 +130,16 @@ def measure(family: Family, runs: list, arms: dict | None = None) -> dict:
             span = f" up to epoch {until:.3g} ({c.until})"
         if x and c.over == "run":
             span = f" from epoch {x:g}" + span
-        broken = sorted({s for n in _metrics_read(family, c) if n in ts for s in stopped_baselines(ts[n])}, key=str)
-        if broken:
-            v = J.Verdict.of(c, why=_stopped_why(broken))
-        else:
-            v = J.judge(family, c, ts, kappas, gate, mechanisms.check(c, base, ts))
+        read = [c.metric] + ([family.target_metric.name] if c.kind in ("target_explains", "ema_above_target") else [])
+        broken = sorted({s for n in read if n in ts for s in stopped_baselines(ts[n])}, key=str)
+        v = (J.Verdict.of(c, why=_stopped_why(broken)) if broken
+             else J.judge(family, c, ts, kappas, gate, mechanisms.check(c, base, ts)))
         if span and v.statistic:
             v.statistic += span
         claims.append(v.as_dict())
     return {"tables": tables, "claims": claims, "kappas": kappas, "baseline_seeds": len(base),
             "seeds": [r.seed for r in base], "since_epoch": since,
             "optimizer_check": optimizer_check(family, gate, kappas)}
-
-
-def _metrics_read(family: Family, c: Claim) -> list:
-    return [c.metric] + ([family.target_metric.name] if c.kind in ("target_explains", "ema_above_target") else [])
 
 
 def transition_epoch(runs: list) -> float | None:
@@ -178,8 +171,7 @@ def expand(claims, kappas: list) -> list[Claim]:
     takes stand-ins (`Claim.stand_in_beyond`: judged in place of the paper's range, and labelled so)."""
     out = []
     for c in claims:
-        top = math.inf if c.stand_in_beyond else c.kappa
-        ks = [k for k in kappas if k != 1 and (k <= c.kappa or (c.stand_in_beyond and k <= top))] if c.up_to else []
+        ks = [k for k in kappas if k != 1 and (k <= c.kappa or c.stand_in_beyond)] if c.up_to else []
         out.extend([replace(c, kappa=k) for k in ks] or [c])
     return out
 
@@ -222,15 +214,12 @@ def _stopped_why(seeds: list) -> str:
 
 
 def track_table(family: Family, tables: dict, base: list, settings: dict, since: float | None) -> dict | None:
-    """The optimizer-rule check: for every setting, the target model's signed effect over the run (how much
-    worse than its seed's baseline, −σ·Δ, from `since` where the standard settings leave κ=1), against the
-    baselines' pair spread. It STRAYS when the effect's CI95 lies above one spread (`rules`' directional
-    rule, of size 1), TRACKS when its CI90 lies inside ±1 spread (equivalence), and sits BETWEEN otherwise.
-    Its spread is the estimate as it stands, not bounded as a claim's is (`rules.Part.bound`): a screen that
-    sets EMA claims aside would set fewer aside on the same evidence if its "strays" were harder to meet.
-    `blind` says whether the target metric is blind to the EMA (else a gap there may be the EMA's own, and
-    no claim is set aside on it); a family's `target_blind_until` restricts it to the part of the run where
-    it is (pseudo-labeling's pre-training)."""
+    """The optimizer-rule check: for every setting, the target model's −σ·Δ over the run (from `since`) against
+    the baselines' pair spread: it STRAYS when its CI95 lies above one spread, TRACKS when its CI90 lies inside
+    ±1 spread, and sits BETWEEN otherwise. Its spread is not bounded as a claim's is (`rules.Part.bound`): a
+    screen that sets EMA claims aside would set fewer aside on the same evidence if "strays" were harder to meet.
+    `blind`: whether the target metric is blind to the EMA (else a gap there may be the EMA's own, and no claim
+    is set aside on it), up to a family's `target_blind_until` where it has one (pseudo-labeling's pre-training)."""
     t = family.target_metric
     if t is None or t.name not in tables:
         return None
@@ -243,23 +232,17 @@ def track_table(family: Family, tables: dict, base: list, settings: dict, since:
         if until is not None:
             table, window = metric_table(t, base, settings, until, since), until
     s = J.scale(table, "signed", "run")
-    sigma = 1.0 if t.higher_is_better else -1.0
     rows = {}
-    for rule, k in table["rows"]:
-        if rule == "baseline":
-            continue
+    for rule, k in (key for key in table["rows"] if key[0] != "baseline"):
         d = J.signed(table, (rule, k), "run")
         state, effect, ci = None, None, None
         if d is not None and s and math.isfinite(s):
-            e = [-sigma * v / s for v in d.values()]
+            e = [-J.sigma(t) * v / s for v in d.values()]
             sm = R.summarize(e)
             effect, ci = sm.mean * s, (sm.ci95[0] * s, sm.ci95[1] * s)
-            if R.decide(R.Part("directional", size=1.0), e).verdict == R.REPRODUCED:
-                state = "strays"
-            elif R.decide(R.Part("equivalence", margin=1.0), e).verdict == R.REPRODUCED:
-                state = "tracks"
-            elif math.isfinite(sm.mean):
-                state = "between"
+            state = ("strays" if R.decide(R.Part("directional", size=1.0), e).verdict == R.REPRODUCED
+                     else "tracks" if R.decide(R.Part("equivalence", margin=1.0), e).verdict == R.REPRODUCED
+                     else "between" if math.isfinite(sm.mean) else None)
         rows[(rule, k)] = {"metric": t.name, "effect": effect, "ci": ci, "spread": s, "state": state}
     return {"metric": t.name, "blind": (not t.depends_on_ema) or window is not None, "spread": s, "rows": rows,
             "until_epoch": window, "until": family.target_blind_until or None, "since_epoch": since,

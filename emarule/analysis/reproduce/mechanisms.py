@@ -21,11 +21,6 @@ def _plan(run, key: str) -> float | None:
     return float(v) if isinstance(v, (int, float)) else None
 
 
-def _steps_per_epoch(run) -> float | None:
-    layout = run.hparams.get("layout") or []
-    return float(layout[0]["steps_per_epoch"]) if layout and layout[0].get("steps_per_epoch") else None
-
-
 def _total_steps(run) -> float | None:
     """The baseline's steps: from its layout's epochs, or, where a batch is counted in seconds of audio and an
     epoch has no fixed step count, from the plan's step-counted `schedule.total_steps` at the base batch."""
@@ -42,10 +37,10 @@ def _total_steps(run) -> float | None:
 def horizon_vs_last_stage(claim, base: list, tables: dict) -> dict:
     """§3.2's drop at the end needs an EMA that still averages weights from before the last lr decay: its
     horizon 1/(1 − ρ_B) (in epochs at the base batch) against the length of the last lr stage. The paper:
-    ρ_B = 0.9999 at B = 1024 on ImageNet is 10⁴ steps ≈ 8 epochs, against the 10 epochs after the decay at
-    epoch 80 of 90 (L741–744): 0.8."""
-    run = base[0]
-    rho, spe = _plan(run, "ema.momentum"), _steps_per_epoch(run)
+    ρ_B = 0.9999 at B = 1024 on ImageNet, ≈ 8 epochs, against the 10 after the decay at 80 of 90 (L741–744)."""
+    run, layout = base[0], base[0].hparams.get("layout") or []
+    rho = _plan(run, "ema.momentum")
+    spe = float(layout[0]["steps_per_epoch"]) if layout and layout[0].get("steps_per_epoch") else None
     spec = run.hparams.get("spec") or {}
     epochs, milestones = value(spec, "schedule.epochs"), value(spec, "schedule.milestones_epochs")
     name = "the EMA's horizon against the last lr stage"
@@ -59,9 +54,8 @@ def horizon_vs_last_stage(claim, base: list, tables: dict) -> dict:
 
 def training_vs_horizon(claim, base: list, tables: dict) -> dict:
     """§3.2's ASR claim (L763–764): the final EMA converges either way because training is long against the
-    EMA's horizon. Measured as the number of horizons 1/(1 − ρ_B) (the no-rule EMA's, in steps) that the
-    run at the claim's κ trains for. The paper: 400k base steps at ρ_B = 0.99995 (a 20k-step horizon), so
-    20/κ horizons at κ."""
+    EMA's horizon: the horizons 1/(1 − ρ_B) (the no-rule EMA's, in steps) the run at the claim's κ trains for.
+    The paper: 400k base steps at ρ_B = 0.99995 (a 20k-step horizon), so 20/κ horizons at κ."""
     run, k = base[0], float(claim.kappa or 1.0)
     rho, steps = _plan(run, "ema.momentum"), _total_steps(run)
     name = "training length against the EMA's horizon"
@@ -103,6 +97,4 @@ MECHANISMS = {"horizon_vs_last_stage": horizon_vs_last_stage, "training_vs_horiz
 
 def check(claim, base: list, tables: dict) -> dict | None:
     """The claim's mechanism, measured; None for a claim that names none."""
-    if not claim.mechanism:
-        return None
-    return MECHANISMS[claim.mechanism](claim, base, tables)
+    return MECHANISMS[claim.mechanism](claim, base, tables) if claim.mechanism else None

@@ -20,9 +20,11 @@ each claim is judged on).
 
 from __future__ import annotations
 
+import itertools
 import math
 
-from emarule.analysis.compare import finite_number, gap, mean_curve
+from emarule.analysis.compare import gap, mean_curve
+from emarule.analysis.reproduce.rules import summarize
 
 # Without its run's planned end (`stopped`), a curve that ends before this share of the baseline's last
 # epoch counts as a run stopped early.
@@ -47,39 +49,39 @@ def smooth(curve: tuple[list, list], window: float) -> tuple[list, list]:
     return list(xs), out
 
 
-def run_curve(run, metric: str, window: float = 0.0) -> tuple[list, list]:
-    return smooth(run.curve(metric), window)
-
-
-# --- statistics ---------------------------------------------------------------------------------
+# --- statistics, paired ---------------------------------------------------------------------------
 
 
 def _mean(v: list) -> float | None:
     return sum(v) / len(v) if v else None
 
 
-def _stopped(stopped: list | None, i: int, end: float, reference: float) -> bool:
-    """Whether curve i's run stopped before its own end: from the run's record where known (`stopped[i]`
-    True or False), else from where its curve ends against the reference's."""
-    known = stopped[i] if stopped is not None else None
+def _stopped(known: bool | None, end: float, reference: float) -> bool:
+    """Whether a run stopped before its own end: from its record where `known`, else from where its curve ends
+    against the reference's."""
     return bool(known) if known is not None else end < INCOMPLETE * reference
 
 
+def _measures(g: dict) -> tuple:
+    """One comparison's (`compare.gap`) mean |Δ|, |Δ| at the end, mean Δ and Δ at the end."""
+    return g["gap_mean"], abs(g["gap_final"]), g["signed_mean"], g["gap_final"]
+
+
+def _columns(rows: list) -> list:
+    """The four measures' lists, from one row of them per comparison."""
+    return [list(column) for column in zip(*rows, strict=True)] or [[], [], [], []]
+
+
 def gaps(curves: list, base: tuple[list, list], stopped: list | None = None) -> dict:
-    """Every run against one curve, `base` (the mean of the baselines, or of the other baseline seeds): each
-    run's mean |Δ| ("run") and |Δ| at the end ("end"), and their means over the runs, as `paired_gaps` gives
-    them with `base` in place of each seed's own baseline. `stopped[i]`: whether run i stopped before its
+    """Every run against one curve, `base` (the mean of the baselines, or of the other baseline seeds), as
+    `paired_gaps` measures each against its own seed's baseline. `stopped[i]`: whether run i stopped before its
     planned end (None: judged from the curves)."""
     return paired_gaps(curves, [base] * len(curves), stopped)
 
 
-# --- paired statistics --------------------------------------------------------------------------
-
 def mean_ci(values: list, level: float = 0.95) -> tuple[float, float] | None:
     """The two-sided Student-t interval of the mean over seeds (`rules.summarize`). None below 2 values;
     (−∞, +∞) when a value is infinite (a run that stopped early): no bound."""
-    from emarule.analysis.reproduce.rules import summarize
-
     vals = [float(v) for v in values if v is not None]
     if len(vals) < 2:
         return None
@@ -89,76 +91,56 @@ def mean_ci(values: list, level: float = 0.95) -> tuple[float, float] | None:
 
 def differences(a: list, b: list) -> list:
     """Per seed b_i − a_i (paired: the same seed's runs). Two runs that both stopped early differ by 0."""
-    out = []
-    for x, y in zip(a, b, strict=True):
-        if x is None or y is None:
-            continue
-        out.append(0.0 if math.isinf(x) and math.isinf(y) else y - x)
-    return out
+    return [0.0 if math.isinf(x) and math.isinf(y) else y - x for x, y in zip(a, b, strict=True)
+            if x is not None and y is not None]
 
 
 def paired_gaps(curves: list, base_curves: list, stopped: list | None = None) -> dict:
-    """Each seed's run against ITS OWN seed's baseline (`curves[i]` and `base_curves[i]` share the seed,
-    hence the initial weights and the data order): per seed the gap (mean |Δ| over the run, |Δ| at the end)
-    and the signed Δ = run − baseline (its mean over the run, its value at the end); the gaps' means over
-    seeds with a t interval of each. A run that stopped early: gap ∞, signed Δ none. `stopped` as in `gaps`."""
+    """Each seed's run against ITS OWN seed's baseline (`curves[i]` and `base_curves[i]` share the seed): per
+    seed the gap and the signed Δ, over the run and at the end; the gaps' means over seeds with a t interval of
+    each. A run that stopped early: gap ∞, signed Δ none. `stopped` as in `gaps`."""
     empty = {"run": None, "end": None, "seeds": len(curves), "incomplete": 0, "missing": 0, "per_seed_run": [],
              "per_seed_end": [], "ci_run": None, "ci_end": None, "signed_run": [], "signed_end": []}
     missing = sum(1 for c in curves if not c[0])
     if missing:  # a run that never logged the metric (pseudo-labeling never started): nothing to compare
         return empty | {"missing": missing}
-    runs, ends, s_runs, s_ends, incomplete = [], [], [], [], 0
+    rows, incomplete = [], 0
     for i, (c, b) in enumerate(zip(curves, base_curves, strict=True)):
         if not b[0]:
             return empty | {"missing": 1}
-        if _stopped(stopped, i, c[0][-1], b[0][-1]):
+        if _stopped(None if stopped is None else stopped[i], c[0][-1], b[0][-1]):
             incomplete += 1
-            runs.append(math.inf)
-            ends.append(math.inf)
-            s_runs.append(None)
-            s_ends.append(None)
+            rows.append((math.inf, math.inf, None, None))
             continue
         g = gap(c, b)
         if g["gap_mean"] is None:  # it ran to the end but starts after the baseline's last point: no overlap
             return empty | {"no_overlap": 1}
-        runs.append(g["gap_mean"])
-        ends.append(abs(g["gap_final"]))
-        s_runs.append(g["signed_mean"])
-        s_ends.append(g["gap_final"])
+        rows.append(_measures(g))
+    runs, ends, s_runs, s_ends = _columns(rows)
     return {"run": _mean(runs), "end": _mean(ends), "seeds": len(curves), "incomplete": incomplete, "missing": 0,
             "per_seed_run": runs, "per_seed_end": ends, "ci_run": mean_ci(runs), "ci_end": mean_ci(ends),
             "signed_run": s_runs, "signed_end": s_ends}
 
 
 def pair_spread(curves: list, stopped: list | None = None) -> dict | None:
-    """The noise scale of a paired comparison: each baseline seed against each OTHER baseline seed, one run
-    against one run as a paired comparison is, over the n(n − 1) ordered pairs that share evaluation points:
-    the mean of the gap ("run", "end") and the root mean square of the signed Δ ("signed_run",
+    """The noise scale of a paired comparison, over the ordered pairs of baseline seeds that share evaluation
+    points: the mean of the gap ("run", "end") and the root mean square of the signed Δ ("signed_run",
     "signed_end"). None below 2 seeds, or without such a pair. `stopped` as in `gaps`."""
     keep = [i for i, c in enumerate(curves) if c[0]]
     if len(keep) < 2:
         return None
-    runs, ends, s_runs, s_ends = [], [], [], []
-    for i in keep:
-        for j in keep:
-            if i == j:
-                continue
-            if _stopped(None if stopped is None else [stopped[i]], 0, curves[i][0][-1], curves[j][0][-1]):
-                runs.append(math.inf), ends.append(math.inf), s_runs.append(math.inf), s_ends.append(math.inf)
-                continue
-            g = gap(curves[i], curves[j])
-            if g["gap_mean"] is not None:
-                runs.append(g["gap_mean"]), ends.append(abs(g["gap_final"]))
-                s_runs.append(g["signed_mean"]), s_ends.append(g["gap_final"])
-    if not runs:
+    rows = []
+    for i, j in itertools.permutations(keep, 2):
+        if _stopped(None if stopped is None else stopped[i], curves[i][0][-1], curves[j][0][-1]):
+            rows.append((math.inf,) * 4)
+        elif (g := gap(curves[i], curves[j]))["gap_mean"] is not None:
+            rows.append(_measures(g))
+    if not rows:
         return None
+    runs, ends, s_runs, s_ends = _columns(rows)
     rms = lambda v: math.sqrt(sum(x * x for x in v) / len(v))  # noqa: E731
     return {"run": _mean(runs), "end": _mean(ends), "signed_run": rms(s_runs), "signed_end": rms(s_ends),
             "seeds": len(keep), "pairs": len(runs)}
-
-
-def baseline_curve(curves: list) -> tuple[list, list, list]:
-    return mean_curve(curves)
 
 
 def spread(curves: list) -> dict | None:
@@ -166,16 +148,11 @@ def spread(curves: list) -> dict | None:
     curves = [c for c in curves if c[0]]
     if len(curves) < 2:
         return None
-    runs, ends = [], []
-    for i, c in enumerate(curves):
-        others = mean_curve(curves[:i] + curves[i + 1:])
-        g = gaps([c], (others[0], others[1]))
-        if g["run"] is not None:
-            runs.append(g["run"])
-            ends.append(g["end"])
-    if not runs:
+    loo = [gaps([c], mean_curve(curves[:i] + curves[i + 1:])[:2]) for i, c in enumerate(curves)]
+    loo = [g for g in loo if g["run"] is not None]
+    if not loo:
         return None
-    return {"run": _mean(runs), "end": _mean(ends), "seeds": len(curves)}
+    return {"run": _mean([g["run"] for g in loo]), "end": _mean([g["end"] for g in loo]), "seeds": len(curves)}
 
 
 def loo_spread(values: list) -> float | None:
@@ -185,10 +162,6 @@ def loo_spread(values: list) -> float | None:
         return None
     total = sum(vals)
     return sum(abs(v - (total - v) / (len(vals) - 1)) for v in vals) / len(vals)
-
-
-def final(curve: tuple[list, list]) -> float | None:
-    return finite_number(curve[1][-1]) if curve[1] else None
 
 
 def unbounded(*spreads: float | None) -> bool:

@@ -79,21 +79,24 @@ POWER = 0.8  # the power the minimum detectable effect is quoted at
 MAX_SEEDS = 1000  # seeds_needed's search ends here
 
 
-# --- Student's t, without scipy ------------------------------------------------------------------
+# --- Student's t and the χ² distribution, without scipy --------------------------------------------
+
+_TINY = 1e-300  # keeps a continued fraction's terms off 0 (modified Lentz)
+
+
+def _off_zero(x: float) -> float:
+    return x if abs(x) > _TINY else _TINY
 
 
 def _betacf(a: float, b: float, x: float) -> float:
     """Continued fraction of the regularized incomplete beta function (modified Lentz)."""
-    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
+    c, d = 1.0, 1.0 / _off_zero(1.0 - (a + b) * x / (a + 1.0))
     h = d
     for m in range(1, 300):
         for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
                     -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-            d = 1.0 + num * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + num / c
-            c = c if abs(c) > tiny else tiny
+            d = 1.0 / _off_zero(1.0 + num * d)
+            c = _off_zero(1.0 + num / c)
             h *= d * c
         if abs(d * c - 1.0) < 1e-15:
             break
@@ -109,27 +112,6 @@ def _betainc(a: float, b: float, x: float) -> float:
     if x < (a + 1.0) / (a + b + 2.0):
         return front * _betacf(a, b, x) / a
     return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
-def t_cdf(t: float, df: int) -> float:
-    """P(T ≤ t) for Student's t with `df` degrees of freedom."""
-    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t >= 0 else tail
-
-
-@functools.lru_cache(maxsize=4096)  # the rules ask for a few (p, df) pairs, millions of times in `simulate`
-def t_quantile(p: float, df: int) -> float:
-    """The t with P(T ≤ t) = p, by bisection on `t_cdf` (p in (0, 1))."""
-    if not 0.0 < p < 1.0:
-        raise ValueError(f"t_quantile: p must lie in (0, 1), got {p}")
-    lo, hi = -1e3, 1e3
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
-    return (lo + hi) / 2
-
-
-# --- the χ² distribution, for a confidence bound on an estimated spread ----------------------------
 
 
 def _gammainc(a: float, x: float) -> float:
@@ -148,21 +130,24 @@ def _gammainc(a: float, x: float) -> float:
             if abs(term) < abs(total) * 1e-16:
                 break
         return min(1.0, total * front)
-    tiny = 1e-300
     b = x + 1.0 - a
-    c, d = 1.0 / tiny, 1.0 / b
+    c, d = 1.0 / _TINY, 1.0 / b
     h = d
     for i in range(1, 1000):
         an = -i * (i - a)
         b += 2.0
-        d = an * d + b
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = b + an / c
-        c = c if abs(c) > tiny else tiny
+        d = 1.0 / _off_zero(an * d + b)
+        c = _off_zero(b + an / c)
         h *= d * c
         if abs(d * c - 1.0) < 1e-16:
             break
     return max(0.0, 1.0 - front * h)
+
+
+def t_cdf(t: float, df: int) -> float:
+    """P(T ≤ t) for Student's t with `df` degrees of freedom."""
+    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
 
 
 def chi2_cdf(x: float, df: int) -> float:
@@ -170,25 +155,34 @@ def chi2_cdf(x: float, df: int) -> float:
     return _gammainc(df / 2.0, x / 2.0)
 
 
-@functools.lru_cache(maxsize=4096)
-def chi2_quantile(p: float, df: int) -> float:
-    """The x with P(X ≤ x) = p, by bisection on `chi2_cdf` (p in (0, 1))."""
+def _quantile(name: str, cdf, p: float, df: int, lo: float, hi: float, grow: bool = False) -> float:
+    """The x with cdf(x, df) = p, by bisection on [lo, hi]; `grow`: hi doubled first until it lies above x."""
     if not 0.0 < p < 1.0:
-        raise ValueError(f"chi2_quantile: p must lie in (0, 1), got {p}")
-    lo, hi = 0.0, max(10.0, 4.0 * df)
-    while chi2_cdf(hi, df) < p:
+        raise ValueError(f"{name}: p must lie in (0, 1), got {p}")
+    while grow and cdf(hi, df) < p:
         hi *= 2.0
     for _ in range(200):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if chi2_cdf(mid, df) < p else (lo, mid)
+        lo, hi = (mid, hi) if cdf(mid, df) < p else (lo, mid)
     return (lo + hi) / 2
 
 
+@functools.lru_cache(maxsize=4096)  # the rules ask for a few (p, df) pairs, millions of times in `simulate`
+def t_quantile(p: float, df: int) -> float:
+    """The t with P(T ≤ t) = p (p in (0, 1))."""
+    return _quantile("t_quantile", t_cdf, p, df, -1e3, 1e3)
+
+
+@functools.lru_cache(maxsize=4096)
+def chi2_quantile(p: float, df: int) -> float:
+    """The x with P(X ≤ x) = p (p in (0, 1))."""
+    return _quantile("chi2_quantile", chi2_cdf, p, df, 0.0, max(10.0, 4.0 * df), grow=True)
+
+
 def spread_factor(q: float, df: int, outside: bool) -> float:
-    """A one-sided confidence bound at level q on the true pair spread, in units of one estimated from `df`
-    degrees of freedom: (df · ŝ² / σ²) is χ² on df (a pair spread's square is twice the baselines' variance), so
-    σ / ŝ lies below √(df / χ²_q) and above √(df / χ²_{1−q}), each with probability 1 − q. `outside`: the upper
-    bound, for a size an effect must clear; else the lower, for a margin it must stay inside."""
+    """A one-sided bound at level q on the true pair spread σ, in units of one ŝ estimated on `df` degrees of
+    freedom: df · ŝ² / σ² is χ² on df. `outside`: the upper bound √(df / χ²_q), for a size an effect must clear;
+    else the lower √(df / χ²_{1−q}), for a margin it must stay inside."""
     return math.sqrt(df / chi2_quantile(q if outside else 1.0 - q, df))
 
 
@@ -225,21 +219,16 @@ def seeds_needed(effect: float, sd: float, power: float = POWER) -> int | None:
         return None
     if sd == 0:
         return 2
-    for n in range(2, MAX_SEEDS + 1):
-        if mde(sd, n, power) <= effect:
-            return n
-    return None
+    return next((n for n in range(2, MAX_SEEDS + 1) if mde(sd, n, power) <= effect), None)
 
 
 def summarize(effects: list[float]) -> Summary:
     """Mean, sd and t intervals of the per-seed effects. Fewer than 2 seeds, or a non-finite effect (a run
     that diverged), gives no interval: ±inf, so no rule can decide on it."""
-    n = len(effects)
-    if n < 2 or not all(math.isfinite(e) for e in effects):
-        mean = sum(effects) / n if n and all(math.isfinite(e) for e in effects) else math.nan
-        wide = (-math.inf, math.inf)
-        return Summary(n, mean, math.nan, wide, wide, math.inf)
-    mean = sum(effects) / n
+    n, finite = len(effects), all(math.isfinite(e) for e in effects)
+    mean = sum(effects) / n if n and finite else math.nan
+    if n < 2 or not finite:
+        return Summary(n, mean, math.nan, (-math.inf, math.inf), (-math.inf, math.inf), math.inf)
     sd = math.sqrt(sum((e - mean) ** 2 for e in effects) / (n - 1))
     se = sd / math.sqrt(n)
     return Summary(n, mean, sd, _interval(mean, se, n - 1, 0.95), _interval(mean, se, n - 1, 0.90), mde(sd, n))
@@ -252,12 +241,10 @@ def summarize(effects: list[float]) -> Summary:
 class Part:
     """One tested statement of a claim: its shape and the sizes fixed in advance, in spreads.
 
-    `size`: the smallest effect a directional or departure part must show (0: only a sign). `stated`: that size
-    is the paper's own ("0.2 % to 0.3 % higher"); only then can its absence be shown. `margin`: the equivalence
-    or non-inferiority margin; for a stated size, the margin inside which its absence counts as shown.
-    `paper_effect`: the effect the paper reports, which a shown absence must have had the power to see. A part
-    whose size is not the paper's (a sign alone, or "does not match" beyond the matching margin) has no size
-    to be absent: only the opposite effect contradicts it."""
+    `size`: the smallest effect a signed part must show (0: only a sign). `stated`: that size is the paper's own
+    ("0.2 % to 0.3 % higher"); only then can its absence be shown. `margin`: the equivalence or non-inferiority
+    margin; for a stated size, the margin inside which its absence counts as shown. `paper_effect`: the effect
+    the paper reports, which a shown absence must have had the power to see."""
 
     shape: str
     size: float = 0.0
@@ -283,8 +270,7 @@ class Part:
 
     @property
     def clears(self) -> float:
-        """The size a signed part's interval must clear (directional, departure, comparative); 0 for the others,
-        whose rules read a margin instead."""
+        """The size a signed part's interval must clear; 0 for the others, whose rules read a margin instead."""
         return self.size if self.shape in ("directional", "departure", "comparative") else 0.0
 
     def bounded(self, c: float) -> bool:
@@ -296,17 +282,15 @@ class Part:
         """(the threshold, the mean's one-sided level) of a one-sided test at level `a` that the mean effect
         lies above (`side` +1) or below (−1) c spreads. Where c is the estimated spread's (`bounded`), the test
         is split by Bonferroni: the mean's bound at a/2 against c at the spread's bound at a/2, on the strict
-        side: a threshold the effect must clear away from 0 grows (the spread's upper bound), one it must stay
-        within shrinks (the lower)."""
+        side (a threshold to clear away from 0 grows, one to stay within shrinks)."""
         if not self.bounded(c):
             return c, a
         return c * spread_factor(a / 2, self.spread_df, outside=side * c > 0), a / 2
 
     def detectable(self, sd: float, n: int) -> float:
         """The true effect this part's rule reproduces with POWER at n seeds of this sd: for a signed part the
-        MDE at the level of its test of the size, beyond that size as the test reads it (its interval must
-        clear the size, not 0); for the others the MDE against no effect. A bounded size enters at its bound
-        with the estimated spread as the unit, as `judge` reports it: counted in true spreads, the spread's own
+        MDE at the level of its test of the size, beyond that size at its bound (its interval must clear the
+        size, not 0); for the others the MDE against no effect. Counted in true spreads, a bounded size's own
         error lowers the power below POWER (docs/reproduce.md, "A margin of one estimated spread")."""
         if n < 2 or not math.isfinite(sd):
             return math.inf
@@ -317,9 +301,8 @@ class Part:
 
     def seeds_for(self, effect: float, sd: float) -> int | None:
         """The fewest seeds at which this part's rule reproduces a true `effect` with POWER (None: none do): its
-        `detectable` effect reaches it for a signed part; for an equivalence part the true distance must lie
-        inside the margin by the MDE, for a non-inferiority part above −margin by it. Where the spread is
-        estimated, from as many baselines as seeds, so its bound narrows as seeds are added."""
+        `detectable` effect reaches it, or for a margin the true effect lies inside it by the MDE. An estimated
+        spread comes from as many baselines as seeds, so its bound narrows as seeds are added."""
         c = self.margin if self.shape in ("equivalence", "noninferior") else self.clears
         if self.shape in ("directional", "comparative") and not effect > 0:
             return None  # the paper's direction is positive: an effect against it is never reproduced
@@ -394,7 +377,7 @@ def _shown(s: Summary, p: Part, c: float, side: int, a: float) -> tuple[bool, st
     and the words of what it compared: the interval, and the threshold with its bound where it has one."""
     used, am = p.bound(c, side, a)
     ok = _end(s, am, -side) > used if side > 0 else _end(s, am, -side) < used
-    return ok, f"{_ci(am)}", _threshold(p, c, used, a)
+    return ok, _ci(am), _threshold(p, c, used, a)
 
 
 def _threshold(p: Part, c: float, used: float, a: float) -> str:
@@ -405,72 +388,59 @@ def _threshold(p: Part, c: float, used: float, a: float) -> str:
             f"{p.spread_df} df)")
 
 
-def _above(s: Summary, p: Part, opposite: str) -> tuple[str, str, str] | None:
-    """The signed rules' first two outcomes: the mean above the part's size (CI95, or its split), or CI95 below 0
-    (the `opposite`)."""
-    ok, ci, thr = _shown(s, p, p.size, +1, 0.025)
-    if ok:
-        return REPRODUCED, ABOVE, f"{ci} lies above {thr}"
-    if s.ci95[1] < 0:
-        return CONTRADICTED, OPPOSITE, f"CI95 lies below 0: the opposite {opposite}"
-    return None
+def _tests(p: Part) -> tuple[list, list]:
+    """The one-sided tests of the part's rule, each (the threshold in spreads, the side the mean must lie on, the
+    level): those that show it reproduced (an equivalence needs both, its TOST; any one suffices elsewhere) and
+    those that show it contradicted, besides a stated size shown absent. A CI95 below 0 is the opposite effect."""
+    m, size = p.margin, p.size
+    return {"directional": ([(size, +1, 0.025)], [(0.0, -1, 0.025)]),
+            "comparative": ([(size, +1, 0.025)], [(0.0, -1, 0.025)]),
+            "departure": ([(size, +1, 0.025), (-size, -1, 0.025)], []),
+            "equivalence": ([(-m, +1, 0.05), (m, -1, 0.05)], [(m, +1, 0.025), (-m, -1, 0.025)]),
+            "noninferior": ([(-m, +1, 0.025)], [(-m, -1, 0.025)])}[p.shape]
 
 
-def _absent_or_open(s: Summary, p: Part) -> tuple[str, str, str]:
-    """Contradicted where the paper states the size and an absence is shown with the power to see the paper's
-    effect; open otherwise. An effect smaller than the part's size but of the paper's sign does not oppose a
-    claim whose size is not the paper's. A stated size is the paper's, so no spread's bound enters here."""
-    l90, h90 = s.ci90
-    if p.stated and -p.margin < l90 and h90 < p.margin and s.mde <= p.paper_effect:
+# Per shape: the route and words of "reproduced", of "contradicted" (None: only an absence contradicts), and the
+# words of an open part; {ci} and {thr} are those of the verdict's first test, for an open part the reproduced's.
+_WORDS = {
+    "directional": ((ABOVE, "{ci} lies above {thr}"), (OPPOSITE, "{ci} lies below {thr}: the opposite effect"),
+                    "{ci} does not lie above {thr}: not shown at the seeds run"),
+    "comparative": ((ABOVE, "{ci} lies above {thr}"),
+                    (OPPOSITE, "{ci} lies below {thr}: the opposite ordering (at the ratio the claim states)"),
+                    "{ci} does not lie above {thr}: not shown at the seeds run"),
+    "departure": ((OUTSIDE, "{ci} lies outside ±{thr}"), None,
+                  "{ci} does not lie outside ±{thr}: not shown at the seeds run"),
+    "equivalence": ((INSIDE, "TOST: {ci} inside ±{thr}"), (OUTSIDE, "{ci} lies outside ±{thr}"),
+                    "{ci} reaches ±{thr}: not decided at the seeds run"),
+    "noninferior": ((ABOVE, "{ci} lies above −{thr}"), (BELOW, "{ci} lies below −{thr}"),
+                    "{ci} reaches −{thr}: not decided at the seeds run"),
+}
+
+
+def _can_be_absent(p: Part) -> bool:
+    """Whether a shown absence contradicts the part: only a size the paper states can be absent (an effect
+    smaller than a size of ours, of the paper's sign, does not oppose the claim), and not that of a difference
+    of two gaps, which has a noise floor."""
+    return p.stated and p.shape in ("directional", "departure")
+
+
+def _rule(s: Summary, p: Part) -> tuple[str, str, str]:
+    """The part's verdict, the test that decided it (`Decision.route`) and the words of that test."""
+    reproduce, contradict = _tests(p)
+    (route, words), against, open_words = _WORDS[p.shape]
+    shown = [_shown(s, p, *test) for test in reproduce]
+    _, ci, thr = shown[0]
+    if (all if p.shape == "equivalence" else any)(ok for ok, _, _ in shown):
+        return REPRODUCED, route, words.format(ci=ci, thr=thr)
+    shown_against = [_shown(s, p, *test) for test in contradict]
+    if any(ok for ok, _, _ in shown_against):
+        return CONTRADICTED, against[0], against[1].format(ci=shown_against[0][1], thr=shown_against[0][2])
+    l90, h90 = s.ci90  # a stated size is the paper's, so no spread's bound enters its absence
+    if _can_be_absent(p) and -p.margin < l90 and h90 < p.margin and s.mde <= p.paper_effect:
         return CONTRADICTED, ABSENT, (f"absence shown: CI90 inside ±{spreads(p.margin)}, with the power to tell "
                                       f"the paper's effect, {spreads(p.paper_effect)}, from none (MDE against 0 "
                                       f"≤ it)")
-    return _open(p)
-
-
-def _open(p: Part) -> tuple[str, str, str]:
-    used, am = p.bound(p.size, +1, 0.025)
-    thr = _threshold(p, p.size, used, 0.025)
-    where = f"outside ±{thr}" if p.shape == "departure" else f"above {thr}"
-    return NOT_REPRODUCED, OPEN, f"{_ci(am)} does not lie {where}: not shown at the seeds run"
-
-
-def _directional(s: Summary, p: Part) -> tuple[str, str, str]:
-    return _above(s, p, "effect") or _absent_or_open(s, p)
-
-
-def _departure(s: Summary, p: Part) -> tuple[str, str, str]:
-    up, ci, thr = _shown(s, p, p.size, +1, 0.025)
-    down = _shown(s, p, -p.size, -1, 0.025)[0]
-    if up or down:
-        return REPRODUCED, OUTSIDE, f"{ci} lies outside ±{thr}"
-    return _absent_or_open(s, p)
-
-
-def _comparative(s: Summary, p: Part) -> tuple[str, str, str]:
-    return _above(s, p, "ordering (at the ratio the claim states)") or _open(p)
-
-
-def _equivalence(s: Summary, p: Part) -> tuple[str, str, str]:
-    low, ci, thr = _shown(s, p, -p.margin, +1, 0.05)
-    high = _shown(s, p, p.margin, -1, 0.05)[0]
-    if low and high:
-        return REPRODUCED, INSIDE, f"TOST: {ci} inside ±{thr}"
-    above, ci95, out = _shown(s, p, p.margin, +1, 0.025)
-    below = _shown(s, p, -p.margin, -1, 0.025)[0]
-    if above or below:
-        return CONTRADICTED, OUTSIDE, f"{ci95} lies outside ±{out}"
-    return NOT_REPRODUCED, OPEN, f"{ci} reaches ±{thr}: not decided at the seeds run"
-
-
-def _noninferior(s: Summary, p: Part) -> tuple[str, str, str]:
-    above, ci, thr = _shown(s, p, -p.margin, +1, 0.025)
-    if above:
-        return REPRODUCED, ABOVE, f"{ci} lies above −{thr}"
-    below, ci_b, thr_b = _shown(s, p, -p.margin, -1, 0.025)
-    if below:
-        return CONTRADICTED, BELOW, f"{ci_b} lies below −{thr_b}"
-    return NOT_REPRODUCED, OPEN, f"{ci} reaches −{thr}: not decided at the seeds run"
+    return NOT_REPRODUCED, OPEN, open_words.format(ci=ci, thr=thr)
 
 
 def _t(s: Summary, c: float) -> float:
@@ -479,32 +449,23 @@ def _t(s: Summary, c: float) -> float:
     return x / se if se > 0 else math.copysign(math.inf, x) if x else 0.0
 
 
-def _p_above(s: Summary, c: float) -> float:
-    """One-sided p-value of a mean above c: P(T > t) = P(T < −t), on n − 1 degrees of freedom (read in the
-    lower tail, where a small p-value keeps its digits)."""
-    return t_cdf(-_t(s, c), s.n - 1)
-
-
-def _p_below(s: Summary, c: float) -> float:
-    """One-sided p-value of a mean below c."""
-    return t_cdf(_t(s, c), s.n - 1)
-
-
 def _p_one(s: Summary, p: Part, c: float, side: int) -> float:
     """The smallest one-sided level at which `_shown` shows the mean above (`side` +1) or below (−1) c spreads.
     For a bounded c (`Part.bound`), the level a at which the mean's p-value against c at the spread's bound
-    at a/2 is a/2 itself: found by bisection on the χ² point x of that bound (√(df/x) times c), where both
-    halves move one way."""
-    one = _p_above if side > 0 else _p_below
+    at a/2 is a/2 itself: by bisection on the χ² point x of that bound (√(df/x) times c)."""
+
+    def one(at: float) -> float:  # against a fixed `at`; P(T > t) read as P(T < −t), where small p keeps its digits
+        return t_cdf(-side * _t(s, at), s.n - 1)
+
     if not p.bounded(c):
-        return one(s, c)
+        return one(c)
     df, outside = p.spread_df, side * c > 0
 
     def level(x: float) -> float:  # the spread's one-sided level at which its bound is √(df/x)
         return chi2_cdf(x, df) if outside else 1.0 - chi2_cdf(x, df)
 
     def holds(x: float) -> bool:
-        return one(s, c * math.sqrt(df / x)) <= level(x)
+        return one(c * math.sqrt(df / x)) <= level(x)
 
     # outside: a larger x is a laxer bound at a higher level, so the test holds from some x on; inside the
     # other way round
@@ -513,40 +474,29 @@ def _p_one(s: Summary, p: Part, c: float, side: int) -> float:
         return 1.0
     for _ in range(100):
         mid = (lo + hi) / 2
-        if holds(math.exp(mid)) == outside:
-            hi = mid
-        else:
-            lo = mid
+        lo, hi = (lo, mid) if holds(math.exp(mid)) == outside else (mid, hi)
     return min(1.0, 2 * level(math.exp(hi if outside else lo)))
 
 
 def p_values(part: Part, s: Summary) -> tuple[float, float]:
     """(p_reproduced, p_contradicted): the p-values of the tests whose rejection at 0.05 gives the part's rule its
-    "reproduced" and its "contradicted". A bound of a CI95 is a one-sided test at 0.025, so its p-value is
-    doubled; each of a TOST's two one-sided tests is at 0.05 (its CI90), so the larger of the two is the
-    TOST's p-value. A test against a size or margin of the estimated spread is the smallest level at which
-    its Bonferroni split (`Part.bound`) rejects. An absence counts only with its power condition met; where
-    two routes lead to one verdict (the opposite effect, or a stated size shown absent) the smaller p-value
-    is the verdict's: the two hold at different boundaries (an effect of 0 and one at the stated size), so
-    the smaller stays about at its level there (below 0.05 in 5.2 % of 6,000 simulated reproductions of 5
-    seeds with the effect at a stated size of 2 spreads, 4.2 % of 10 seeds at 1 spread). 1 for no interval
-    (fewer than 2 seeds, a diverged run)."""
+    "reproduced" and its "contradicted" (`_tests`); a TOST's is the larger of its two. An absence counts only
+    with its power condition met; where two routes lead to one verdict (the opposite effect, or a stated size
+    shown absent) the smaller p-value is the verdict's: the two hold at different boundaries (an effect of 0
+    and one at the stated size), so the smaller stays about at its level there (below 0.05 in 5.2 % of 6,000
+    simulated reproductions of 5 seeds with the effect at a stated size of 2 spreads, 4.2 % of 10 seeds at 1
+    spread). 1 for no interval (fewer than 2 seeds, a diverged run)."""
     if s.n < 2 or not math.isfinite(s.sd):
         return 1.0, 1.0
-    m, size = part.margin, part.size
-    absent = max(_p_above(s, -m), _p_below(s, m)) if part.stated and s.mde <= part.paper_effect else 1.0
-    if part.shape in ("directional", "comparative"):
-        repro, contra = 2 * _p_one(s, part, size, +1), 2 * _p_below(s, 0.0)
-        if part.shape == "directional":
-            contra = min(contra, absent)
-    elif part.shape == "departure":
-        repro, contra = 2 * min(_p_one(s, part, size, +1), _p_one(s, part, -size, -1)), absent
-    elif part.shape == "equivalence":
-        repro = max(_p_one(s, part, -m, +1), _p_one(s, part, m, -1))
-        contra = 2 * min(_p_one(s, part, m, +1), _p_one(s, part, -m, -1))
-    else:  # noninferior
-        repro, contra = 2 * _p_one(s, part, -m, +1), 2 * _p_one(s, part, -m, -1)
-    return min(1.0, repro), min(1.0, contra)
+    reproduce, contradict = _tests(part)
+    # as a test at 0.05: a CI95 bound's p-value (at 0.025) doubled, a TOST's (at 0.05) as it is
+    repro = [_p_one(s, part, c, side) * (0.05 / a) for c, side, a in reproduce]
+    contra = [_p_one(s, part, c, side) * (0.05 / a) for c, side, a in contradict]
+    m = part.margin
+    if _can_be_absent(part) and s.mde <= part.paper_effect:
+        contra.append(max(_p_one(s, part, -m, +1), _p_one(s, part, m, -1)))
+    repro_p = max(repro) if part.shape == "equivalence" else min(repro)
+    return min(1.0, repro_p), min([1.0, *contra])
 
 
 def holm(ps: list[float], alpha: float = 0.05) -> list[bool]:
@@ -561,15 +511,11 @@ def holm(ps: list[float], alpha: float = 0.05) -> list[bool]:
     return keep
 
 
-_RULES = {"directional": _directional, "departure": _departure, "comparative": _comparative,
-          "equivalence": _equivalence, "noninferior": _noninferior}
-
-
 def decide(part: Part, effects: list[float], with_p_values: bool = True) -> Decision:
     """The verdict on one part from its per-seed signed effects (in spreads). `with_p_values`: False leaves them
     at 1, for a simulation that counts verdicts only (a bounded test's p-value is a search)."""
     s = summarize(effects)
-    verdict, route, rule = _RULES[part.shape](s, part)
+    verdict, route, rule = _rule(s, part)
     margin = part.margin if part.shape in ("equivalence", "noninferior") or route == ABSENT else None
     p_reproduced, p_contradicted = p_values(part, s) if with_p_values else (1.0, 1.0)
     return Decision(verdict, part.shape, s.mean, s.ci95, part.detectable(s.sd, s.n), margin, rule, s.n, route=route,
@@ -577,18 +523,13 @@ def decide(part: Part, effects: list[float], with_p_values: bool = True) -> Deci
 
 
 def join(decisions: list[Decision], lead: int = 0) -> Decision:
-    """A claim of several parts: reproduced only when every part is, contradicted when any part is.
-    Its shape, effect and interval are part `lead`'s, the part in the paper's direction. Its p-value of
-    "reproduced" is its parts' largest (every part must pass: an intersection–union test); of "contradicted",
-    any part suffices, so it is the smallest times the number of parts (Bonferroni), a valid p-value however
-    many κ a claim joins, which may lie above 0.05 where one part alone reads contradicted."""
+    """A claim of several parts: reproduced only when every part is, contradicted when any part is. Its shape,
+    effect and interval are part `lead`'s, the part in the paper's direction. Its p-value of "reproduced" is
+    its parts' largest (an intersection–union test); of "contradicted", the smallest times the number of parts
+    (Bonferroni), valid however many κ a claim joins, so it may lie above 0.05 where one part reads contradicted."""
     verdicts = {d.verdict for d in decisions}
-    if verdicts == {REPRODUCED}:
-        verdict = REPRODUCED
-    elif CONTRADICTED in verdicts:
-        verdict = CONTRADICTED
-    else:
-        verdict = NOT_REPRODUCED
+    verdict = (REPRODUCED if verdicts == {REPRODUCED} else CONTRADICTED if CONTRADICTED in verdicts
+               else NOT_REPRODUCED)
     head = decisions[lead]
     rule = "every part: " + "; ".join(d.rule for d in decisions)
     return Decision(verdict, head.shape, head.effect, head.effect_ci, head.mde, head.margin, rule, head.n,
@@ -613,8 +554,7 @@ class Kind:
 
     @property
     def margin(self) -> float | None:
-        """The first part's margin; None for a signed part (a kind states no size of the paper's, so no absence
-        can be shown)."""
+        """The first part's margin; None for a signed part."""
         p = self.parts[0]
         return p.margin if p.shape in ("equivalence", "noninferior") else None
 
@@ -654,16 +594,12 @@ SPREADS = ("bounded", "estimated", "known")  # how `simulate` measures the unit 
 def simulate(kind: Kind, effect: float, seeds: int, trials: int = 2000, noise: float = 1.0,
              rng_seed: int = 0, spread: str = "known") -> dict:
     """Each verdict's frequency over `trials` simulated reproductions of `kind`, with `seeds` paired seeds
-    whose per-seed effect is normal, of mean `effect` and sd `noise` (both in spreads).
-
-    The first part carries `effect`: for a directional or non-inferiority part, the true effect in the paper's
-    direction; for an equivalence part, the true distance between the two settings. Further parts of a
-    joined kind hold the paper's other statement exactly (effect 0), so the frequencies are those of the
-    first part as the joined claim sees it.
+    whose per-seed effect is normal, of mean `effect` and sd `noise` (both in spreads). The first part carries
+    `effect` (for an equivalence part, the true distance between the two settings); further parts of a joined
+    kind hold the paper's other statement exactly (effect 0).
 
     `spread`: "known", the effects are in the true spread; "bounded", as `judge` measures them: divided by a
-    pair spread estimated from `seeds` simulated baselines (the root mean square of their pairwise
-    differences; its true value 1), the rules told its degrees of freedom (`Part.spread_df`) so that they
+    pair spread estimated from `seeds` simulated baselines, the rules told its degrees of freedom so that they
     bound it; "estimated", divided by that estimate with the rules not told, so that the frequencies show
     what the spread's own error does to rules that take it as exact."""
     if seeds < 2:
@@ -679,11 +615,8 @@ def simulate(kind: Kind, effect: float, seeds: int, trials: int = 2000, noise: f
     counts = dict.fromkeys(VERDICTS, 0)
     for _ in range(trials):
         scale = 1.0 if spread == "known" else _estimated_spread(rng, seeds)
-        decisions = []
-        for i, part in enumerate(parts):
-            mu = effect if i == 0 else 0.0
-            decisions.append(decide(part, [rng.gauss(mu, noise) / scale for _ in range(seeds)],
-                                    with_p_values=False))
+        decisions = [decide(part, [rng.gauss(effect if i == 0 else 0.0, noise) / scale for _ in range(seeds)],
+                            with_p_values=False) for i, part in enumerate(parts)]
         counts[join(decisions).verdict] += 1
     return {"kind": kind.name, "shape": kind.shape, "effect": effect, "seeds": seeds, "trials": trials,
             "noise": noise, "spread": spread, "verdicts": {v: c / trials for v, c in counts.items()},
