@@ -6,19 +6,8 @@ on signed paired effects (`emarule.analysis.reproduce.judge`), or a study that s
 run (parabola, precision) whose claims are computed from its results.json
 (`emarule.analysis.reproduce.studies`).
 
-Claim kinds of a sweep family (the effect each is judged on is in `judge`, its rules in `rules.KINDS`):
-    rule_needed      with the rule the metric tracks the baseline, without it it drops
-    rule_departs     the same, where the paper gives no sign for the departure ("diverges")
-    rule_closer      the rule shrinks the gap by a stated ratio, which need not close it (DINO at 4096)
-    gap_remains      setting A ends worse than the baseline (a gap remains)
-    same_either_way  with or without the rule the metric ends at the baseline (ASR's final WER)
-    target_explains  where the EMA metric strays even with the rule, the target model strays too:
-                     the optimizer rule, not the EMA rule, is what breaks
-    optimizer_strays the target model strays with every rule applied: the optimizer rule breaks
-    with_better      the rule ends better than no rule at every κ run
-    ema_above_target the baseline's EMA ends better than its target model
-    arm_closer       setting A ends up closer to the baseline than setting B (App. F.3's "slightly closer")
-    matches_or_better setting A ends level with the baseline or above it (App. H.10's "match or surpass")
+Claim kinds of a sweep family: `RULE_KINDS`; what each says, its shape and its margin are in `rules.KINDS`
+(`emarule power --list` prints them), the effect each is judged on in `judge`.
 
 A claim compares two settings, A and B (`Claim.settings`, ("with", "without") by default): "with" and
 "without" are the standard sweep's runs at the claim's κ, any other name one of the family's `arms`,

@@ -67,8 +67,13 @@ def _slopes(rows: dict, key: str) -> list[tuple[float, float, float]]:
     return [(a, b, math.log(rows[b][key] / rows[a][key]) / math.log(b / a)) for a, b in zip(ks, ks[1:], strict=False)]
 
 
-def _with_post(rule: str, pre: tuple, post: tuple | None) -> Check:
-    """A parabola check from its pre reading (verdict, why, numbers) and its post one (or None)."""
+def _pre_post(rule: str, one, missing: str, numbers: dict | None = None) -> Check:
+    """A parabola check in the paper's convention (pre: the verdict) with the post one beside it (in `numbers`,
+    and in `why` where it reads otherwise). `one(convention)` gives (verdict, why, numbers), or None where the
+    records lack what the check needs: not measured when pre lacks it."""
+    pre, post = one("pre"), one("post")
+    if pre is None:
+        return _unmeasured(rule + PRE, missing, numbers)
     verdict, why, numbers = pre
     numbers = dict(numbers)
     if post is not None:
@@ -84,12 +89,13 @@ MATCH_RULE = (f"reproduced when Err without the rule ≥ {FACTOR:g} × Err with 
 
 
 def parabola_match(records: list, kappa: float) -> Check:
-    """At κ: reproduced when Err without the rule ≥ 2 × Err with it AND Err with it ≤ 2 × the floor Err(ρ*)
-    (the error no momentum beats); contradicted otherwise. Err = max over the run of |Δ E ζ|."""
+    """Err = max over the run of |Δ E ζ|; the floor Err(ρ*) is the error no momentum beats."""
     k = int(kappa)
 
-    def one(rows):
-        r = rows[k]
+    def one(conv):
+        r = _rows(records, convention=conv).get(k)
+        if r is None:
+            return None
         ok = r["err_no_rule"] >= FACTOR * r["err_rule"] and r["err_rule"] <= FACTOR * r["err_star"]
         nums = {"err_rule": r["err_rule"], "err_no_rule": r["err_no_rule"], "err_rho_star": r["err_star"],
                 "err_no_rule_over_err_rule": r["err_no_rule"] / r["err_rule"] if r["err_rule"] else None,
@@ -98,10 +104,7 @@ def parabola_match(records: list, kappa: float) -> Check:
                f"floor Err(ρ*) {r['err_star']:.3g}")
         return _binary(ok), why, nums
 
-    rows, post = _rows(records), _rows(records, convention="post")
-    if k not in rows:
-        return _unmeasured(MATCH_RULE + PRE, f"κ={k} is not in the study's κ")
-    return _with_post(MATCH_RULE, one(rows), one(post) if k in post else None)
+    return _pre_post(MATCH_RULE, one, f"κ={k} is not in the study's κ")
 
 
 TRACK_RULE = (f"reproduced when |(1 − ρ*)/(1 − ρ_B^κ) − 1| ≤ {TRACK_TOLERANCE:.0%} at every κ from 2 up to (not "
@@ -109,38 +112,36 @@ TRACK_RULE = (f"reproduced when |(1 − ρ*)/(1 − ρ_B^κ) − 1| ≤ {TRACK_T
 
 
 def parabola_tracks_rho_star(records: list) -> Check:
-    """"Tracks ρ* until κ=256, when ρ* become systematically higher": reproduced when the rule's 1 − ρ_B^κ is
-    within 5 % of 1 − ρ* at every κ with 2 ≤ κ < 256; contradicted otherwise."""
-    def one(rows):
-        dev = {k: abs(_ratio(r) - 1.0) for k, r in rows.items() if 1 < k < ONSET_KAPPA}
+    """"Tracks ρ* until κ=256, when ρ* become systematically higher": the first half."""
+    def one(conv):
+        dev = {k: abs(_ratio(r) - 1.0) for k, r in _rows(records, convention=conv).items() if 1 < k < ONSET_KAPPA}
+        if not dev:
+            return None
         worst = max(dev, key=dev.get)
         why = f"max over 2 ≤ κ < {ONSET_KAPPA} of |(1 − ρ*)/(1 − ρ_B^κ) − 1|: {dev[worst]:.2%} at κ={worst}"
         return _binary(dev[worst] <= TRACK_TOLERANCE), why, {"relative_deviation_1_minus_rho": dev,
                                                              "max_relative_deviation": dev[worst]}
 
-    rows, post = _rows(records), _rows(records, convention="post")
-    if not any(1 < k < ONSET_KAPPA for k in rows):
-        return _unmeasured(TRACK_RULE + PRE, f"no κ in 2…{ONSET_KAPPA // 2} was computed")
-    return _with_post(TRACK_RULE, one(rows), one(post) if any(1 < k < ONSET_KAPPA for k in post) else None)
+    return _pre_post(TRACK_RULE, one, f"no κ in 2…{ONSET_KAPPA // 2} was computed")
 
 
 HIGHER_RULE = f"reproduced when ρ* > ρ_B^κ at every κ ≥ {ONSET_KAPPA} computed; contradicted otherwise"
 
 
 def parabola_rho_star_higher(records: list) -> Check:
-    """"Systematically higher": reproduced when ρ* > ρ_B^κ at every κ ≥ 256; contradicted otherwise."""
-    def one(rows):
-        ratio = {k: _ratio(r) for k, r in rows.items() if k >= ONSET_KAPPA}
-        below = [k for k, r in rows.items() if k >= ONSET_KAPPA and r["rho_star"] <= r["rho_rule"]]
+    """"Systematically higher": at every κ from the onset on, not at some."""
+    def one(conv):
+        rows = {k: r for k, r in _rows(records, convention=conv).items() if k >= ONSET_KAPPA}
+        if not rows:
+            return None
+        ratio = {k: _ratio(r) for k, r in rows.items()}
+        below = [k for k, r in rows.items() if r["rho_star"] <= r["rho_rule"]]
         listed = ", ".join(f"κ={k}: {v:.3f}" for k, v in sorted(ratio.items()))
         why = f"(1 − ρ*)/(1 − ρ_B^κ), below 1 where ρ* is higher: {listed}"
         return _binary(not below), why, {"ratio": ratio, "rho_star_minus_rule": {
-            k: r["rho_star"] - r["rho_rule"] for k, r in rows.items() if k >= ONSET_KAPPA}, "not_higher_at": below}
+            k: r["rho_star"] - r["rho_rule"] for k, r in rows.items()}, "not_higher_at": below}
 
-    rows, post = _rows(records), _rows(records, convention="post")
-    if not any(k >= ONSET_KAPPA for k in rows):
-        return _unmeasured(HIGHER_RULE + PRE, f"no κ ≥ {ONSET_KAPPA} was computed")
-    return _with_post(HIGHER_RULE, one(rows), one(post) if any(k >= ONSET_KAPPA for k in post) else None)
+    return _pre_post(HIGHER_RULE, one, f"no κ ≥ {ONSET_KAPPA} was computed")
 
 
 ONSET_RULE = (f"read as an onset: reproduced when the log–log slope of the target's Err from κ=128 to {ONSET_KAPPA} is "
@@ -148,9 +149,7 @@ ONSET_RULE = (f"read as an onset: reproduced when the log–log slope of the tar
 
 
 def parabola_target_onset(records: list) -> Check:
-    """An onset at 256: reproduced when the log–log slope of Err_target from 128 to 256 is ≥ 1.5× the median
-    slope of the intervals ending at κ ≤ 64; contradicted otherwise. The target model is EMA-free, so the
-    conventions agree; only pre is read."""
+    """The target model is EMA-free, so the conventions agree; only pre is read."""
     rows = _rows(records)
     slopes = _slopes(rows, "err_target")
     small = sorted(s for a, b, s in slopes if b <= 64)
@@ -173,11 +172,12 @@ INFLECTION_RULE = (f"reproduced when the log–log slope of Err with the rule is
 
 
 def parabola_inflection(records: list) -> Check:
-    """An inflection near κ=64: reproduced when the log–log slope of Err_rule has its minimum on an interval
-    starting at κ = 32…128 and the last interval's slope exceeds that minimum by ≥ 0.02; contradicted
-    otherwise (the minimum elsewhere, on the last interval, or too small a rise after it)."""
-    def one(rows):
-        sl = _slopes(rows, "err_rule")
+    """An inflection near κ=64: contradicted where the slope's minimum lies elsewhere, on the last interval, or
+    rises too little after it."""
+    def one(conv):
+        sl = _slopes(_rows(records, convention=conv), "err_rule")
+        if len(sl) < 3:
+            return None
         i = min(range(len(sl)), key=lambda j: sl[j][2])
         a, b, s = sl[i]
         rise = sl[-1][2] - s
@@ -186,10 +186,7 @@ def parabola_inflection(records: list) -> Check:
         return _binary(ok), why, {"slopes": {f"{x:g}→{y:g}": v for x, y, v in sl}, "minimum_on": f"{a:g}→{b:g}",
                                   "rise_after_minimum": rise}
 
-    rows, post = _rows(records), _rows(records, convention="post")
-    if len(_slopes(rows, "err_rule")) < 3:
-        return _unmeasured(INFLECTION_RULE + PRE, "too few κ to see a slope change")
-    return _with_post(INFLECTION_RULE, one(rows), one(post) if len(_slopes(post, "err_rule")) >= 3 else None)
+    return _pre_post(INFLECTION_RULE, one, "too few κ to see a slope change")
 
 
 LOWER_RULE = "reproduced when Err with the rule is larger for every lower ρ_B at every κ ≥ 2 (D = 1); contradicted " \
@@ -197,28 +194,24 @@ LOWER_RULE = "reproduced when Err with the rule is larger for every lower ρ_B a
 
 
 def parabola_lower_rho_worse(records: list) -> Check:
-    """"Higher for lower momenta": reproduced when, in D = 1, Err_rule is strictly larger for each lower ρ_B at
-    every κ ≥ 2 that all ρ_B share; contradicted where the order breaks at any κ."""
+    """"Higher for lower momenta", at every κ ≥ 2 that all ρ_B share: the order broken at any κ contradicts it."""
     rhos = sorted({r["rho_base"] for r in records if r["dim"] == 1}, reverse=True)
+    if len(rhos) < 2:
+        return _unmeasured(LOWER_RULE + PRE, "needs two ρ_B or more in D = 1", {"rho_bases": rhos})
 
     def one(conv):
         per = {rho: _rows(records, rho, 1, conv) for rho in rhos}
         ks = sorted(set.intersection(*(set(p) for p in per.values())))
         ordered = {k: all(per[a][k]["err_rule"] < per[b][k]["err_rule"] for a, b in zip(rhos, rhos[1:], strict=False))
                    for k in ks if k >= 2}
+        if not ordered:
+            return None
         broken = [k for k, v in ordered.items() if not v]
         why = (f"ρ_B ∈ {{{', '.join(f'{r:g}' for r in rhos)}}}, {len(ordered)} κ: "
                + (f"order broken at κ = {', '.join(map(str, broken))}" if broken else "ordered at every κ"))
-        return _binary(not broken) if ordered else None, why, {"rho_bases": rhos, "ordered": ordered,
-                                                               "broken_at": broken}
+        return _binary(not broken), why, {"rho_bases": rhos, "ordered": ordered, "broken_at": broken}
 
-    if len(rhos) < 2:
-        return _unmeasured(LOWER_RULE + PRE, "needs two ρ_B or more in D = 1", {"rho_bases": rhos})
-    pre = one("pre")
-    if pre[0] is None:
-        return _unmeasured(LOWER_RULE + PRE, "no κ ≥ 2 shared by the ρ_B", pre[2])
-    post = one("post")
-    return _with_post(LOWER_RULE, pre, post if post[0] is not None else None)
+    return _pre_post(LOWER_RULE, one, "no κ ≥ 2 shared by the ρ_B", {"rho_bases": rhos, "ordered": {}, "broken_at": []})
 
 
 DIM_RULE = (f"reproduced when Err with the rule and 1 − ρ* in every D > 1 differ from D = 1 by ≤ {DIM_TOLERANCE:.0%} "
@@ -226,11 +219,11 @@ DIM_RULE = (f"reproduced when Err with the rule and 1 − ρ* in every D > 1 dif
 
 
 def parabola_dimensions(records: list) -> Check:
-    """"No significant differences as we vary dimensions": reproduced when, at ρ_B = 0.9999, every D > 1's
-    Err_rule and 1 − ρ* are within 10 % (relative) of D = 1's at every κ ≥ 2; contradicted otherwise. (A 10 %
-    difference does not show on the paper's log-scale axes, which span decades; the D > 1 numbers are Monte
-    Carlo hold-out estimates.)"""
+    """"No significant differences as we vary dimensions", at ρ_B = 0.9999. A 10 % difference does not show on
+    the paper's log-scale axes, which span decades; the D > 1 numbers are Monte Carlo hold-out estimates."""
     dims = sorted({r["dim"] for r in records if r["dim"] > 1 and math.isclose(r["rho_base"], MAIN_RHO)})
+    if not dims:
+        return _unmeasured(DIM_RULE + PRE, "no D > 1 was computed", {"dims": []})
 
     def one(conv):
         base = _rows(records, convention=conv)
@@ -250,13 +243,7 @@ def parabola_dimensions(records: list) -> Check:
             "dims": dims, "max_relative_err_rule_difference": we, "max_relative_1_minus_rho_star_difference": wr,
             "largest_at": at}
 
-    if not dims:
-        return _unmeasured(DIM_RULE + PRE, "no D > 1 was computed", {"dims": []})
-    pre, post = one("pre"), one("post")
-    if pre is None:
-        return _unmeasured(DIM_RULE + PRE, "no κ ≥ 2 of a D > 1 shared with D = 1 in the pre convention",
-                           {"dims": dims})
-    return _with_post(DIM_RULE, pre, post)
+    return _pre_post(DIM_RULE, one, "no κ ≥ 2 of a D > 1 shared with D = 1 in the pre convention", {"dims": dims})
 
 
 NO_RULE_RULE = (f"reproduced when Err without the rule ≥ {FACTOR:g} × Err with it at every κ ≥ 2 and every ρ_B "
@@ -264,8 +251,7 @@ NO_RULE_RULE = (f"reproduced when Err without the rule ≥ {FACTOR:g} × Err wit
 
 
 def parabola_no_rule_large(records: list) -> Check:
-    """"Not changing the momentum induces large approximation error": reproduced when Err_no_rule ≥ 2 ×
-    Err_rule at every κ ≥ 2 and every ρ_B in D = 1; contradicted otherwise."""
+    """"Not changing the momentum induces large approximation error"."""
     def one(conv):
         ratios = {f"ρ_B={r['rho_base']:g} κ={r['kappa']}": r["err_no_rule"] / r["err_rule"] for r in records
                   if r["dim"] == 1 and r["convention"] == conv and r["kappa"] >= 2 and r["err_rule"] > 0}
@@ -276,10 +262,7 @@ def parabola_no_rule_large(records: list) -> Check:
         return _binary(ratios[at] >= FACTOR), why, {"min_err_no_rule_over_err_rule": ratios[at], "at": at,
                                                     "err_no_rule_over_err_rule": ratios}
 
-    pre, post = one("pre"), one("post")
-    if pre is None:
-        return _unmeasured(NO_RULE_RULE + PRE, "no κ ≥ 2 was computed")
-    return _with_post(NO_RULE_RULE, pre, post)
+    return _pre_post(NO_RULE_RULE, one, "no κ ≥ 2 was computed")
 
 
 # --- precision ----------------------------------------------------------------------------------
@@ -358,11 +341,8 @@ def _variance(results: dict, run: str, paper_grows: bool, extra=None) -> Check:
 
 
 def precision_fp16_variance(results: dict) -> Check:
-    """"An increasing variance happens for FP16 as ρ approaches 0.99999": reproduced when the std over repeats of
-    FP16's EMA MaxAbsDiff is largest at the largest ρ and more than 2× the std at the smallest ρ (`grows`);
-    contradicted otherwise. Judged over the momenta whose horizon 1/(1 − ρ) the run's steps cover (an EMA
-    that has not run its horizon has barely moved from its start); `why` names the steps where they fall
-    short of the largest ρ's horizon."""
+    """"An increasing variance happens for FP16 as ρ approaches 0.99999". Only the momenta whose horizon the
+    run's steps cover are judged: an EMA that has not run its horizon has barely moved from its start."""
     return _variance(results, "fp16", True)
 
 
@@ -371,9 +351,8 @@ def _times(v: float) -> str:
 
 
 def precision_bf16_stable(results: dict) -> Check:
-    """"Whereas BF16 [is] stable", read by the sentence's FP16 clause: reproduced unless BF16's std over repeats
-    of its EMA MaxAbsDiff grows as ρ → its largest (`grows`, over the covered momenta); contradicted when it
-    does. BF16's EMA MaxAbsDiff over a second FP32 run's with another data order (fp32_seed) is reported."""
+    """"Whereas BF16 [is] stable", read by the sentence's FP16 clause. BF16's EMA MaxAbsDiff over a second FP32
+    run's with another data order (fp32_seed) is reported beside it."""
     bf, seed = _by_run(results, "bf16"), _by_run(results, "fp32_seed")
     extra = None
     if bf and seed:
@@ -386,9 +365,8 @@ def precision_bf16_stable(results: dict) -> Check:
 
 
 def precision_fp32_stable(results: dict) -> Check:
-    """"Whereas FP32 [is] stable", read as BF16's: reproduced unless the std over repeats of a second FP32 run's
-    (fp32_reorder: gradients summed in another order) EMA MaxAbsDiff grows as ρ → its largest (`grows`);
-    contradicted when it does. That run's largest MaxAbsDiff relative to the weights is reported."""
+    """"Whereas FP32 [is] stable", read as BF16's, on a second FP32 run whose gradients are summed in another
+    order (fp32_reorder); its largest MaxAbsDiff relative to the weights is reported beside it."""
     rows = _by_run(results, "fp32_reorder")
     extra = None
     if rows:
@@ -402,9 +380,7 @@ RANGE_RULE = ("reproduced when `emarule limits --momentum 0.996 --batch-size 409
 
 
 def precision_fp32_range(results: dict | None = None, lim=None) -> Check:
-    """`emarule limits --momentum 0.996 --batch-size 4096`: the smallest meaningful batch below one
-    sample and the largest at a million or more (reproduced); otherwise contradicted. `lim` stands in
-    for those limits (their `kappa_update` and `kappa_max`) where a test needs other ones."""
+    """`lim` stands in for the limits (their `kappa_update` and `kappa_max`) where a test needs other ones."""
     from emarule.scaling.limits import limits
 
     lim = lim if lim is not None else limits(0.996, 4096, "float32")
