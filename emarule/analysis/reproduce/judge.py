@@ -1,9 +1,9 @@
 """One claim of a sweep family, judged: which signed per-seed effects its parts are, then the rules. Torch-free.
 
-Every claim kind is a row of `PARTS`: for each of its parts (the shapes and margins of `rules.KINDS`) the
-per-seed effect it is judged on, in the metric's units and signed so that the paper's direction is positive,
-and the scale the effect is divided by before the rules see it (the baselines' pair spread of the same
-statistic; `paired.pair_spread`). Before any rule, in this order, a claim is
+`part_effects` builds each part of a claim kind (the shapes and margins of `rules.KINDS`) as the table below
+gives it: the per-seed effect it is judged on, in the metric's units and signed so that the paper's direction
+is positive, and the scale the effect is divided by before the rules see it (the baselines' pair spread of the
+same statistic; `paired.pair_spread`). Before any rule, in this order, a claim is
 
 - not measured, where a run it needs is missing or never logged the metric;
 - set aside, where it is about the EMA and the target model strays with the rule at its setting (the
