@@ -192,13 +192,8 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
                 else:
                     result = _study(console, family, root, resolve_run)
         except BaseException as e:  # Ctrl-C or a failure: the time its finished runs took is still counted
-            # bad input is refused before anything trains, and writes nothing; a run's own error (a file it
-            # cannot decode) comes after others trained
-            trained = _trained_since(root, logs)
-            if not isinstance(e, UserError) or trained:
-                _record_unfinished(root, text, time.monotonic() - t0, e, trained, same_as, beat.token)
-            elif distributed.is_main():
-                _forget(root, beat.token)
+            if distributed.is_main():
+                beat.fail(e)
             raise
         if result is None:  # not the main process of a torchrun launch
             return {}
@@ -236,30 +231,6 @@ def _trained_since(root: Path, before: dict[str, bytes]) -> int:
     a copied root keeps or loses times as it was copied; the contents say what trained."""
     now = _logs(root)
     return sum(1 for path, digest in now.items() if before.get(path) != digest)
-
-
-def _record_unfinished(root: Path, text: str, wall_s: float, error: BaseException, trained: int,
-                       same_as: dict | None, replaces: str | None = None) -> None:
-    """A ledger line for an invocation that raised before its verdict: its wall time and the runs it trained
-    (finished or not; none of them reused). The next invocation counts the finished ones as reused, and the
-    ledger's sum over both lines counts them as trained in this root."""
-    from emarule.engine import distributed
-
-    if not distributed.is_main():
-        return
-    try:
-        ledger.record(root, text, {"wall_s": wall_s, "cpus": os.cpu_count(), "ended": type(error).__name__,
-                                   "runs": int(trained), "reused": 0}, same_as, replaces=replaces)
-    except OSError:  # a full disk, say: the error being raised is the one to report
-        pass
-
-
-def _forget(root: Path, token: str) -> None:
-    """Bad input raised inside a reproduction, before anything trained: its heartbeat line goes too."""
-    try:
-        ledger.drop(root, token)
-    except OSError:
-        pass
 
 
 def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, resolve_run,
@@ -385,10 +356,6 @@ def _study(console, family: Family, root: Path, resolve_run) -> tuple:
         c["figure"] = os.path.relpath(run_dir / f, root) if f and (run_dir / f).exists() else None
     figs = sorted({c["figure"] for c in claims if c["figure"]})
     m = read_json(meta)
-    logged = m.get("wall_time_s") if isinstance(m, dict) else payload_wall(payload)
+    logged = (m if isinstance(m, dict) else payload if isinstance(payload, dict) else {}).get("wall_time_s")
     timing = {"runs": 1, "reused": int(reused), "runs_wall_s": logged if logged is not None else time.monotonic() - t0}
     return claims, None, figs, timing
-
-
-def payload_wall(payload) -> float | None:
-    return payload.get("wall_time_s") if isinstance(payload, dict) else None
