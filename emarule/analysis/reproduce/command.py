@@ -41,12 +41,6 @@ STUDY_FIGURES = {
 }
 
 
-def family_of(name: str) -> Family:
-    if name not in FAMILIES:
-        raise UserError(f"unknown family {name!r}; choose one of {', '.join(FAMILIES)}")
-    return FAMILIES[name]
-
-
 def check(family: Family, preset: str | None, seeds: tuple | None, kappas: list[float] | None) -> str | None:
     """The spec's preset to use (None: the base spec); refuses what cannot run, before anything is written."""
     from emarule.config.load import read_yaml, spec_path
@@ -122,17 +116,11 @@ def command_text(family: Family, preset: str | None, seeds: tuple | None, kappas
                  out: Path, data: Path | None, headline: bool = False) -> str:
     from emarule.request.seeds import seeds_text
 
+    given = {"--preset": preset, "--seeds": None if seeds is None else seeds_text(seeds),
+             "--kappas": None if kappas is None else ",".join(f"{k:g}" for k in kappas),
+             "--data": None if data is None else str(data), "--out": str(out)}
     parts = ["emarule", "reproduce", family.name] + (["--headline"] if headline else [])
-    if preset is not None:
-        parts += ["--preset", preset]
-    if seeds is not None:
-        parts += ["--seeds", seeds_text(seeds)]
-    if kappas is not None:
-        parts += ["--kappas", ",".join(f"{k:g}" for k in kappas)]
-    if data is not None:
-        parts += ["--data", str(data)]
-    parts += ["--out", str(out)]
-    return shlex.join(parts)
+    return shlex.join(parts + [x for flag, v in given.items() if v is not None for x in (flag, v)])
 
 
 def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, kappas: list[float] | None,
@@ -143,7 +131,9 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
     seeds (`emarule.request.seeds.parse_seeds`), None for the family's default. `executor`
     (`emarule.analysis.executors.Executor`): where a sweep family's runs train. `judge_only`: train nothing and
     judge the runs the root holds from their records (`sweep.from_records`)."""
-    family = family_of(name)
+    if name not in FAMILIES:
+        raise UserError(f"unknown family {name!r}; choose one of {', '.join(FAMILIES)}")
+    family = FAMILIES[name]
     if judge_only and family.kind != "sweep":
         raise UserError(f"reproduce {name} --judge-only: the {name} study computes its claims in one run; drop "
                         f"--judge-only (a finished study's results.json is reused as it is)")
@@ -176,7 +166,7 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
                                   data=data)
         t0, load0, logs = time.monotonic(), os.getloadavg()[0], _logs(root)
         resolve_run = resolver(family.experiment, spec_preset)
-        args = {"preset": preset if preset is not None else family.preset, "command": text,
+        args = {"preset": chosen, "command": text,
                 "seeds": list(seeds if seeds is not None else family.seeds) if family.kind == "sweep" else None,
                 "kappas": kappas if kappas is not None else list(family.kappas)}
         from emarule.engine import distributed

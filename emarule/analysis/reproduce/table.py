@@ -194,7 +194,7 @@ def rows(root: Path, loaded: list | None = None, h: dict | None = None) -> tuple
             if main.get("seeds"):
                 seen.add(_seeds(main["seeds"]))
             verdict = T.cell(T.verdict(c)) + _holm_note(h, name, i) + _caveat(c, bar) + _made_with(r_main)
-            claims.append([T.cell(c.get("short") or c["claim"]), T.kappa(c.get("kappa")),
+            claims.append([T.cell(T.label(c)), T.kappa(c.get("kappa")),
                            (verdict, _seeds(main.get("seeds"))), T.cell(T.effect(c)), T.cell(T.mde(c)), head, page])
         t = main.get("timing") or {}
         reused = f" ({_reused(t)} reused)" if _reused(t) else ""
@@ -341,11 +341,11 @@ def markdown(root: Path, wall: float | None = None) -> str:
     head_new = "the headline claim on new seeds" + (f", {next(iter(seen_new))}" if one_new else "")
     out = [f"| # | claim (paper) | κ | {head} | effect [95 % CI] | MDE | {head_new} | page |",
            "|---:|---|---|---|---|---|---|---|"]
-    out += [f"| {i} | {r[0]} | {r[1]} | {cell(r[2], one)} | {r[3]} | {r[4]} | {cell(r[5], one_new)} | {r[6]} |"
+    out += [T.row(i, *r[:2], cell(r[2], one), *r[3:5], cell(r[5], one_new), r[6])
             for i, r in enumerate(claims, 1)]
     out += ["", "| family | runs | wall time | headline check | the optimizer-rule check | the probe's data bar | "
             "noise (spreads) |", "|---|---:|---:|---:|---|---|---:|"]
-    out += ["| " + " | ".join(r) + " |" for r in runs]
+    out += [T.row(*r) for r in runs]
     total = sum(wall_s((r.verdict or {}).get("timing") or {}) or 0.0
                 for _, _, main, new in loaded for r in (main, new) if r is not None)
     out += ["", tally_line(tally(root, loaded, h))]
@@ -368,7 +368,7 @@ def page_block(root: Path, name: str, loaded: list | None = None, h: dict | None
     claims, runs, _, _ = rows(root, [x for x in loaded if x[0] == name], h if h is not None else holm(loaded))
     out = ["| claim (paper) | κ | verdict | effect [95 % CI] | MDE | the headline claim on new seeds |",
            "|---|---|---|---|---|---|"]
-    out += [f"| {r[0]} | {r[1]} | {_with_seeds(r[2])} | {r[3]} | {r[4]} | {_with_seeds(r[5])} |" for r in claims]
+    out += [T.row(*r[:2], _with_seeds(r[2]), *r[3:5], _with_seeds(r[5])) for r in claims]
     run = runs[0]
     out += ["", f"Runs: {run[1]}; wall time {run[2]}; the headline check {run[3]}. The optimizer-rule check: {run[4]}."]
     if run[5] != "—":
@@ -433,9 +433,8 @@ class _Parser(argparse.ArgumentParser):
 def main(argv: list[str] | None = None) -> int:
     ap = _Parser(prog="python -m emarule.analysis.reproduce.table", description=__doc__.split("\n")[0])
     ap.add_argument("root", type=Path)
-    ap.add_argument("--readme", type=Path)
-    ap.add_argument("--pages", type=Path)
-    ap.add_argument("--figures", type=Path)
+    for flag in ("--readme", "--pages", "--figures"):
+        ap.add_argument(flag, type=Path)
     ap.add_argument("--wall-s", type=float)
     a = ap.parse_args(argv)
     try:
