@@ -10,6 +10,7 @@ Then OUT/report.md, OUT/verdict.json and OUT/figures/ are written and the verdic
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -24,7 +25,11 @@ from emarule.request import checks
 from emarule.errors import UserError
 from emarule.analysis.reproduce import ledger, report as R
 from emarule.analysis.reproduce.claims import FAMILIES, FULL, PROBES, Family, headline_only
-from emarule.engine.rundir import atomic_write_text, read_json
+from emarule.engine import distributed
+from emarule.engine.context import RunContext, default_run_name
+from emarule.engine.rundir import HPARAMS, METRICS, atomic_write_text, read_json, read_metrics
+from emarule.engine.runlock import lock_dir
+from emarule.request.seeds import seeds_label, seeds_text
 from emarule import registry
 
 STUDY_SPEC = "reproduce-spec.json"  # the spec a study's results.json was computed with
@@ -85,16 +90,15 @@ def refuse_foreign(root: Path, family: Family) -> None:
                         f"e.g. runs/reproduce/{family.name}")
 
 
-def earlier_verdict(root: Path, family: Family, preset: str | None, seeds: tuple | None,
-                    kappas: list[float] | None, headline: bool) -> str | None:
-    """The command of a finished reproduction in `root` made with other settings (None: none, or the same ones,
-    a rerun that reuses its runs and replaces its verdict). Read before anything runs."""
+def earlier_verdict(root: Path, family: Family, wanted: dict) -> str | None:
+    """The command of a finished reproduction in `root` made with other settings than `wanted` (`ledger.resolved`;
+    None: none, or the same ones, a rerun that reuses its runs and replaces its verdict). Read before anything
+    runs; a verdict.json records no --data, so `wanted`'s is left out."""
     old = read_json(root / R.VERDICT)
     if not isinstance(old, dict) or old.get("family") != family.name:
         return None
     was = ledger.of_verdict(family.name, old, "--headline" in str(old.get("command", "")).split())
-    same = was == ledger.resolved(family.name, preset=preset, seeds=seeds, kappas=kappas, headline=headline)
-    return None if same else str(old.get("command") or "an earlier reproduction")
+    return None if was == wanted | {"data": None} else str(old.get("command") or "an earlier reproduction")
 
 
 def keep_earlier(console, root: Path, command: str) -> None:
@@ -114,8 +118,6 @@ def keep_earlier(console, root: Path, command: str) -> None:
 
 def command_text(family: Family, preset: str | None, seeds: tuple | None, kappas: list[float] | None,
                  out: Path, data: Path | None, headline: bool = False) -> str:
-    from emarule.request.seeds import seeds_text
-
     given = {"--preset": preset, "--seeds": None if seeds is None else seeds_text(seeds),
              "--kappas": None if kappas is None else ",".join(f"{k:g}" for k in kappas),
              "--data": None if data is None else str(data), "--out": str(out)}
@@ -157,20 +159,15 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
     root = checks.out_dir(out) or Path("runs") / "reproduce" / family.name
     checks.out_dir(root)
     refuse_foreign(root, family)
-    earlier = earlier_verdict(root, family, preset, seeds, kappas, headline)
-    from emarule.engine.runlock import lock_dir
-
+    same_as = ledger.resolved(family.name, preset=preset, seeds=seeds, kappas=kappas, headline=headline, data=data)
+    earlier = earlier_verdict(root, family, same_as)
     with lock_dir(root, "reproduction"):
         text = command_text(family, preset, seeds, kappas, root, data, headline)
-        same_as = ledger.resolved(family.name, preset=preset, seeds=seeds, kappas=kappas, headline=headline,
-                                  data=data)
         t0, load0, logs = time.monotonic(), os.getloadavg()[0], _logs(root)
         resolve_run = resolver(family.experiment, spec_preset)
         args = {"preset": chosen, "command": text,
                 "seeds": list(seeds if seeds is not None else family.seeds) if family.kind == "sweep" else None,
                 "kappas": kappas if kappas is not None else list(family.kappas)}
-        from emarule.engine import distributed
-
         # The line a kill would leave (the ledger's docstring); only the main process writes the ledger.
         beat = ledger.Heartbeat(root, text, same_as, t0, lambda: _trained_since(root, logs))
         try:
@@ -202,10 +199,6 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
 
 def _logs(root: Path) -> dict[str, bytes]:
     """A digest of every run's log under ROOT (ROOT/<experiment>/<run>/metrics.jsonl), by path."""
-    import hashlib
-
-    from emarule.engine.rundir import METRICS
-
     out = {}
     for log in root.glob(f"*/*/{METRICS}"):
         try:
@@ -219,8 +212,7 @@ def _trained_since(root: Path, before: dict[str, bytes]) -> int:
     """How many runs under ROOT logged something new since `before` (`_logs`). A log's time is no guide: a
     run resumed from a checkpoint that precedes rows of its log rewrites it (`MetricsLog.truncate_after`), and
     a copied root keeps or loses times as it was copied; the contents say what trained."""
-    now = _logs(root)
-    return sum(1 for path, digest in now.items() if before.get(path) != digest)
+    return sum(1 for path, digest in _logs(root).items() if before.get(path) != digest)
 
 
 def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, resolve_run,
@@ -228,21 +220,18 @@ def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, r
            judge_only: bool = False) -> tuple | None:
     from emarule import tasks
     from emarule.analysis import sweep
-    from emarule.request.seeds import seeds_label
 
-    runs = sweep.plan_runs(args["kappas"], ["exponential", None], args["seeds"], family.arms)
-    # The sweep's own comparison on the target model's metric, which every run logs from its first
-    # evaluation (a teacher's `pl_wer` exists only once pseudo-labeling starts, at κ=4 sometimes never).
-    probes = family.ema_metric.name == "probe_top1"  # does the tracking probe measure the teacher?
-    finals = any(m.file for m in family.metrics)  # a claim on the final teachers: the arms' are probed too
     from emarule.analysis import offline_probe as P
 
+    runs = sweep.plan_runs(args["kappas"], ["exponential", None], args["seeds"], family.arms)
+    probes = family.ema_metric.name == "probe_top1"  # does the tracking probe measure the teacher?
+    finals = any(m.file for m in family.metrics)  # a claim on the final teachers: the arms' are probed too
     drawn: list = []  # the comparison figures the sweep wrote, this time
+    # The sweep's own comparison on the target model's metric, which every run logs from its first
+    # evaluation (a teacher's `pl_wer` exists only once pseudo-labeling starts, at κ=4 sometimes never).
     done = sweep.execute(console, runs, resolve_run, root, tasks, data=data, metric=family.target_metric.name,
                          jobs=jobs, follow_up=P.follow_up(runs, arms=finals) if probes else None, figures=drawn,
                          on_run_end=on_run_end, executor=executor, judge_only=judge_only)
-    from emarule.engine import distributed
-
     if not distributed.is_main():
         return None
     from emarule.analysis.compare import load_runs
@@ -290,7 +279,6 @@ def _logged_wall(run: Path) -> float:
     each stretch between two drops is one process's time, and the run's is the sum of their last values. A
     run that started from its baseline's snapshot begins after the rows it copied, which are the baseline's."""
     from emarule.engine import fork
-    from emarule.engine.rundir import HPARAMS, METRICS, read_metrics
 
     h = read_json(run / HPARAMS)
     copied = fork.copied_bytes(h if isinstance(h, dict) else {})
@@ -307,7 +295,6 @@ def _logged_wall(run: Path) -> float:
 
 
 def _study(console, family: Family, root: Path, resolve_run) -> tuple:
-    from emarule.engine.context import RunContext, default_run_name
     from emarule.config.identity import comparable
     from emarule.analysis.reproduce.studies import judge_study
 

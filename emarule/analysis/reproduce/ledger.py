@@ -28,6 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
+from emarule.engine.rundir import atomic_write_text
 from emarule.errors import UserError
 
 
@@ -130,8 +131,6 @@ def _without(lines: list[dict], token: str | None) -> list[dict]:
 
 def _write(path: Path, lines: list[dict]) -> None:
     """The ledger as LINES, one JSON object each, written under a temporary name, then renamed."""
-    from emarule.engine.rundir import atomic_write_text
-
     atomic_write_text(path, "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in lines))
 
 

@@ -11,6 +11,7 @@ from emarule.analysis.reproduce import paired as P
 from emarule.analysis.reproduce import render as T
 from emarule.analysis.reproduce import rules as R
 from emarule.engine.rundir import atomic_write_text
+from emarule.request.seeds import seeds_label
 
 REPORT, VERDICT = "report.md", "verdict.json"
 STUDY_RULES = ("Each study claim is judged by the rule written beside its check in "
@@ -106,8 +107,6 @@ def markdown(data: dict, family) -> str:
     lines = [f"# Reproduction: {family.name} ({family.experiment}, {family.section})", "",
              f"Command: `{data['command']}`", ""]
     if data.get("seeds"):
-        from emarule.request.seeds import seeds_label
-
         lines += [f"Seeds: {seeds_label(data['seeds'])} ({len(data['seeds'])}); every setting's run of a seed is "
                   f"compared with that seed's baseline.", ""]
     lines.append(f"Wall time of this invocation: {t['wall_s']:.0f} s" + _total(t)

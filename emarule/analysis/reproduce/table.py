@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +29,10 @@ from emarule.analysis.reproduce import ledger
 from emarule.analysis.reproduce import render as T
 from emarule.analysis.reproduce import rules as R
 from emarule.analysis.reproduce.claims import FAMILIES, PROBES, Family
+from emarule.engine.rundir import atomic_write_text
 from emarule.engine.runlock import LOCK  # there while a reproduction holds its root
 from emarule.errors import UserError
+from emarule.request.seeds import seeds_label
 
 START = "<!-- claims table: written by `make repro` (python -m emarule.analysis.reproduce.table) -->"
 END = "<!-- end of claims table -->"
@@ -110,8 +113,6 @@ def _root(folder: Path, family: Family, headline: bool = False) -> Root:
 
 
 def _seeds(seeds) -> str:
-    from emarule.request.seeds import seeds_label
-
     return seeds_label(tuple(seeds)) if seeds else "—"
 
 
@@ -381,8 +382,6 @@ def page_block(root: Path, name: str, loaded: list | None = None, h: dict | None
 def _between(path: Path, start: str, end: str, block: str) -> None:
     """PATH with the text between its markers START and END replaced by BLOCK (written under a temporary name,
     then renamed)."""
-    from emarule.engine.rundir import atomic_write_text
-
     head, rest = path.read_text().split(start, 1)
     atomic_write_text(path, f"{head}{start}\n{block}{end}{rest.split(end, 1)[1]}")
 
@@ -402,8 +401,6 @@ def write_pages(root: Path, folder: Path) -> list[Path]:
 
 def copy_figures(root: Path, folder: Path) -> list[Path]:
     """The README's figures from the root (each family's `figures/<family>.png`), those that exist."""
-    import shutil
-
     folder.mkdir(parents=True, exist_ok=True)
     out = []
     for name in FIGURES:
