@@ -227,19 +227,14 @@ def print_verdicts(console, data: dict) -> None:
 
     t = Table(title=f"{data['family']}: the paper's claims, checked ({data['command']})", title_justify="left")
     study = not data["settings"]
-    cols = ("#", "claim", "measured", "verdict") if study else ("#", "claim", "κ", "effect [95 % CI]", "MDE",
-                                                                 "verdict")
-    for c in cols:
+    middle = ("measured",) if study else ("κ", "effect [95 % CI]", "MDE")
+    for c in ("#", "claim", *middle, "verdict"):
         t.add_column(c, justify="right" if c in ("#", "κ") else "left", overflow="fold")
     style = {R.REPRODUCED: "green", R.CONTRADICTED: "red"}
     for i, c in enumerate(data["claims"], 1):
-        color = style.get(c["verdict"], "yellow")
-        verdict = f"[{color}]{escape(T.verdict(c, bold=False))}[/]"
-        label = escape(T.label(c))
-        if study:
-            t.add_row(str(i), label, escape(T.effect(c)), verdict)
-        else:
-            t.add_row(str(i), label, T.kappa(c["kappa"]), escape(T.effect(c)), escape(T.mde(c)), verdict)
+        cells = [escape(T.effect(c))] if study else [T.kappa(c["kappa"]), escape(T.effect(c)), escape(T.mde(c))]
+        t.add_row(str(i), escape(T.label(c)), *cells,
+                  f"[{style.get(c['verdict'], 'yellow')}]{escape(T.verdict(c, bold=False))}[/]")
     console.print(t)
     oc = data.get("optimizer_check")
     if oc:
