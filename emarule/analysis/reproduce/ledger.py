@@ -173,10 +173,8 @@ class Heartbeat:
             self._write(KILLED, time.monotonic() - self.start, self.trained(), token=self.token)
 
     def fail(self, error: BaseException) -> None:
-        """The invocation raised before its verdict (Ctrl-C, a failure): its line gets its wall time, `ended` and
-        the runs it trained (finished or not; none of them reused), so that the time its finished runs took is
-        still counted. Bad input is refused before anything trains and leaves no line; a run's own error (a file
-        it cannot decode) comes after others trained."""
+        """The invocation raised before its verdict: its line as the module's docstring says. Bad input, refused
+        before anything trains, leaves none; a run's own error (a file it cannot decode) comes after others trained."""
         trained = int(self.trained())
         try:
             if isinstance(error, UserError) and not trained:

@@ -47,8 +47,7 @@ def _load(path: Path) -> dict | None:
         return None
     except (ValueError, OSError) as e:
         raise UserError(f"{path}: not valid JSON ({e}); run that reproduction again") from None
-    problem = _shape(data)
-    if problem:
+    if problem := _shape(data):
         raise UserError(f"{path}: not a reproduction's verdict.json ({problem}); run that reproduction again")
     return data
 
@@ -380,8 +379,7 @@ def page_block(root: Path, name: str, loaded: list | None = None, h: dict | None
 
 
 def _between(path: Path, start: str, end: str, block: str) -> None:
-    """PATH with the text between its markers START and END replaced by BLOCK (written under a temporary name,
-    then renamed)."""
+    """PATH's text between its markers START and END replaced by BLOCK (under a temporary name, then renamed)."""
     head, rest = path.read_text().split(start, 1)
     atomic_write_text(path, f"{head}{start}\n{block}{end}{rest.split(end, 1)[1]}")
 
