@@ -10,6 +10,7 @@ Then OUT/report.md, OUT/verdict.json and OUT/figures/ are written and the verdic
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -24,7 +25,11 @@ from emarule.request import checks
 from emarule.errors import UserError
 from emarule.analysis.reproduce import ledger, report as R
 from emarule.analysis.reproduce.claims import FAMILIES, FULL, PROBES, Family, headline_only
-from emarule.engine.rundir import atomic_write_text, read_json
+from emarule.engine import distributed
+from emarule.engine.context import RunContext, default_run_name
+from emarule.engine.rundir import HPARAMS, METRICS, atomic_write_text, read_json, read_metrics
+from emarule.engine.runlock import lock_dir
+from emarule.request.seeds import seeds_label, seeds_text
 from emarule import registry
 
 STUDY_SPEC = "reproduce-spec.json"  # the spec a study's results.json was computed with
@@ -39,12 +44,6 @@ STUDY_FIGURES = {
     "precision_bf16_stable": "figures/precision.png", "precision_fp32_stable": "figures/precision.png",
     "precision_fp32_range": "",
 }
-
-
-def family_of(name: str) -> Family:
-    if name not in FAMILIES:
-        raise UserError(f"unknown family {name!r}; choose one of {', '.join(FAMILIES)}")
-    return FAMILIES[name]
 
 
 def check(family: Family, preset: str | None, seeds: tuple | None, kappas: list[float] | None) -> str | None:
@@ -91,16 +90,15 @@ def refuse_foreign(root: Path, family: Family) -> None:
                         f"e.g. runs/reproduce/{family.name}")
 
 
-def earlier_verdict(root: Path, family: Family, preset: str | None, seeds: tuple | None,
-                    kappas: list[float] | None, headline: bool) -> str | None:
-    """The command of a finished reproduction in `root` made with other settings (None: none, or the same ones,
-    a rerun that reuses its runs and replaces its verdict). Read before anything runs."""
+def earlier_verdict(root: Path, family: Family, wanted: dict) -> str | None:
+    """The command of a finished reproduction in `root` made with other settings than `wanted` (`ledger.resolved`;
+    None: none, or the same ones, a rerun that reuses its runs and replaces its verdict). Read before anything
+    runs; a verdict.json records no --data, so `wanted`'s is left out."""
     old = read_json(root / R.VERDICT)
     if not isinstance(old, dict) or old.get("family") != family.name:
         return None
     was = ledger.of_verdict(family.name, old, "--headline" in str(old.get("command", "")).split())
-    same = was == ledger.resolved(family.name, preset=preset, seeds=seeds, kappas=kappas, headline=headline)
-    return None if same else str(old.get("command") or "an earlier reproduction")
+    return None if was == wanted | {"data": None} else str(old.get("command") or "an earlier reproduction")
 
 
 def keep_earlier(console, root: Path, command: str) -> None:
@@ -120,19 +118,11 @@ def keep_earlier(console, root: Path, command: str) -> None:
 
 def command_text(family: Family, preset: str | None, seeds: tuple | None, kappas: list[float] | None,
                  out: Path, data: Path | None, headline: bool = False) -> str:
-    from emarule.request.seeds import seeds_text
-
+    given = {"--preset": preset, "--seeds": None if seeds is None else seeds_text(seeds),
+             "--kappas": None if kappas is None else ",".join(f"{k:g}" for k in kappas),
+             "--data": None if data is None else str(data), "--out": str(out)}
     parts = ["emarule", "reproduce", family.name] + (["--headline"] if headline else [])
-    if preset is not None:
-        parts += ["--preset", preset]
-    if seeds is not None:
-        parts += ["--seeds", seeds_text(seeds)]
-    if kappas is not None:
-        parts += ["--kappas", ",".join(f"{k:g}" for k in kappas)]
-    if data is not None:
-        parts += ["--data", str(data)]
-    parts += ["--out", str(out)]
-    return shlex.join(parts)
+    return shlex.join(parts + [x for flag, v in given.items() if v is not None for x in (flag, v)])
 
 
 def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, kappas: list[float] | None,
@@ -143,7 +133,9 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
     seeds (`emarule.request.seeds.parse_seeds`), None for the family's default. `executor`
     (`emarule.analysis.executors.Executor`): where a sweep family's runs train. `judge_only`: train nothing and
     judge the runs the root holds from their records (`sweep.from_records`)."""
-    family = family_of(name)
+    if name not in FAMILIES:
+        raise UserError(f"unknown family {name!r}; choose one of {', '.join(FAMILIES)}")
+    family = FAMILIES[name]
     if judge_only and family.kind != "sweep":
         raise UserError(f"reproduce {name} --judge-only: the {name} study computes its claims in one run; drop "
                         f"--judge-only (a finished study's results.json is reused as it is)")
@@ -167,20 +159,15 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
     root = checks.out_dir(out) or Path("runs") / "reproduce" / family.name
     checks.out_dir(root)
     refuse_foreign(root, family)
-    earlier = earlier_verdict(root, family, preset, seeds, kappas, headline)
-    from emarule.engine.runlock import lock_dir
-
+    same_as = ledger.resolved(family.name, preset=preset, seeds=seeds, kappas=kappas, headline=headline, data=data)
+    earlier = earlier_verdict(root, family, same_as)
     with lock_dir(root, "reproduction"):
         text = command_text(family, preset, seeds, kappas, root, data, headline)
-        same_as = ledger.resolved(family.name, preset=preset, seeds=seeds, kappas=kappas, headline=headline,
-                                  data=data)
         t0, load0, logs = time.monotonic(), os.getloadavg()[0], _logs(root)
         resolve_run = resolver(family.experiment, spec_preset)
-        args = {"preset": preset if preset is not None else family.preset, "command": text,
+        args = {"preset": chosen, "command": text,
                 "seeds": list(seeds if seeds is not None else family.seeds) if family.kind == "sweep" else None,
                 "kappas": kappas if kappas is not None else list(family.kappas)}
-        from emarule.engine import distributed
-
         # The line a kill would leave (the ledger's docstring); only the main process writes the ledger.
         beat = ledger.Heartbeat(root, text, same_as, t0, lambda: _trained_since(root, logs))
         try:
@@ -192,13 +179,8 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
                 else:
                     result = _study(console, family, root, resolve_run)
         except BaseException as e:  # Ctrl-C or a failure: the time its finished runs took is still counted
-            # bad input is refused before anything trains, and writes nothing; a run's own error (a file it
-            # cannot decode) comes after others trained
-            trained = _trained_since(root, logs)
-            if not isinstance(e, UserError) or trained:
-                _record_unfinished(root, text, time.monotonic() - t0, e, trained, same_as, beat.token)
-            elif distributed.is_main():
-                _forget(root, beat.token)
+            if distributed.is_main():
+                beat.fail(e)
             raise
         if result is None:  # not the main process of a torchrun launch
             return {}
@@ -217,10 +199,6 @@ def reproduce(console, name: str, *, preset: str | None, seeds: tuple | None, ka
 
 def _logs(root: Path) -> dict[str, bytes]:
     """A digest of every run's log under ROOT (ROOT/<experiment>/<run>/metrics.jsonl), by path."""
-    import hashlib
-
-    from emarule.engine.rundir import METRICS
-
     out = {}
     for log in root.glob(f"*/*/{METRICS}"):
         try:
@@ -234,32 +212,7 @@ def _trained_since(root: Path, before: dict[str, bytes]) -> int:
     """How many runs under ROOT logged something new since `before` (`_logs`). A log's time is no guide: a
     run resumed from a checkpoint that precedes rows of its log rewrites it (`MetricsLog.truncate_after`), and
     a copied root keeps or loses times as it was copied; the contents say what trained."""
-    now = _logs(root)
-    return sum(1 for path, digest in now.items() if before.get(path) != digest)
-
-
-def _record_unfinished(root: Path, text: str, wall_s: float, error: BaseException, trained: int,
-                       same_as: dict | None, replaces: str | None = None) -> None:
-    """A ledger line for an invocation that raised before its verdict: its wall time and the runs it trained
-    (finished or not; none of them reused). The next invocation counts the finished ones as reused, and the
-    ledger's sum over both lines counts them as trained in this root."""
-    from emarule.engine import distributed
-
-    if not distributed.is_main():
-        return
-    try:
-        ledger.record(root, text, {"wall_s": wall_s, "cpus": os.cpu_count(), "ended": type(error).__name__,
-                                   "runs": int(trained), "reused": 0}, same_as, replaces=replaces)
-    except OSError:  # a full disk, say: the error being raised is the one to report
-        pass
-
-
-def _forget(root: Path, token: str) -> None:
-    """Bad input raised inside a reproduction, before anything trained: its heartbeat line goes too."""
-    try:
-        ledger.drop(root, token)
-    except OSError:
-        pass
+    return sum(1 for path, digest in _logs(root).items() if before.get(path) != digest)
 
 
 def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, resolve_run,
@@ -267,21 +220,18 @@ def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, r
            judge_only: bool = False) -> tuple | None:
     from emarule import tasks
     from emarule.analysis import sweep
-    from emarule.request.seeds import seeds_label
 
-    runs = sweep.plan_runs(args["kappas"], ["exponential", None], args["seeds"], family.arms)
-    # The sweep's own comparison on the target model's metric, which every run logs from its first
-    # evaluation (a teacher's `pl_wer` exists only once pseudo-labeling starts, at κ=4 sometimes never).
-    probes = family.ema_metric.name == "probe_top1"  # does the tracking probe measure the teacher?
-    finals = any(m.file for m in family.metrics)  # a claim on the final teachers: the arms' are probed too
     from emarule.analysis import offline_probe as P
 
+    runs = sweep.plan_runs(args["kappas"], ["exponential", None], args["seeds"], family.arms)
+    probes = family.ema_metric.name == "probe_top1"  # does the tracking probe measure the teacher?
+    finals = any(m.file for m in family.metrics)  # a claim on the final teachers: the arms' are probed too
     drawn: list = []  # the comparison figures the sweep wrote, this time
+    # The sweep's own comparison on the target model's metric, which every run logs from its first
+    # evaluation (a teacher's `pl_wer` exists only once pseudo-labeling starts, at κ=4 sometimes never).
     done = sweep.execute(console, runs, resolve_run, root, tasks, data=data, metric=family.target_metric.name,
                          jobs=jobs, follow_up=P.follow_up(runs, arms=finals) if probes else None, figures=drawn,
                          on_run_end=on_run_end, executor=executor, judge_only=judge_only)
-    from emarule.engine import distributed
-
     if not distributed.is_main():
         return None
     from emarule.analysis.compare import load_runs
@@ -329,7 +279,6 @@ def _logged_wall(run: Path) -> float:
     each stretch between two drops is one process's time, and the run's is the sum of their last values. A
     run that started from its baseline's snapshot begins after the rows it copied, which are the baseline's."""
     from emarule.engine import fork
-    from emarule.engine.rundir import HPARAMS, METRICS, read_metrics
 
     h = read_json(run / HPARAMS)
     copied = fork.copied_bytes(h if isinstance(h, dict) else {})
@@ -346,7 +295,6 @@ def _logged_wall(run: Path) -> float:
 
 
 def _study(console, family: Family, root: Path, resolve_run) -> tuple:
-    from emarule.engine.context import RunContext, default_run_name
     from emarule.config.identity import comparable
     from emarule.analysis.reproduce.studies import judge_study
 
@@ -385,10 +333,6 @@ def _study(console, family: Family, root: Path, resolve_run) -> tuple:
         c["figure"] = os.path.relpath(run_dir / f, root) if f and (run_dir / f).exists() else None
     figs = sorted({c["figure"] for c in claims if c["figure"]})
     m = read_json(meta)
-    logged = m.get("wall_time_s") if isinstance(m, dict) else payload_wall(payload)
+    logged = (m if isinstance(m, dict) else payload if isinstance(payload, dict) else {}).get("wall_time_s")
     timing = {"runs": 1, "reused": int(reused), "runs_wall_s": logged if logged is not None else time.monotonic() - t0}
     return claims, None, figs, timing
-
-
-def payload_wall(payload) -> float | None:
-    return payload.get("wall_time_s") if isinstance(payload, dict) else None

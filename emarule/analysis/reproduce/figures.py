@@ -1,14 +1,13 @@
 """A sweep family's figure in the paper's style: the EMA-dependent metric beside the target model's.
 
-Every κ is overlaid on one axis per metric, the time axis being epochs (or reference steps: units
-seen / the base batch), which is the same clock at every κ. The κ=1 baseline is black and dashed,
-runs with the EMA Scaling Rule blue and runs without it red, darker for larger κ; each line is the
-mean over seeds with a band of ± one standard deviation. A sparse curve (evaluations, not per-step
-losses) has a marker at each point, so that a setting evaluated once is a point: a small filled dot for
-the baseline, hollow and larger for the others (a square with the rule, a triangle without), so that
-settings that coincide stay visible. Side by side the two panels separate an
-EMA failure (left strays, right tracks) from an optimizer-rule one (both stray). A metric measured once
-on each finished run (the final teachers' converged probe) gets a panel of its own: a column per setting.
+Every κ is overlaid on one axis per metric, against epochs (or reference steps: units seen / the base batch),
+the same clock at every κ. The κ=1 baseline is black and dashed, runs with the EMA Scaling Rule blue and runs
+without it red, darker for larger κ; each line is the mean over seeds with a band of ± one standard deviation.
+A sparse curve (evaluations, not per-step losses) has a marker at each point, so that a setting evaluated once
+is a point: a small filled dot for the baseline, hollow and larger for the others (a square with the rule, a
+triangle without), so that settings that coincide stay visible. Side by side the two panels separate an EMA
+failure (left strays, right tracks) from an optimizer-rule one (both stray). A metric measured once on each
+finished run (the final teachers' converged probe) gets a panel of its own: a column per setting.
 """
 
 from __future__ import annotations
@@ -29,9 +28,7 @@ def reference_steps_per_epoch(run) -> float:
     h = run.hparams
     measure = h.get("epoch_measure") or h.get("dataset_size")
     base = ((h.get("hyperparameters") or {}).get("batch_size") or {}).get("base")
-    if not measure or not base:
-        return 1.0
-    return float(measure) / float(base)
+    return float(measure) / float(base) if measure and base else 1.0
 
 
 def momentum_text(rho: float) -> str:
@@ -66,12 +63,12 @@ def marker(n: int, rule: str) -> dict:
 
 def shades(n: int) -> list[float]:
     """Colormap positions for n κ values, light to dark."""
-    if n <= 1:
-        return [0.75]
-    return [0.45 + 0.5 * i / (n - 1) for i in range(n)]
+    return [0.75] if n <= 1 else [0.45 + 0.5 * i / (n - 1) for i in range(n)]
 
 
-def _band(ax, xs, mean, std, color, alpha):
+def _curve(ax, xs, mean, std, color, alpha: float, **line) -> None:
+    """A mean over seeds, with a band of ± one standard deviation where the seeds differ."""
+    ax.plot(xs, mean, color=color, **line)
     if len(xs) and any(s > 0 for s in std):
         ax.fill_between(xs, [m - s for m, s in zip(mean, std, strict=True)],
                         [m + s for m, s in zip(mean, std, strict=True)], color=color, alpha=alpha, lw=0)
@@ -129,9 +126,8 @@ def plot(family, measured: dict, runs: list, out: Path, title: str) -> Path:
         bx, bm, bs = table["baseline"]
         n_base = len(table["rows"][("baseline", 1.0)]["curves"])
         rho_b = panel_momentum(base_runs[0], metric.name) if base_runs else None
-        ax.plot([x * scale for x in bx], bm, "k--", lw=1.6, zorder=5, **marker(len(bx), "baseline"),
-                label="κ=1 baseline" + (f", ρ={momentum_text(rho_b)}" if rho_b is not None else "") + f" (n={n_base})")
-        _band(ax, [x * scale for x in bx], bm, bs, "k", 0.12)
+        _curve(ax, [x * scale for x in bx], bm, bs, "k", 0.12, ls="--", lw=1.6, zorder=5, **marker(len(bx), "baseline"),
+               label="κ=1 baseline" + (f", ρ={momentum_text(rho_b)}" if rho_b is not None else "") + f" (n={n_base})")
         for (rule, k), row in table["rows"].items():
             if rule == "baseline":
                 continue
@@ -144,9 +140,8 @@ def plot(family, measured: dict, runs: list, out: Path, title: str) -> Path:
             rho = panel_momentum(first, metric.name) if first else None
             label = (label + (f", ρ={momentum_text(rho)}" if rho is not None else "")
                      + (f", progressive {first.progressive}" if first and first.progressive else ""))
-            ax.plot([x * scale for x in xs], mean, color=color, lw=1.5, **marker(len(xs), rule),
-                    label=f"{label} (n={len(row['curves'])})")
-            _band(ax, [x * scale for x in xs], mean, std, color, 0.18)
+            _curve(ax, [x * scale for x in xs], mean, std, color, 0.18, lw=1.5, **marker(len(xs), rule),
+                   label=f"{label} (n={len(row['curves'])})")
         smooth = f" (trailing mean over {metric.smooth_epochs:g} epoch)" if metric.smooth_epochs else ""
         ax.set_title(f"{metric.name}: {'EMA-dependent' if metric.depends_on_ema else 'target model, EMA-blind'}"
                      + smooth, fontsize=9)

@@ -28,6 +28,9 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
+from emarule.engine.rundir import atomic_write_text
+from emarule.errors import UserError
+
 
 LEDGER = "invocations.jsonl"
 KEPT = ("wall_s", "runs", "reused", "load_start", "load_end", "cpus", "ended")
@@ -128,8 +131,6 @@ def _without(lines: list[dict], token: str | None) -> list[dict]:
 
 def _write(path: Path, lines: list[dict]) -> None:
     """The ledger as LINES, one JSON object each, written under a temporary name, then renamed."""
-    from emarule.engine.rundir import atomic_write_text
-
     atomic_write_text(path, "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in lines))
 
 
@@ -139,8 +140,8 @@ class Heartbeat:
     `trained()` counts the runs trained so far. The line is written every `interval` seconds, and whenever
     `poke()` says a run ended, so that a kill loses none of the runs that finished (not at the start: bad
     input, refused before any run trains, writes nothing). `stop()` ends the rewrites; the invocation's
-    own last line then replaces this one (`record(..., replaces=beat.token)`), or `drop` removes it. A
-    rewrite that fails (a full disk) is skipped: the next one tries again."""
+    own last line then replaces this one (`record(..., replaces=beat.token)`, or `fail`). A rewrite that
+    fails (a full disk) is skipped: the next one tries again."""
 
     def __init__(self, root: Path, command: str, args: dict | None, start: float, trained: Callable[[], int],
                  interval: float | None = None):
@@ -169,9 +170,23 @@ class Heartbeat:
         with self._lock:
             if self._stop.is_set():  # the invocation's own line has replaced it, or is about to
                 return
-            timing = {"wall_s": time.monotonic() - self.start, "runs": int(self.trained()), "reused": 0,
-                      "cpus": os.cpu_count(), "ended": KILLED}
-            record(self.root, self.command, timing, self.args, replaces=self.token, token=self.token)
+            self._write(KILLED, time.monotonic() - self.start, self.trained(), token=self.token)
+
+    def fail(self, error: BaseException) -> None:
+        """The invocation raised before its verdict: its line as the module's docstring says. Bad input, refused
+        before anything trains, leaves none; a run's own error (a file it cannot decode) comes after others trained."""
+        trained = int(self.trained())
+        try:
+            if isinstance(error, UserError) and not trained:
+                drop(self.root, self.token)
+            else:
+                self._write(type(error).__name__, time.monotonic() - self.start, trained)
+        except OSError:  # a full disk, say: the error being raised is the one to report
+            pass
+
+    def _write(self, ended: str, wall_s: float, trained: int, token: str | None = None) -> None:
+        timing = {"wall_s": wall_s, "runs": int(trained), "reused": 0, "cpus": os.cpu_count(), "ended": ended}
+        record(self.root, self.command, timing, self.args, replaces=self.token, token=token)
 
     def poke(self) -> None:
         """A run ended: the line now, unless the disk refuses it."""

@@ -24,6 +24,11 @@ def interval(ci) -> str:
     return f"[{num(ci[0], True)}, {num(ci[1], True)}]"
 
 
+def signed(v, ci) -> str:
+    """A signed effect with its interval: +0.52 [+0.12, +0.91]."""
+    return f"{num(v, True)} {interval(ci)}"
+
+
 def kappa(v) -> str:
     return "—" if v is None else f"{float(v):g}"
 
@@ -43,7 +48,7 @@ def effect(c: dict) -> str:
     """The effect with its interval (signed, the paper's direction positive), or a study's measured numbers."""
     if exact(c) or c.get("effect") is None:
         return c.get("why") or "—"
-    out = f"{num(c['effect'], True)} {interval(c.get('effect_ci'))}"
+    out = signed(c["effect"], c.get("effect_ci"))
     if c.get("shape") in ("equivalence", "noninferior") and c.get("margin") is not None:
         out += f", margin {'±' if c['shape'] == 'equivalence' else '−'}{num(c['margin'])}"
     return out
@@ -111,7 +116,7 @@ def part_line(p: dict) -> str:
     margin = f", margin {num(p['margin'])}" if p.get("margin") is not None else ""
     zero = p.get("mde_from_zero")
     beyond = f" (against no effect {num(zero)})" if zero is not None and num(zero) != num(p["mde"]) else ""
-    return (f"{p['label']} ({p['shape']}, {p['statistic']}): {num(p['effect'], True)} {interval(p['effect_ci'])}, "
+    return (f"{p['label']} ({p['shape']}, {p['statistic']}): {signed(p['effect'], p['effect_ci'])}, "
             f"MDE {num(p['mde'])}{beyond}{margin}, spread {num(p.get('spread'))}, n = {p['n']}: {p['verdict']} "
             f"({p['rule']})")
 
@@ -119,3 +124,13 @@ def part_line(p: dict) -> str:
 def cell(text: str) -> str:
     """A Markdown table cell: pipes escaped, never cut."""
     return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def row(*cells) -> str:
+    """A Markdown table row of cells already made (`cell` escapes text)."""
+    return "| " + " | ".join(map(str, cells)) + " |"
+
+
+def label(c: dict) -> str:
+    """A claim's name in a table: its short form, else its text."""
+    return c.get("short") or c["claim"]

@@ -11,6 +11,7 @@ from emarule.analysis.reproduce import paired as P
 from emarule.analysis.reproduce import render as T
 from emarule.analysis.reproduce import rules as R
 from emarule.engine.rundir import atomic_write_text
+from emarule.request.seeds import seeds_label
 
 REPORT, VERDICT = "report.md", "verdict.json"
 STUDY_RULES = ("Each study claim is judged by the rule written beside its check in "
@@ -27,11 +28,6 @@ def clean(x):
     if isinstance(x, (list, tuple)):
         return [clean(v) for v in x]
     return x
-
-
-def decision_rules() -> str:
-    """The statistics, the effect each claim kind is judged on, and the rules, as their modules state them."""
-    return "\n\n".join(m.__doc__.strip() for m in (P, J, R))
 
 
 def settings_rows(measured: dict) -> list[dict]:
@@ -65,13 +61,12 @@ def payload(family, args: dict, claims: list, measured: dict | None, figures: li
     return clean({
         "family": family.name, "experiment": family.experiment, "section": family.section,
         "preset": args.get("preset"), "seeds": args.get("seeds"), "kappas": list(args.get("kappas") or []),
-        "command": args["command"], "claims": [{k: v for k, v in c.items()} for c in claims],
-        "settings": settings_rows(measured) if measured else [],
-        "arms": args.get("arms") or [],
+        "command": args["command"], "claims": [dict(c) for c in claims],
+        "settings": settings_rows(measured) if measured else [], "arms": args.get("arms") or [],
         "optimizer_check": (measured or {}).get("optimizer_check"),
-        "probe_check": (measured or {}).get("probe_check") or None,
-        "figures": figures, "timing": timing,
-        "decision_rule": decision_rules() if family.kind == "sweep" else STUDY_RULES,
+        "probe_check": (measured or {}).get("probe_check") or None, "figures": figures, "timing": timing,
+        # the statistics, the effect each claim kind is judged on, and the rules, as their modules state them
+        "decision_rule": "\n\n".join(m.__doc__.strip() for m in (P, J, R)) if family.kind == "sweep" else STUDY_RULES,
         "not_judged_here": [{"claim": c.text, "paper": c.paper, "where": c.where, "why": c.note}
                             for c in family.extra_claims],
     })
@@ -91,8 +86,8 @@ def optimizer_lines(oc: dict) -> list[str]:
              "| setting | κ | effect [95 % CI] | × spread | target |", "|---|---:|---|---:|---|"]
     for r in oc["rows"]:
         times = (r["effect"] / oc["spread"]) if r["effect"] is not None and oc["spread"] else None
-        lines.append(f"| {r['setting']} | {T.kappa(r['kappa'])} | {T.num(r['effect'], True)} {T.interval(r['ci'])} | "
-                     f"{T.num(times, True)} | {r['state'] or '—'} |")
+        lines.append(T.row(r["setting"], T.kappa(r["kappa"]), T.signed(r["effect"], r["ci"]), T.num(times, True),
+                           r["state"] or "—"))
     return lines + ["", f"**{oc['summary'][0].upper() + oc['summary'][1:]}.**", ""]
 
 
@@ -112,8 +107,6 @@ def markdown(data: dict, family) -> str:
     lines = [f"# Reproduction: {family.name} ({family.experiment}, {family.section})", "",
              f"Command: `{data['command']}`", ""]
     if data.get("seeds"):
-        from emarule.request.seeds import seeds_label
-
         lines += [f"Seeds: {seeds_label(data['seeds'])} ({len(data['seeds'])}); every setting's run of a seed is "
                   f"compared with that seed's baseline.", ""]
     lines.append(f"Wall time of this invocation: {t['wall_s']:.0f} s" + _total(t)
@@ -129,9 +122,8 @@ def markdown(data: dict, family) -> str:
     lines += ["", "## Verdicts", ""]
     if family.kind == "study":
         lines += ["| # | claim | paper | measured | verdict |", "|---:|---|---|---|---|"]
-        for i, c in enumerate(data["claims"], 1):
-            lines.append(f"| {i} | {T.cell(c.get('short') or c['claim'])} | {c['paper']} | {T.cell(T.effect(c))} | "
-                         f"{T.cell(T.verdict(c))} |")
+        lines += [T.row(i, T.cell(T.label(c)), c["paper"], T.cell(T.effect(c)), T.cell(T.verdict(c)))
+                  for i, c in enumerate(data["claims"], 1)]
     else:
         lines += ["Each effect is signed so that the paper's direction is positive, in the metric's units: a mean "
                   "over paired seeds (each run against its own seed's baseline) with its 95 % t interval. MDE: "
@@ -142,19 +134,16 @@ def markdown(data: dict, family) -> str:
                   "margin of one spread is taken at its χ² bound (each part's rule says where).", "",
                   "| # | claim | paper | metric | κ | shape | statistic | effect [95 % CI] | MDE | verdict |",
                   "|---:|---|---|---|---:|---|---|---|---|---|"]
-        for i, c in enumerate(data["claims"], 1):
-            lines.append(f"| {i} | {T.cell(c.get('short') or c['claim'])} | {c['paper']} | {c['metric']} | "
-                         f"{T.kappa(c['kappa'])} | {c.get('shape') or '—'} | {T.cell(c.get('statistic') or '—')} | "
-                         f"{T.cell(T.effect(c))} | {T.cell(T.mde(c))} | {T.cell(T.verdict(c))} |")
+        lines += [T.row(i, T.cell(T.label(c)), c["paper"], c["metric"], T.kappa(c["kappa"]), c.get("shape") or "—",
+                        T.cell(c.get("statistic") or "—"), T.cell(T.effect(c)), T.cell(T.mde(c)), T.cell(T.verdict(c)))
+                  for i, c in enumerate(data["claims"], 1)]
     if data.get("optimizer_check"):
         lines += [""] + optimizer_lines(data["optimizer_check"])
     if data.get("arms"):
         lines += ["## Arms: extra settings run beside the sweep", "", "| arm | κ | EMA rule | --set | --progressive | "
                   "what |", "|---|---:|---|---|---|---|"]
-        for a in data["arms"]:
-            lines.append(f"| {a['name']} | {T.kappa(a['kappa'])} | {a['rule']} | {', '.join(a['set']) or '—'} | "
-                         f"{T.cell(a['progressive'] or 'the spec’s own')} | {T.cell(a['what'])} |")
-        lines.append("")
+        lines += [T.row(a["name"], T.kappa(a["kappa"]), a["rule"], ", ".join(a["set"]) or "—",
+                        T.cell(a["progressive"] or "the spec’s own"), T.cell(a["what"])) for a in data["arms"]] + [""]
     lines += ["", "## Claims", ""]
     for i, c in enumerate(data["claims"], 1):
         lines += [f"### {i}. {c['paper']}" + (f" ({c['where']})" if c.get("where") else ""), "",
@@ -202,12 +191,9 @@ def markdown(data: dict, family) -> str:
                   "| metric | setting | κ | seeds | final | ± std | mean \\|Δ\\| over the run [CI] | "
                   "\\|Δ\\| at the end [CI] | unpaired, run | unpaired, end |",
                   "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for r in data["settings"]:
-            lines.append(f"| {r['metric']} | {r['setting']} | {T.kappa(r['kappa'])} | {r['seeds']} | "
-                         f"{T.num(r['final_mean'])} | {T.num(r['final_std'])} | "
-                         f"{_gci(r['gap_run'], r.get('ci_run'))} | {_gci(r['gap_end'], r.get('ci_end'))} | "
-                         f"{T.num(r.get('unpaired_gap_run'))} | "
-                         f"{T.num(r.get('unpaired_gap_end'))} |")
+        lines += [T.row(r["metric"], r["setting"], T.kappa(r["kappa"]), r["seeds"], T.num(r["final_mean"]),
+                        T.num(r["final_std"]), _gci(r["gap_run"], r.get("ci_run")), _gci(r["gap_end"], r.get("ci_end")),
+                        T.num(r.get("unpaired_gap_run")), T.num(r.get("unpaired_gap_end"))) for r in data["settings"]]
         lines.append("")
     if data.get("probe_check"):
         pc = data["probe_check"]
@@ -218,16 +204,14 @@ def markdown(data: dict, family) -> str:
                   "initialization as the reference.", "",
                   "| setting | tracking probe (last reading) | offline probe, final teacher | offline probe, "
                   "teacher at init |", "|---|---:|---:|---:|"]
-        for k, v in pc["settings"].items():
-            cells = " | ".join(T.mean_sd(v.get(name)) for name in ("tracking", "offline", "init"))
-            lines.append(f"| {k} | {cells} |")
+        lines += [T.row(k, *(T.mean_sd(v.get(name)) for name in ("tracking", "offline", "init")))
+                  for k, v in pc["settings"].items()]
         lines += ["", f"{pc['summary']}.", ""]
     lines += ["## How a verdict is reached", "", data["decision_rule"], ""]
     if data["not_judged_here"]:
         lines += ["## Claims of this section not judged", "",
                   "Listed so that the table's silence is not read as a verdict; each says what judging it needs.", ""]
-        for c in data["not_judged_here"]:
-            lines.append(f"- {c['paper']} ({c['where']}): \"{c['claim']}\" — {c['why']}.")
+        lines += [f"- {c['paper']} ({c['where']}): \"{c['claim']}\" — {c['why']}." for c in data["not_judged_here"]]
         lines += ["", f"The family at full scale: {family.full_scale}.", ""]
     return "\n".join(lines)
 
@@ -243,23 +227,17 @@ def print_verdicts(console, data: dict) -> None:
 
     t = Table(title=f"{data['family']}: the paper's claims, checked ({data['command']})", title_justify="left")
     study = not data["settings"]
-    cols = ("#", "claim", "measured", "verdict") if study else ("#", "claim", "κ", "effect [95 % CI]", "MDE",
-                                                                 "verdict")
-    for c in cols:
+    middle = ("measured",) if study else ("κ", "effect [95 % CI]", "MDE")
+    for c in ("#", "claim", *middle, "verdict"):
         t.add_column(c, justify="right" if c in ("#", "κ") else "left", overflow="fold")
     style = {R.REPRODUCED: "green", R.CONTRADICTED: "red"}
     for i, c in enumerate(data["claims"], 1):
-        color = style.get(c["verdict"], "yellow")
-        verdict = f"[{color}]{escape(T.verdict(c, bold=False))}[/]"
-        label = escape(c.get("short") or c["claim"])
-        if study:
-            t.add_row(str(i), label, escape(T.effect(c)), verdict)
-        else:
-            t.add_row(str(i), label, T.kappa(c["kappa"]), escape(T.effect(c)), escape(T.mde(c)), verdict)
+        cells = [escape(T.effect(c))] if study else [T.kappa(c["kappa"]), escape(T.effect(c)), escape(T.mde(c))]
+        t.add_row(str(i), escape(T.label(c)), *cells,
+                  f"[{style.get(c['verdict'], 'yellow')}]{escape(T.verdict(c, bold=False))}[/]")
     console.print(t)
     oc = data.get("optimizer_check")
     if oc:
-        rows = ", ".join(f"κ={T.kappa(r['kappa'])} {r['setting']} {T.num(r['effect'], True)} {T.interval(r['ci'])}"
-                         for r in oc["rows"])
+        rows = ", ".join(f"κ={T.kappa(r['kappa'])} {r['setting']} {T.signed(r['effect'], r['ci'])}" for r in oc["rows"])
         console.print(f"optimizer-rule check ({oc['metric']}, spread {T.num(oc['spread'])}): {rows}; {oc['summary']}",
                       highlight=False, markup=False)

@@ -4,19 +4,15 @@
                                                     [--wall-s SECONDS]
 
 ROOT holds `<family>/verdict.json` (`emarule reproduce FAMILY`, every claim on the default seeds) and
-`<family>-headline/verdict.json` (`emarule reproduce FAMILY --headline --seeds 100-104`, the headline
-claim on seeds no preset was tuned on). One row per judged claim (an "up to κ" claim once per κ), in
-the order of `claims.FAMILIES`; then one row per family with its runs and wall times. With --readme the
-text between the two markers below is replaced (written to a temporary name, then renamed); else it
-is printed. --pages DIR writes each training family's own rows into DIR/<experiment>.md between the
-markers PAGE_START and PAGE_END, with its optimizer-rule check and wall time; --figures DIR copies
-the README's figures (FIGURES) there from ROOT. A family with no verdict.json gets a row that says so:
-the table never borrows a number from another run. Nor does a family whose latest invocation did not
-finish: where its root's ledger (`ledger.LEDGER`) ends with an invocation that raised (`ended`), or its
-reproduction's lock file is still there (a reproduction running, or one killed outright), its
-verdict.json is an earlier invocation's, and
-the row says the reproduction did not finish. A reproduction made with other arguments than `make
-repro`'s (`--preset tiny`, other κ, other seeds) has them named in each of its rows.
+`<family>-headline/verdict.json` (`emarule reproduce FAMILY --headline --seeds 100-104`, the headline claim on
+seeds no preset was tuned on). One row per judged claim (an "up to κ" claim once per κ), in the order of
+`claims.FAMILIES`, then one row per family with its runs and wall times. --readme replaces the text between
+START and END (else the table is printed); --pages DIR writes each training family's rows into
+DIR/<experiment>.md between PAGE_START and PAGE_END; --figures DIR copies the README's FIGURES from ROOT.
+The table never borrows a number from another run: a family with no verdict.json, or whose latest invocation
+did not finish (its ledger, `ledger.LEDGER`, ends with a line that `ended`, or its lock file is still there),
+gets a row that says so, as its verdict.json is an earlier invocation's. A reproduction made with other
+arguments than `make repro`'s (`--preset tiny`, other κ, other seeds) has them named in each of its rows.
 """
 
 from __future__ import annotations
@@ -24,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +29,10 @@ from emarule.analysis.reproduce import ledger
 from emarule.analysis.reproduce import render as T
 from emarule.analysis.reproduce import rules as R
 from emarule.analysis.reproduce.claims import FAMILIES, PROBES, Family
+from emarule.engine.rundir import atomic_write_text
 from emarule.engine.runlock import LOCK  # there while a reproduction holds its root
 from emarule.errors import UserError
+from emarule.request.seeds import seeds_label
 
 START = "<!-- claims table: written by `make repro` (python -m emarule.analysis.reproduce.table) -->"
 END = "<!-- end of claims table -->"
@@ -48,8 +47,7 @@ def _load(path: Path) -> dict | None:
         return None
     except (ValueError, OSError) as e:
         raise UserError(f"{path}: not valid JSON ({e}); run that reproduction again") from None
-    problem = _shape(data)
-    if problem:
+    if problem := _shape(data):
         raise UserError(f"{path}: not a reproduction's verdict.json ({problem}); run that reproduction again")
     return data
 
@@ -65,10 +63,10 @@ def _shape(data) -> str:
             return f'claim {i + 1} has no "claim" text'
         if c.get("kappa") is not None and (isinstance(c["kappa"], bool) or not isinstance(c["kappa"], (int, float))):
             return f'claim {i + 1}\'s "kappa" is not a number'
-    for k, kinds in (("timing", dict), ("optimizer_check", dict), ("probe_check", dict), ("seeds", list),
-                     ("command", str)):
+    for k, kinds, said in (("timing", dict, "object"), ("optimizer_check", dict, "object"),
+                           ("probe_check", dict, "object"), ("seeds", list, "list"), ("command", str, "string")):
         if data.get(k) is not None and not isinstance(data[k], kinds):
-            return f'"{k}" is not a JSON {"object" if kinds is dict else "list" if kinds is list else "string"}'
+            return f'"{k}" is not a JSON {said}'
     return ""
 
 
@@ -92,16 +90,11 @@ def _unfinished(folder: Path) -> str:
     return ""
 
 
-def _repro_args(family: Family, headline: bool) -> dict | None:
-    """The resolved arguments of `make repro`'s command for FAMILY (its headline check with `headline`)."""
-    return ledger.resolved(family.name, seeds=NEW_SEEDS if headline else None, headline=headline)
-
-
 def _other_args(family: Family, verdict: dict, headline: bool) -> str:
     """The preset and κ the verdict was made with, where they differ from `make repro`'s (its seeds are named in
     the verdict's cell)."""
     made = ledger.of_verdict(family.name, verdict, headline)
-    wanted = _repro_args(family, headline)
+    wanted = ledger.resolved(family.name, seeds=NEW_SEEDS if headline else None, headline=headline)
     if made is None or wanted is None:
         return ""
     differ = [f"preset {made['preset']}"] if made["preset"] != wanted["preset"] else []
@@ -113,24 +106,13 @@ def _other_args(family: Family, verdict: dict, headline: bool) -> str:
 def _root(folder: Path, family: Family, headline: bool = False) -> Root:
     verdict = _load(folder / "verdict.json")
     unfinished = _unfinished(folder) if folder.is_dir() else ""
-    if verdict is None and not unfinished:
-        return Root(None)
-    other = _other_args(family, verdict, headline) if verdict is not None else ""
-    return Root(None if unfinished else verdict, unfinished, other)
+    if verdict is None:
+        return Root(None, unfinished)
+    return Root(None if unfinished else verdict, unfinished, _other_args(family, verdict, headline))
 
 
 def _seeds(seeds) -> str:
-    from emarule.request.seeds import seeds_label
-
     return seeds_label(tuple(seeds)) if seeds else "—"
-
-
-def _verdict(c: dict) -> str:
-    return T.cell(T.verdict(c))
-
-
-def _page(family: Family) -> str:
-    return f"[{family.experiment}](emarule/experiments/{family.experiment}.md)"
 
 
 def _same_claim(a: dict, b: dict) -> bool:
@@ -178,17 +160,18 @@ def _holm_note(h: dict, name: str, i: int) -> str:
 def rows(root: Path, loaded: list | None = None, h: dict | None = None) -> tuple[list[list[str]], list[list[str]],
                                                                                  set, set]:
     """(claim rows, family rows, the seed labels of the full reproductions, those of the headline checks);
-    a verdict cell names its seeds only where the families' seeds differ (`markdown`). `h`: Holm's
-    correction (`holm`) over the whole table, where `loaded` holds only part of it."""
+    a verdict cell is (verdict, seeds), its seeds named only where the families' seeds differ (`markdown`).
+    `h`: Holm's correction (`holm`) over the whole table, where `loaded` holds only part of it."""
     claims, runs, seen, seen_new = [], [], set(), set()
     loaded = loaded if loaded is not None else reproductions(root)
     h = h if h is not None else holm(loaded)
     for name, family, r_main, r_new in loaded:
         main, new = r_main.verdict, r_new.verdict if r_new is not None else None
+        page = f"[{family.experiment}](emarule/experiments/{family.experiment}.md)"
         if main is None:
             why = (f"did not finish: {r_main.unfinished}; no verdict of an earlier invocation is shown"
                    if r_main.unfinished else f"not run: no {name}/verdict.json")
-            claims.append([f"{family.section}: every claim of the family", "—", why, "—", "—", "—", _page(family)])
+            claims.append([f"{family.section}: every claim of the family", "—", why, "—", "—", "—", page])
             runs.append([name, "did not finish" if r_main.unfinished else "—", "—", "—", "—", "—", "—"])
             continue
         bar, bar_new = _bar(main), _bar(new or {})
@@ -206,20 +189,18 @@ def rows(root: Path, loaded: list | None = None, h: dict | None = None) -> tuple
                 match = [h for h in new["claims"] if _same_claim(h, c)]
                 if match:
                     seen_new.add(_seeds(new.get("seeds")))
-                    head = (_verdict(match[0]) + _caveat(match[0], bar_new) + _made_with(r_new),
+                    head = (T.cell(T.verdict(match[0])) + _caveat(match[0], bar_new) + _made_with(r_new),
                             _seeds(new.get("seeds")))
             if main.get("seeds"):
                 seen.add(_seeds(main["seeds"]))
-            label = c.get("short") or c["claim"]
-            verdict = _verdict(c) + _holm_note(h, name, i) + _caveat(c, bar) + _made_with(r_main)
-            claims.append([T.cell(label), T.kappa(c.get("kappa")), (verdict, _seeds(main.get("seeds"))),
-                           T.cell(T.effect(c)), T.cell(T.mde(c)), head, _page(family)])
+            verdict = T.cell(T.verdict(c)) + _holm_note(h, name, i) + _caveat(c, bar) + _made_with(r_main)
+            claims.append([T.cell(T.label(c)), T.kappa(c.get("kappa")),
+                           (verdict, _seeds(main.get("seeds"))), T.cell(T.effect(c)), T.cell(T.mde(c)), head, page])
         t = main.get("timing") or {}
-        check = (main.get("optimizer_check") or {}).get("summary", "—")
-        n_reused = _reused(t)
-        reused = f" ({n_reused} reused)" if n_reused else ""
+        reused = f" ({_reused(t)} reused)" if _reused(t) else ""
         runs.append([name + _made_with(r_main), f"{t.get('runs', '—')}{reused}", _wall(t),
-                     _headline_time(family, r_new), check, bar["text"], noise(main)])
+                     _headline_time(family, r_new), (main.get("optimizer_check") or {}).get("summary", "—"),
+                     bar["text"], noise(main)])
     return claims, runs, seen, seen_new
 
 
@@ -248,12 +229,12 @@ def _reused(timing: dict) -> int:
 
 def _headline_time(family, r_new: Root | None) -> str:
     """The family row's headline-check cell: its wall time and runs, or why there is none."""
-    if r_new is None or r_new.verdict is None:
-        if r_new is not None and r_new.unfinished:
-            return "did not finish"
-        return "not run" if family.kind == "sweep" else "—"
-    t = r_new.verdict.get("timing") or {}
-    return _wall(t, f"{t.get('runs')} runs" if t else "") + _made_with(r_new)
+    if r_new is not None and r_new.verdict is not None:
+        t = r_new.verdict.get("timing") or {}
+        return _wall(t, f"{t.get('runs')} runs" if t else "") + _made_with(r_new)
+    if r_new is not None and r_new.unfinished:
+        return "did not finish"
+    return "not run" if family.kind == "sweep" else "—"
 
 
 # A verdict on a probe (the tracking one, or the final teachers' converged one) where the data bar is missed
@@ -279,10 +260,6 @@ def _bar(verdict: dict) -> dict:
     return {"met": bool(b["met"]), "text": text}
 
 
-def _minutes(s) -> str:
-    return "—" if s is None else f"{float(s) / 60:.1f} min"
-
-
 def wall_s(timing: dict) -> float | None:
     """A reproduction's wall time: summed over the invocations of its command (`ledger.record`)."""
     return timing.get("wall_s_total", timing.get("wall_s"))
@@ -290,14 +267,9 @@ def wall_s(timing: dict) -> float | None:
 
 def _wall(timing: dict, runs: str = "") -> str:
     """Minutes, with `runs` and the invocations' count in one parenthesis where there are any."""
-    n = timing.get("invocations") or 1
+    n, s = timing.get("invocations") or 1, wall_s(timing)
     said = ", ".join(x for x in (runs, f"{n} invocations" if n > 1 else "") if x)
-    return _minutes(wall_s(timing)) + (f" ({said})" if said else "")
-
-
-def total_wall_s(loaded: list) -> float:
-    return sum(wall_s((r.verdict or {}).get("timing") or {}) or 0.0
-               for _, _, main, new in loaded for r in (main, new) if r is not None)
+    return ("—" if s is None else f"{float(s) / 60:.1f} min") + (f" ({said})" if said else "")
 
 
 # What the table can say: one sentence under the tally.
@@ -327,12 +299,10 @@ def tally(root: Path, loaded: list | None = None, correction: dict | None = None
             applies = by_claim.setdefault((name, c.get("claim"), c.get("short")), [])
             if v != R.SET_ASIDE:
                 applies.append(v)
-        if new is not None and new.get("claims"):
-            h = new["claims"][0]
-            match = [c for c in main["claims"] if _same_claim(h, c)]
-            if match:
-                checked += 1
-                agree += match[0].get("verdict") == h.get("verdict")
+        match = [c for c in main["claims"] if _same_claim(new["claims"][0], c)] if new and new.get("claims") else []
+        if match:
+            checked += 1
+            agree += match[0].get("verdict") == new["claims"][0].get("verdict")
     decided = sum(1 for vs in by_claim.values() if vs and all(v in (R.REPRODUCED, R.CONTRADICTED) for v in vs))
     return {"rows": rows_n, "claims": len(by_claim), "decided": decided, "headlines": checked,
             "headlines_agree": agree, "holm": correction if correction is not None else holm(loaded)}
@@ -353,29 +323,33 @@ def tally_line(t: dict) -> str:
             f"{t['headlines_agree']} of {t['headlines']}. {SCOPE}")
 
 
+def _with_seeds(v, named: bool = True) -> str:
+    """A `rows` verdict cell as text: (verdict, seeds) with its seeds where `named`; any other cell as it is."""
+    return v if not isinstance(v, tuple) else f"{v[0]} (seeds {v[1]})" if named else v[0]
+
+
 def markdown(root: Path, wall: float | None = None) -> str:
     loaded = reproductions(root)
     h = holm(loaded)
     claims, runs, seen, seen_new = rows(root, loaded, h)
+    one, one_new = len(seen) == 1, len(seen_new) == 1
 
     def cell(v, common: bool) -> str:
-        if not isinstance(v, tuple):
-            return v
-        verdict, seeds = v
-        return verdict if common or seeds == "—" else f"{verdict} (seeds {seeds})"
+        return _with_seeds(v, not common and v[1] != "—") if isinstance(v, tuple) else v
 
-    one, one_new = len(seen) == 1, len(seen_new) == 1
     head = "verdict" + (f", seeds {next(iter(seen))}" if one else "")
     head_new = "the headline claim on new seeds" + (f", {next(iter(seen_new))}" if one_new else "")
     out = [f"| # | claim (paper) | κ | {head} | effect [95 % CI] | MDE | {head_new} | page |",
            "|---:|---|---|---|---|---|---|---|"]
-    out += [f"| {i} | {r[0]} | {r[1]} | {cell(r[2], one)} | {r[3]} | {r[4]} | {cell(r[5], one_new)} | {r[6]} |"
+    out += [T.row(i, *r[:2], cell(r[2], one), *r[3:5], cell(r[5], one_new), r[6])
             for i, r in enumerate(claims, 1)]
     out += ["", "| family | runs | wall time | headline check | the optimizer-rule check | the probe's data bar | "
             "noise (spreads) |", "|---|---:|---:|---:|---|---|---:|"]
-    out += ["| " + " | ".join(r) + " |" for r in runs]
+    out += [T.row(*r) for r in runs]
+    total = sum(wall_s((r.verdict or {}).get("timing") or {}) or 0.0
+                for _, _, main, new in loaded for r in (main, new) if r is not None)
     out += ["", tally_line(tally(root, loaded, h))]
-    out += ["", f"The reproductions took {total_wall_s(loaded) / 60:.0f} min of wall time in all, each summed over "
+    out += ["", f"The reproductions took {total / 60:.0f} min of wall time in all, each summed over "
             f"every invocation of its command (the family rows give the count where it was more than one)."
             + (f" The `make repro` that wrote this table took {float(wall) / 60:.0f} min." if wall is not None else "")]
     return "\n".join(out) + "\n"
@@ -394,10 +368,7 @@ def page_block(root: Path, name: str, loaded: list | None = None, h: dict | None
     claims, runs, _, _ = rows(root, [x for x in loaded if x[0] == name], h if h is not None else holm(loaded))
     out = ["| claim (paper) | κ | verdict | effect [95 % CI] | MDE | the headline claim on new seeds |",
            "|---|---|---|---|---|---|"]
-    for r in claims:
-        main = f"{r[2][0]} (seeds {r[2][1]})" if isinstance(r[2], tuple) else r[2]
-        new = f"{r[5][0]} (seeds {r[5][1]})" if isinstance(r[5], tuple) else r[5]
-        out.append(f"| {r[0]} | {r[1]} | {main} | {r[3]} | {r[4]} | {new} |")
+    out += [T.row(*r[:2], _with_seeds(r[2]), *r[3:5], _with_seeds(r[5])) for r in claims]
     run = runs[0]
     out += ["", f"Runs: {run[1]}; wall time {run[2]}; the headline check {run[3]}. The optimizer-rule check: {run[4]}."]
     if run[5] != "—":
@@ -407,30 +378,27 @@ def page_block(root: Path, name: str, loaded: list | None = None, h: dict | None
     return "\n".join(out) + "\n"
 
 
+def _between(path: Path, start: str, end: str, block: str) -> None:
+    """PATH's text between its markers START and END replaced by BLOCK (under a temporary name, then renamed)."""
+    head, rest = path.read_text().split(start, 1)
+    atomic_write_text(path, f"{head}{start}\n{block}{end}{rest.split(end, 1)[1]}")
+
+
 def write_pages(root: Path, folder: Path) -> list[Path]:
     """Each training family's block in its page (`folder/<experiment>.md`); pages without markers are left."""
-    from emarule.engine.rundir import atomic_write_text
-
     loaded, written = reproductions(root), []
     h = holm(loaded)
     for name, family, _, _ in loaded:
         page = folder / f"{family.experiment}.md"
-        if family.kind != "sweep" or not page.is_file():
-            continue
-        text = page.read_text()
-        if PAGE_START not in text or PAGE_END not in text:
-            continue
-        head, rest = text.split(PAGE_START, 1)
-        block = page_block(root, name, loaded, h)
-        atomic_write_text(page, f"{head}{PAGE_START}\n{block}{PAGE_END}{rest.split(PAGE_END, 1)[1]}")
-        written.append(page)
+        text = page.read_text() if family.kind == "sweep" and page.is_file() else ""
+        if PAGE_START in text and PAGE_END in text:
+            _between(page, PAGE_START, PAGE_END, page_block(root, name, loaded, h))
+            written.append(page)
     return written
 
 
 def copy_figures(root: Path, folder: Path) -> list[Path]:
     """The README's figures from the root (each family's `figures/<family>.png`), those that exist."""
-    import shutil
-
     folder.mkdir(parents=True, exist_ok=True)
     out = []
     for name in FIGURES:
@@ -444,15 +412,11 @@ def copy_figures(root: Path, folder: Path) -> list[Path]:
 
 
 def write_readme(readme: Path, table: str) -> None:
-    from emarule.engine.rundir import atomic_write_text
-
     text = readme.read_text()
     if START not in text or END not in text:
         raise UserError(f"{readme}: no claims-table markers; put the lines {START!r} and {END!r} where the "
                         f"table goes")
-    head, rest = text.split(START, 1)
-    tail = rest.split(END, 1)[1]
-    atomic_write_text(readme, f"{head}{START}\n{table}{END}{tail}")
+    _between(readme, START, END, table)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -464,9 +428,8 @@ class _Parser(argparse.ArgumentParser):
 def main(argv: list[str] | None = None) -> int:
     ap = _Parser(prog="python -m emarule.analysis.reproduce.table", description=__doc__.split("\n")[0])
     ap.add_argument("root", type=Path)
-    ap.add_argument("--readme", type=Path)
-    ap.add_argument("--pages", type=Path)
-    ap.add_argument("--figures", type=Path)
+    for flag in ("--readme", "--pages", "--figures"):
+        ap.add_argument(flag, type=Path)
     ap.add_argument("--wall-s", type=float)
     a = ap.parse_args(argv)
     try:
