@@ -480,6 +480,12 @@ def test_parabola_checks_come_out_each_way():
     assert verdict_of("parabola_no_rule_large", p(no_rule=0.15)) == "contradicted"  # 1.5× at 1024
     assert verdict_of("parabola_no_rule_large", p(no_rule=0.05)) == "contradicted"
     assert verdict_of("parabola_dimensions", p()) == "not measured"  # no D > 1
+    # without the paper's (pre) convention a check is not measured, and its post rows are not read at all
+    post_only = [dict(r, err_rule=None, rho_star=None) for r in p() if r["convention"] == "post"]
+    for kind in ("parabola_rho_star_higher", "parabola_tracks_rho_star", "parabola_inflection",
+                 "parabola_lower_rho_worse", "parabola_dimensions", "parabola_no_rule_large"):
+        assert verdict_of(kind, post_only) == "not measured", kind
+    assert verdict_of("parabola_match", post_only, 8) == "not measured"
 
 
 def test_parabola_post_convention_is_judged_beside_pre():

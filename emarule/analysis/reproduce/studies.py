@@ -71,9 +71,10 @@ def _pre_post(rule: str, one, missing: str, numbers: dict | None = None) -> Chec
     """A parabola check in the paper's convention (pre: the verdict) with the post one beside it (in `numbers`,
     and in `why` where it reads otherwise). `one(convention)` gives (verdict, why, numbers), or None where the
     records lack what the check needs: not measured when pre lacks it."""
-    pre, post = one("pre"), one("post")
+    pre = one("pre")
     if pre is None:
         return _unmeasured(rule + PRE, missing, numbers)
+    post = one("post")
     verdict, why, numbers = pre
     numbers = dict(numbers)
     if post is not None:
