@@ -31,6 +31,23 @@ def test_a_line_without_its_arguments_is_its_command_texts(tmp_path):
     assert L.record(tmp_path, CMD, _t(1.0), L.resolved("polyak"))["invocations"] == 1
 
 
+def test_judging_a_finished_root_again_keeps_one_judging_line(tmp_path):
+    """An invocation that trained nothing replaces the command's previous one of that kind; training lines, an
+    interrupted one and another command's judging line stay."""
+    polyak = L.resolved("polyak")
+    L.record(tmp_path, CMD, _t(3.0, 2, 0) | {"ended": "KeyboardInterrupt"}, polyak)  # trained 2 runs, then stopped
+    L.record(tmp_path, CMD, _t(100.0, 30, 2), polyak)
+    L.record(tmp_path, "emarule reproduce polyak --seeds 7 --out /a", _t(2.0, 6, 6), L.resolved("polyak", seeds=[7]))
+    assert L.record(tmp_path, CMD, _t(5.0, 30, 30), polyak)["invocations"] == 3
+    got = L.record(tmp_path, CMD, _t(6.0, 30, 30), polyak)
+    assert got == {"invocations": 3, "wall_s_total": 109.0, "trained": 30}
+    walls = [json.loads(s)["wall_s"] for s in (tmp_path / L.LEDGER).read_text().splitlines()]
+    assert walls == [3.0, 100.0, 2.0, 6.0]
+    # a resumed invocation that trained some runs is history, not a judging: it stays
+    assert L.record(tmp_path, CMD, _t(8.0, 30, 28), polyak)["invocations"] == 4
+    assert L.record(tmp_path, CMD, _t(7.0, 30, 30), polyak)["invocations"] == 4
+
+
 def test_a_damaged_ledger_line_is_skipped_not_fatal(tmp_path):
     (tmp_path / L.LEDGER).write_text(json.dumps({"command": CMD, **_t(10.0)}) + "\n{\"command\": \"emar\n")
     assert L.record(tmp_path, CMD, _t(5.0, 30, 30))["wall_s_total"] == 15.0

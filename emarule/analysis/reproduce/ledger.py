@@ -16,6 +16,10 @@ reused.) One that is killed outright (SIGKILL, a lost machine) cannot write a li
 running invocation keeps one written for it (`Heartbeat`): every `HEARTBEAT_S` seconds it rewrites a
 line with `ended` "killed", its wall time so far and the runs it has trained so far, which its own last
 line replaces when it ends. A kill leaves that line, short of the true time by less than `HEARTBEAT_S`.
+
+An invocation that trained nothing and ended (every run reused: a finished root judged again) replaces the
+line of the command's previous one of that kind, so judging a root again and again adds one invocation to
+its history, not one each time.
 """
 
 from __future__ import annotations
@@ -104,11 +108,18 @@ def record(root: Path, command: str, timing: dict, args: dict | None = None, rep
     old = _without(entries(path), replaces)
     line = {"command": command, **({"args": args} if args is not None else {}),
             **{k: timing[k] for k in KEPT if k in timing}, **({"token": token} if token is not None else {})}
-    _write(path, [*old, line])
     mine = key(line)
+    if _judged_only(line):
+        old = [e for e in old if not (_judged_only(e) and key(e) == mine)]
+    _write(path, [*old, line])
     same = [e for e in [*old, line] if key(e) == mine]
     return {"invocations": len(same), "wall_s_total": sum(float(e["wall_s"]) for e in same),
             "trained": sum(int(e.get("runs", 0)) - int(e.get("reused", 0)) for e in same)}
+
+
+def _judged_only(e: dict) -> bool:
+    """A line of an invocation that ended having trained nothing: every run it read was there before."""
+    return "ended" not in e and "token" not in e and int(e.get("runs", 0)) == int(e.get("reused", -1))
 
 
 def drop(root: Path, token: str) -> None:
