@@ -219,9 +219,8 @@ def _sweep(console, family: Family, args: dict, root: Path, data: Path | None, r
            jobs: int | None = None, on_run_end: Callable[[], None] | None = None, executor=None,
            judge_only: bool = False) -> tuple | None:
     from emarule import tasks
-    from emarule.analysis import sweep
-
     from emarule.analysis import offline_probe as P
+    from emarule.analysis import sweep
 
     runs = sweep.plan_runs(args["kappas"], ["exponential", None], args["seeds"], family.arms)
     probes = family.ema_metric.name == "probe_top1"  # does the tracking probe measure the teacher?

@@ -231,18 +231,23 @@ def track_table(family: Family, tables: dict, base: list, settings: dict, since:
             until = None
         if until is not None:
             table, window = metric_table(t, base, settings, until, since), until
-    s = J.scale(table, "signed", "run")
+    s, worse = J.scale(table, "signed", "run"), -J.sigma(t)
     rows = {}
-    for rule, k in (key for key in table["rows"] if key[0] != "baseline"):
+    for rule, k in table["rows"]:
+        if rule == "baseline":
+            continue
         d = J.signed(table, (rule, k), "run")
         state, effect, ci = None, None, None
         if d is not None and s and math.isfinite(s):
-            e = [-J.sigma(t) * v / s for v in d.values()]
+            e = [worse * v / s for v in d.values()]
             sm = R.summarize(e)
             effect, ci = sm.mean * s, (sm.ci95[0] * s, sm.ci95[1] * s)
-            state = ("strays" if R.decide(R.Part("directional", size=1.0), e).verdict == R.REPRODUCED
-                     else "tracks" if R.decide(R.Part("equivalence", margin=1.0), e).verdict == R.REPRODUCED
-                     else "between" if math.isfinite(sm.mean) else None)
+            if R.decide(R.Part("directional", size=1.0), e).verdict == R.REPRODUCED:
+                state = "strays"
+            elif R.decide(R.Part("equivalence", margin=1.0), e).verdict == R.REPRODUCED:
+                state = "tracks"
+            elif math.isfinite(sm.mean):
+                state = "between"
         rows[(rule, k)] = {"metric": t.name, "effect": effect, "ci": ci, "spread": s, "state": state}
     return {"metric": t.name, "blind": (not t.depends_on_ema) or window is not None, "spread": s, "rows": rows,
             "until_epoch": window, "until": family.target_blind_until or None, "since_epoch": since,

@@ -325,7 +325,10 @@ def tally_line(t: dict) -> str:
 
 def _with_seeds(v, named: bool = True) -> str:
     """A `rows` verdict cell as text: (verdict, seeds) with its seeds where `named`; any other cell as it is."""
-    return v if not isinstance(v, tuple) else f"{v[0]} (seeds {v[1]})" if named else v[0]
+    if not isinstance(v, tuple):
+        return v
+    verdict, seeds = v
+    return f"{verdict} (seeds {seeds})" if named else verdict
 
 
 def markdown(root: Path, wall: float | None = None) -> str:
@@ -378,9 +381,10 @@ def page_block(root: Path, name: str, loaded: list | None = None, h: dict | None
     return "\n".join(out) + "\n"
 
 
-def _between(path: Path, start: str, end: str, block: str) -> None:
-    """PATH's text between its markers START and END replaced by BLOCK (under a temporary name, then renamed)."""
-    head, rest = path.read_text().split(start, 1)
+def _between(path: Path, text: str, start: str, end: str, block: str) -> None:
+    """PATH, whose TEXT the caller has read and found both markers in, with the text between START and END
+    replaced by BLOCK (under a temporary name, then renamed)."""
+    head, rest = text.split(start, 1)
     atomic_write_text(path, f"{head}{start}\n{block}{end}{rest.split(end, 1)[1]}")
 
 
@@ -392,7 +396,7 @@ def write_pages(root: Path, folder: Path) -> list[Path]:
         page = folder / f"{family.experiment}.md"
         text = page.read_text() if family.kind == "sweep" and page.is_file() else ""
         if PAGE_START in text and PAGE_END in text:
-            _between(page, PAGE_START, PAGE_END, page_block(root, name, loaded, h))
+            _between(page, text, PAGE_START, PAGE_END, page_block(root, name, loaded, h))
             written.append(page)
     return written
 
@@ -416,7 +420,7 @@ def write_readme(readme: Path, table: str) -> None:
     if START not in text or END not in text:
         raise UserError(f"{readme}: no claims-table markers; put the lines {START!r} and {END!r} where the "
                         f"table goes")
-    _between(readme, START, END, table)
+    _between(readme, text, START, END, table)
 
 
 class _Parser(argparse.ArgumentParser):
