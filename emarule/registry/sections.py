@@ -158,6 +158,8 @@ CTC = with_defaults(CTC, {
 BYOL: dict[str, Any] = {
     "model": {
         "arch": text(), "width": integer(lo=1), "init": text(), "patch_size": integer(lo=1),
+        "layers": Field((list,), items=integer(lo=1), length=4, nullable=True,
+                        doc="resnet18/resnet34: basic blocks per stage (null: the arch's own)"),
         "stochastic_depth": num(lo=0.0, hi=1.0), "projector_hidden": integer(lo=1),
         "projector_out": integer(lo=1), "predictor_hidden": integer(lo=1),
         "head_norm": text("projector and predictor norm", choices=("batchnorm", "layernorm", "none")),

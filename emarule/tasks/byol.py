@@ -134,7 +134,8 @@ def build(ctx: RunContext) -> TaskParts:
     init = m.init
     dims = {"embed_dim": m.embed_dim, "depth": m.depth, "num_heads": m.heads}
     bb = M.backbone(arch, width=m.width, cifar_stem=bool(m.cifar_stem), image_size=image_size,
-                    patch_size=m.patch_size, stochastic_depth=m.stochastic_depth, init=init, vit_dims=dims)
+                    patch_size=m.patch_size, stochastic_depth=m.stochastic_depth, init=init, vit_dims=dims,
+                    layers=m.layers)
     if cfg.probe.kind != "pre-bn":
         raise UserError(f"probe.kind {cfg.probe.kind!r}: only the pre-bn linear probe (the paper's) is "
                         f"implemented; drop probe.kind")
@@ -152,6 +153,7 @@ def build(ctx: RunContext) -> TaskParts:
         "task": "byol",
         "arch": arch,
         "width": m.width,
+        "layers": None if m.layers is None else list(m.layers),
         "cifar_stem": bool(m.cifar_stem),
         "feature_dim": model.num_features,
         "parameters": n_params,

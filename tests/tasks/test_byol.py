@@ -46,6 +46,18 @@ def test_cifar_resnet18_width4_shapes_and_stem():
     assert 11.0e6 < sum(p.numel() for p in full.parameters()) < 11.4e6  # ResNet-18: 11.2M
 
 
+def test_model_layers_sets_the_basic_blocks_per_stage_and_only_for_a_basic_block_resnet():
+    net = M.backbone("resnet18", width=4, cifar_stem=True, layers=[1, 1, 1, 1])
+    assert len(net.layers) == 4 and net.num_features == 32
+    assert net(torch.randn(2, 3, 16, 16)).shape == (2, 32)
+    assert len(M.backbone("resnet34", width=4, cifar_stem=True, layers=[1, 2, 1, 1]).layers) == 5
+    assert len(parts_for(overrides=["model.layers=[1, 1, 1, 1]"]).model.online.backbone.layers) == 4
+    with pytest.raises(UserError, match="model.layers applies to resnet18 and resnet34"):
+        M.backbone("vit_base_patch16_224", layers=[1, 1, 1, 1])
+    r = runner.invoke(app, ["plan", "byol-r18", "--kappa", "2", "--preset", "tiny", "--set", "model.layers=[1, 1, 1]"])
+    one_line_error(r, "model.layers")
+
+
 def test_byol_model_heads_probe_and_no_decay():
     parts = parts_for()
     m = parts.model
