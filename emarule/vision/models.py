@@ -168,20 +168,23 @@ def init_weights(module: nn.Module, init: str | None) -> None:
         raise UserError(f"model.init {init!r}: use kaiming_uniform, fan_in_trunc_normal, trunc_normal_.02 or default")
 
 
+BASIC_BLOCKS = {"resnet18": (2, 2, 2, 2), "resnet34": (3, 4, 6, 3)}  # blocks per stage of each basic-block ResNet
+
+
 def backbone(arch: str, *, width: int | None = None, cifar_stem: bool = False, image_size: int = 224,
              patch_size: int | None = None, stochastic_depth: float = 0.0, init: str | None = None,
-             vit_dims: dict | None = None, dynamic_img_size: bool = False, layers=None) -> nn.Module:
+             vit_dims: dict | None = None, dynamic_img_size: bool = False,
+             layers: list | None = None) -> nn.Module:
     """A feature extractor with `.num_features`: pooled features, no classifier.
 
     ViTs only: `vit_dims` overrides timm's embed_dim / depth / num_heads (narrow ViTs for the
     cpu presets); `dynamic_img_size` accepts inputs of other sizes than `image_size`, with the
     position embedding interpolated (DINO's 96 px local crops next to 224 px global crops). `layers`
     (resnet18/resnet34 only): basic blocks per stage in place of the arch's own."""
-    if layers is not None and arch not in ("resnet18", "resnet34"):
+    if layers is not None and arch not in BASIC_BLOCKS:
         raise UserError(f"model.layers applies to resnet18 and resnet34, not {arch!r}: drop model.layers")
-    if arch in ("resnet18", "resnet34"):
-        blocks = tuple(layers or ((2, 2, 2, 2) if arch == "resnet18" else (3, 4, 6, 3)))
-        net = ResNet(blocks, width or 64, cifar_stem)
+    if arch in BASIC_BLOCKS:
+        net = ResNet(tuple(layers or BASIC_BLOCKS[arch]), width or 64, cifar_stem)
         init_weights(net, init)
         return net
     if arch == "resnet50":
